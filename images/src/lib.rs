@@ -1,0 +1,308 @@
+//! crishim's image service: references, a registry client, a content store of verified blobs,
+//! one unpacked snapshot per layer, and overlayfs root filesystems for containers.
+//!
+//! [`ImageStore`] is the entry point; the daemon's CRI `ImageService` is a thin layer over it.
+
+pub mod digest;
+pub mod error;
+mod pull;
+pub mod reference;
+pub mod registry;
+pub mod rootfs;
+pub mod store;
+pub mod unpack;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use oci_spec::image::ImageConfiguration;
+use tracing::{info, warn};
+
+pub use crate::digest::Digest;
+use crate::error::IoContext;
+pub use crate::error::{ErrorKind, ImageError, Result};
+pub use crate::pull::host_arch;
+pub use crate::reference::Reference;
+use crate::registry::RegistryClient;
+pub use crate::registry::{Credentials, RegistryConfig};
+pub use crate::rootfs::RootfsMount;
+use crate::store::meta::Meta;
+pub use crate::store::meta::{ContainerRef, ImageRecord};
+use crate::store::{remove_any, Layout};
+
+pub struct ImageStore {
+    layout: Layout,
+    meta: Meta,
+    client: RegistryClient,
+    /// Shared by pulls and prepares, exclusive for garbage collection.
+    gc_lock: tokio::sync::RwLock<()>,
+    inflight: pull::KeyedLocks,
+}
+
+/// Space used by the store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FsUsage {
+    pub bytes: u64,
+    pub inodes: u64,
+}
+
+impl ImageStore {
+    /// Open (creating) the store at `root`, clear half-finished work and collect garbage.
+    pub async fn open(root: &Path, registry: RegistryConfig) -> Result<Self> {
+        let layout = Layout::new(root);
+        layout.init()?;
+        let meta = Meta::open(&layout.meta())?;
+        let store = ImageStore {
+            layout,
+            meta,
+            client: RegistryClient::new(registry)?,
+            gc_lock: Default::default(),
+            inflight: Default::default(),
+        };
+        store.gc().await?;
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        self.layout.root()
+    }
+
+    /// Pull `reference` (normalised first) and register it.
+    pub async fn pull(&self, reference: &str, creds: Option<&Credentials>) -> Result<ImageRecord> {
+        let r = Reference::parse(reference)?;
+        self.pull_image(&r, creds).await
+    }
+
+    /// Find an image by ID (`sha256:…`, bare hex, or a unique hex prefix) or by reference.
+    pub fn resolve(&self, ref_or_id: &str) -> Result<Option<ImageRecord>> {
+        let s = ref_or_id.trim();
+        if s.is_empty() {
+            return Err(ImageError::InvalidReference {
+                reference: s.into(),
+                reason: "empty image name".into(),
+            });
+        }
+        if let Ok(d) = Digest::parse(s) {
+            return self.meta.image(d.as_str());
+        }
+        if digest::is_hex64(s) {
+            return self.meta.image(&format!("sha256:{s}"));
+        }
+        if let Ok(r) = Reference::parse(s) {
+            let by_name = match (&r.digest, r.tagged()) {
+                (Some(d), _) => self.meta.image_by_name(&r.with_digest(d))?,
+                (None, Some(t)) => self.meta.image_by_name(&t)?,
+                _ => None,
+            };
+            if by_name.is_some() {
+                return Ok(by_name);
+            }
+        }
+        // A truncated ID, as `crictl images` prints them.
+        let hex = s.strip_prefix("sha256:").unwrap_or(s);
+        if hex.len() >= 4 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let hits: Vec<ImageRecord> = self
+                .meta
+                .images()?
+                .into_iter()
+                .filter(|i| i.id.hex().starts_with(hex))
+                .collect();
+            if hits.len() == 1 {
+                return Ok(hits.into_iter().next());
+            }
+        }
+        match Reference::parse(s) {
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn list(&self) -> Result<Vec<ImageRecord>> {
+        self.meta.images()
+    }
+
+    /// The image's config as stored (raw JSON) and parsed.
+    pub fn config(&self, image: &ImageRecord) -> Result<(Vec<u8>, ImageConfiguration)> {
+        let raw = self.layout.read_blob(&image.config)?;
+        let parsed = ImageConfiguration::from_reader(&raw[..])
+            .map_err(|e| ImageError::BadContent(format!("stored config of {}: {e}", image.id)))?;
+        Ok((raw, parsed))
+    }
+
+    /// Remove an image with all its names; a missing image is not an error. Returns what was removed.
+    pub async fn remove(&self, ref_or_id: &str) -> Result<Option<ImageRecord>> {
+        let Some(image) = self.resolve(ref_or_id)? else {
+            return Ok(None);
+        };
+        self.meta.remove_image(image.id.as_str())?;
+        info!(id = %image.id, "removed image");
+        self.gc().await?;
+        Ok(Some(image))
+    }
+
+    /// Create a container's writable layer over `image` and return the mount for its rootfs.
+    pub async fn prepare(
+        &self,
+        image: &ImageRecord,
+        container_id: &str,
+        readonly: bool,
+    ) -> Result<RootfsMount> {
+        validate_id(container_id)?;
+        let _gc = self.gc_lock.read().await;
+        let lowers: Vec<PathBuf> = image
+            .chain_ids
+            .iter()
+            .rev()
+            .map(|c| self.layout.snapshot(c))
+            .collect();
+        if let Some(missing) = lowers.iter().find(|p| !p.is_dir()) {
+            return Err(ImageError::BadContent(format!(
+                "snapshot {} of image {} is missing",
+                missing.display(),
+                image.id
+            )));
+        }
+        let r = ContainerRef {
+            image: image.id.clone(),
+            chain_ids: image.chain_ids.clone(),
+            readonly,
+        };
+        if !self.meta.add_container(container_id, &r)? {
+            return Err(ImageError::InUse {
+                image: image.id.to_string(),
+                container: container_id.into(),
+            });
+        }
+        let dir = self.layout.container(container_id);
+        let made = (|| {
+            if readonly {
+                std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+                return Ok(RootfsMount::overlay(lowers, None));
+            }
+            let (upper, work) = (dir.join("upper"), dir.join("work"));
+            for d in [&upper, &work] {
+                std::fs::create_dir_all(d).ctx(|| format!("creating {}", d.display()))?;
+            }
+            Ok(RootfsMount::overlay(lowers, Some((upper, work))))
+        })();
+        if made.is_err() {
+            let _ = remove_any(&dir);
+            self.meta.remove_container(container_id)?;
+        }
+        made
+    }
+
+    /// A container's private directory (its upper and work dirs live here).
+    pub fn container_dir(&self, container_id: &str) -> PathBuf {
+        self.layout.container(container_id)
+    }
+
+    /// Undo [`prepare`](Self::prepare): unmount anything still mounted under the container's
+    /// directory, delete it and drop its reference. Idempotent.
+    pub async fn cleanup(&self, container_id: &str) -> Result<()> {
+        validate_id(container_id)?;
+        let dir = self.layout.container(container_id);
+        for mp in mounts_under(&dir) {
+            if let Err(e) = nix::mount::umount2(&mp, nix::mount::MntFlags::MNT_DETACH) {
+                warn!(mountpoint = %mp.display(), error = %e, "unmount failed");
+            }
+        }
+        remove_any(&dir)?;
+        self.meta.remove_container(container_id)?;
+        Ok(())
+    }
+
+    /// Delete blobs and snapshots that no image or container references.
+    pub async fn gc(&self) -> Result<()> {
+        let _gc = self.gc_lock.write().await;
+        let images = self.meta.images()?;
+        let containers = self.meta.containers()?;
+        let live_blobs: HashSet<&str> = images
+            .iter()
+            .flat_map(|i| i.blobs())
+            .map(|d| d.hex())
+            .collect();
+        let live_snaps: HashSet<&str> = images
+            .iter()
+            .flat_map(|i| i.chain_ids.iter())
+            .chain(containers.iter().flat_map(|(_, c)| c.chain_ids.iter()))
+            .map(|d| d.hex())
+            .collect();
+        let mut removed = 0;
+        for (dir, live) in [
+            (self.layout.blobs(), &live_blobs),
+            (self.layout.snapshots(), &live_snaps),
+        ] {
+            for entry in std::fs::read_dir(&dir).ctx(|| format!("reading {}", dir.display()))? {
+                let entry = entry.ctx(|| format!("reading {}", dir.display()))?;
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if name == "tmp" || live.contains(name.as_ref()) {
+                    continue;
+                }
+                remove_any(&entry.path())?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            info!(removed, "garbage collected blobs and snapshots");
+        }
+        Ok(())
+    }
+
+    /// Bytes (allocated blocks) and inodes used by the store.
+    pub fn usage(&self) -> Result<FsUsage> {
+        use std::os::unix::fs::MetadataExt;
+        let mut usage = FsUsage::default();
+        let mut stack = vec![self.layout.root().to_path_buf()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(md) = entry.metadata() else { continue };
+                usage.bytes += md.blocks() * 512;
+                usage.inodes += 1;
+                if md.is_dir() {
+                    stack.push(entry.path());
+                }
+            }
+        }
+        Ok(usage)
+    }
+}
+
+/// Container IDs become directory names: keep them to one safe path component.
+fn validate_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ImageError::InvalidReference {
+            reference: id.into(),
+            reason: "container id must be [A-Za-z0-9_.-]{1,128}".into(),
+        })
+    }
+}
+
+/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    out.dedup();
+    out
+}

@@ -1,0 +1,433 @@
+//! Pulling: resolve the manifest, then download, verify and unpack every layer concurrently, each as
+//! one streaming pass (network -> sha256 + blob file + decompressor -> tar extractor).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, info};
+
+use crate::digest::{chain_ids, Digest, Hasher};
+use crate::error::{ImageError, IoContext, Result, StreamAborted};
+use crate::reference::Reference;
+use crate::registry::{Credentials, Repository};
+use crate::store::meta::ImageRecord;
+use crate::store::{remove_any, Layout};
+use crate::unpack;
+use crate::ImageStore;
+
+/// Layers downloaded at once per pull.
+const LAYER_CONCURRENCY: usize = 4;
+/// Chunks buffered between the download and the unpacker.
+const PIPE_DEPTH: usize = 32;
+
+const INDEX_TYPES: [&str; 2] = [
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+];
+
+/// Per-key async locks, so two pulls needing the same layer fetch it once.
+#[derive(Default)]
+pub(crate) struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyedLocks {
+    pub(crate) async fn lock(&self, key: &str) -> KeyedGuard<'_> {
+        let m = self
+            .0
+            .lock()
+            .unwrap()
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let guard = m.clone().lock_owned().await;
+        KeyedGuard {
+            locks: self,
+            key: key.to_string(),
+            _guard: Some(guard),
+            _m: m,
+        }
+    }
+}
+
+pub(crate) struct KeyedGuard<'a> {
+    locks: &'a KeyedLocks,
+    key: String,
+    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    _m: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for KeyedGuard<'_> {
+    fn drop(&mut self) {
+        self._guard.take();
+        let mut map = self.locks.0.lock().unwrap();
+        // Only the map and this guard hold it: nobody else waits, so forget the key.
+        if map
+            .get(&self.key)
+            .is_some_and(|m| Arc::strong_count(m) == 2)
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// The Go-style name of the host architecture, as image platforms spell it.
+pub fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+fn bad(what: &str, e: impl std::fmt::Display) -> ImageError {
+    ImageError::BadContent(format!("malformed {what}: {e}"))
+}
+
+fn digest_of(d: &Descriptor) -> Result<Digest> {
+    Digest::parse(d.digest().as_ref())
+        .map_err(|_| bad("descriptor", format!("unsupported digest {}", d.digest())))
+}
+
+fn is_index(media_type: &str, bytes: &[u8]) -> bool {
+    if INDEX_TYPES.contains(&media_type) {
+        return true;
+    }
+    // Some registries send a generic type; an index has "manifests", an image manifest has "layers".
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        manifests: Option<serde_json::Value>,
+        #[serde(rename = "mediaType")]
+        media_type: Option<String>,
+    }
+    serde_json::from_slice::<Probe>(bytes)
+        .map(|p| {
+            p.manifests.is_some()
+                || p.media_type
+                    .is_some_and(|m| INDEX_TYPES.contains(&m.as_str()))
+        })
+        .unwrap_or(false)
+}
+
+fn choose_platform(index: &ImageIndex, index_digest: &Digest) -> Result<Digest> {
+    let arch = host_arch();
+    let wanted_variant = if arch == "arm64" { Some("v8") } else { None };
+    let mut fallback = None;
+    for m in index.manifests() {
+        let Some(p) = m.platform() else { continue };
+        if p.os().to_string() != "linux" || p.architecture().to_string() != arch {
+            continue;
+        }
+        match (p.variant().as_deref(), wanted_variant) {
+            (None, _) => fallback = fallback.or(Some(m)),
+            (Some(v), Some(w)) if v == w => return digest_of(m),
+            _ => {}
+        }
+        if wanted_variant.is_none() {
+            return digest_of(m);
+        }
+    }
+    fallback
+        .map(digest_of)
+        .transpose()?
+        .ok_or_else(|| ImageError::NoMatchingPlatform {
+            digest: index_digest.to_string(),
+            platform: format!("linux/{arch}"),
+        })
+}
+
+impl ImageStore {
+    pub(crate) async fn pull_image(
+        &self,
+        reference: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Result<ImageRecord> {
+        // Pulls hold the GC lock shared: GC must not sweep blobs a pull has written but not committed.
+        let _gc = self.gc_lock.read().await;
+        let started = std::time::Instant::now();
+        let (repo, top) = self.client.resolve(reference, creds).await?;
+        let mut small_blobs: Vec<(Digest, Bytes)> = vec![(top.digest.clone(), top.bytes.clone())];
+        let (index, manifest) = if is_index(&top.media_type, &top.bytes) {
+            let index =
+                ImageIndex::from_reader(&top.bytes[..]).map_err(|e| bad("image index", e))?;
+            let chosen = choose_platform(&index, &top.digest)?;
+            let m = repo.manifest(chosen.as_str()).await?;
+            small_blobs.push((m.digest.clone(), m.bytes.clone()));
+            (Some(top.digest.clone()), m)
+        } else {
+            (None, top)
+        };
+        let parsed = ImageManifest::from_reader(&manifest.bytes[..])
+            .map_err(|e| bad("image manifest", e))?;
+        let config_digest = digest_of(parsed.config())?;
+        let config_bytes = match self.layout.read_blob(&config_digest) {
+            Ok(b) => Bytes::from(b),
+            Err(_) => repo.small_blob(&config_digest).await?,
+        };
+        let config = ImageConfiguration::from_reader(&config_bytes[..])
+            .map_err(|e| bad("image config", e))?;
+        small_blobs.push((config_digest.clone(), config_bytes.clone()));
+
+        let diff_ids = config
+            .rootfs()
+            .diff_ids()
+            .iter()
+            .map(|d| Digest::parse(d))
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| bad("image config rootfs.diff_ids", e))?;
+        if diff_ids.len() != parsed.layers().len() {
+            return Err(bad(
+                "image",
+                format!(
+                    "manifest has {} layers but the config lists {} diff_ids",
+                    parsed.layers().len(),
+                    diff_ids.len()
+                ),
+            ));
+        }
+        let chains = chain_ids(&diff_ids);
+        let layers: Vec<(Descriptor, Digest, Digest)> = parsed
+            .layers()
+            .iter()
+            .cloned()
+            .zip(diff_ids.iter().cloned())
+            .zip(chains.iter().cloned())
+            .map(|((l, d), c)| (l, d, c))
+            .collect();
+        futures::stream::iter(
+            layers
+                .iter()
+                .map(|(desc, diff, chain)| self.fetch_layer(&repo, desc, diff, chain)),
+        )
+        .buffer_unordered(LAYER_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+        let layout = self.layout.clone();
+        let blobs = small_blobs.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            for (d, b) in &blobs {
+                layout.write_blob(d, b)?;
+            }
+            // One flush for every file of the pull, before the metadata says the image exists.
+            unpack::syncfs(&unpack::open_dir(layout.root()).ctx(|| "opening image store".into())?)
+                .ctx(|| "syncing image store".into())
+        })
+        .await
+        .map_err(|e| ImageError::io("pull task", std::io::Error::other(e)))??;
+
+        let size = manifest.bytes.len() as u64
+            + config_bytes.len() as u64
+            + parsed.layers().iter().map(|l| l.size()).sum::<u64>();
+        let record = ImageRecord {
+            id: config_digest.clone(),
+            repo_tags: reference.tagged().into_iter().collect(),
+            repo_digests: vec![reference.with_digest(index.as_ref().unwrap_or(&manifest.digest))],
+            size,
+            manifest: manifest.digest.clone(),
+            index,
+            config: config_digest,
+            layers: layers
+                .iter()
+                .map(|(d, _, _)| digest_of(d))
+                .collect::<Result<_>>()?,
+            chain_ids: chains,
+            user: config
+                .config()
+                .as_ref()
+                .and_then(|c| c.user().clone())
+                .unwrap_or_default(),
+        };
+        let record = self.meta.commit_image(record)?;
+        info!(image = %reference, id = %record.id, elapsed_ms = started.elapsed().as_millis() as u64, "pulled image");
+        Ok(record)
+    }
+
+    /// Make sure the snapshot for `chain` exists, downloading and unpacking the layer if needed.
+    async fn fetch_layer(
+        &self,
+        repo: &Repository<'_>,
+        desc: &Descriptor,
+        diff_id: &Digest,
+        chain: &Digest,
+    ) -> Result<()> {
+        let digest = digest_of(desc)?;
+        let _guard = self.inflight.lock(chain.as_str()).await;
+        let target = self.layout.snapshot(chain);
+        if target.exists() {
+            debug!(layer = %digest, "snapshot present, skipping");
+            return Ok(());
+        }
+        let tmp = self.layout.snapshots_tmp().join(Layout::tmp_name());
+        std::fs::create_dir(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
+        let result = if self.layout.blob(&digest).exists() {
+            let path = self.layout.blob(&digest);
+            let (dir, layer) = (tmp.clone(), digest.to_string());
+            tokio::task::spawn_blocking(move || {
+                let file =
+                    std::fs::File::open(&path).ctx(|| format!("opening {}", path.display()))?;
+                unpack::unpack(file, &dir, &layer)
+            })
+            .await
+            .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))
+            .and_then(|r| r)
+            .map(|u| (u, None))
+        } else {
+            self.download_and_unpack(repo, desc, &digest, &tmp).await
+        };
+        let outcome = result.and_then(|(unpacked, ingest)| {
+            if &unpacked.diff_id != diff_id {
+                return Err(ImageError::DigestMismatch {
+                    what: "uncompressed layer (diff_id)",
+                    expected: diff_id.to_string(),
+                    actual: unpacked.diff_id.to_string(),
+                });
+            }
+            if let Some(ingest) = &ingest {
+                std::fs::rename(ingest, self.layout.blob(&digest))
+                    .ctx(|| format!("storing blob {digest}"))?;
+            }
+            std::fs::rename(&tmp, &target).ctx(|| format!("storing snapshot {chain}"))?;
+            debug!(layer = %digest, entries = unpacked.entries, "layer unpacked");
+            Ok(ingest)
+        });
+        if outcome.is_err() {
+            remove_any(&tmp)?;
+        }
+        outcome.map(|_| ())
+    }
+
+    /// One pass over the network stream: hash it, store it, and feed the unpacker thread.
+    async fn download_and_unpack(
+        &self,
+        repo: &Repository<'_>,
+        desc: &Descriptor,
+        digest: &Digest,
+        dir: &std::path::Path,
+    ) -> Result<(unpack::Unpacked, Option<std::path::PathBuf>)> {
+        let ingest = self.layout.ingest().join(Layout::tmp_name());
+        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_DEPTH);
+        let (dir, layer) = (dir.to_path_buf(), digest.to_string());
+        let unpacker = tokio::task::spawn_blocking(move || {
+            unpack::unpack(ChannelReader::new(rx), &dir, &layer)
+        });
+
+        let downloaded = async {
+            let mut file = tokio::fs::File::create(&ingest)
+                .await
+                .ctx(|| format!("creating {}", ingest.display()))?;
+            let mut stream = repo.blob_stream(digest).await?;
+            let mut hasher = Hasher::default();
+            let mut size = 0u64;
+            let mut feeding = true;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk?;
+                size += chunk.len() as u64;
+                if size > desc.size() {
+                    return Err(ImageError::DigestMismatch {
+                        what: "blob",
+                        expected: digest.to_string(),
+                        actual: format!(
+                            "more than the {} bytes its descriptor declares",
+                            desc.size()
+                        ),
+                    });
+                }
+                hasher.update(&chunk);
+                file.write_all(&chunk)
+                    .await
+                    .ctx(|| format!("writing {}", ingest.display()))?;
+                // If the unpacker failed it stopped reading; keep hashing so a corrupt blob is
+                // reported as a digest mismatch rather than as a broken archive.
+                if feeding && tx.send(Chunk::Data(chunk)).await.is_err() {
+                    feeding = false;
+                }
+            }
+            file.flush()
+                .await
+                .ctx(|| format!("writing {}", ingest.display()))?;
+            let actual = hasher.finish();
+            if &actual != digest {
+                return Err(ImageError::DigestMismatch {
+                    what: "blob",
+                    expected: digest.to_string(),
+                    actual: actual.to_string(),
+                });
+            }
+            Ok(())
+        }
+        .await;
+        let _ = match &downloaded {
+            Ok(()) => tx.send(Chunk::End).await,
+            Err(e) => {
+                tx.send(Chunk::Failed(ImageError::BadContent(e.to_string())))
+                    .await
+            }
+        };
+        drop(tx);
+        let unpacked = unpacker
+            .await
+            .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))?;
+        let result = match (downloaded, unpacked) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Err(e)) => Err(e),
+            (Ok(()), Ok(u)) => Ok((u, Some(ingest.clone()))),
+        };
+        if result.is_err() {
+            remove_any(&ingest)?;
+        }
+        result
+    }
+}
+
+enum Chunk {
+    Data(Bytes),
+    /// The download finished and its digest matched: only now may the reader report EOF.
+    End,
+    Failed(ImageError),
+}
+
+/// Adapts the download channel to `Read` for the blocking unpacker.
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<Chunk>,
+    current: Bytes,
+    done: bool,
+}
+
+impl ChannelReader {
+    fn new(rx: tokio::sync::mpsc::Receiver<Chunk>) -> Self {
+        ChannelReader {
+            rx,
+            current: Bytes::new(),
+            done: false,
+        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.blocking_recv() {
+                Some(Chunk::Data(b)) => self.current = b,
+                Some(Chunk::End) => self.done = true,
+                Some(Chunk::Failed(e)) => {
+                    return Err(std::io::Error::other(StreamAborted(Mutex::new(Some(e)))));
+                }
+                None => {
+                    return Err(std::io::Error::other(StreamAborted(Mutex::new(None))));
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
+}

@@ -1,0 +1,249 @@
+//! Unpacker tests against hand-built tar streams, including hostile ones.
+
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use super::*;
+
+/// Raw tar entry builder: writes header names verbatim, so `..` paths survive.
+struct RawTar(Vec<u8>);
+
+impl RawTar {
+    fn new() -> Self {
+        RawTar(Vec::new())
+    }
+
+    fn entry(
+        mut self,
+        name: &str,
+        kind: tar::EntryType,
+        link: &str,
+        data: &[u8],
+        mode: u32,
+    ) -> Self {
+        let mut h = tar::Header::new_ustar();
+        {
+            let raw = h.as_old_mut();
+            raw.name[..name.len()].copy_from_slice(name.as_bytes());
+            raw.linkname[..link.len()].copy_from_slice(link.as_bytes());
+        }
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_uid(1000);
+        h.set_gid(1000);
+        h.set_mtime(1_600_000_000);
+        h.set_cksum();
+        self.0.extend_from_slice(h.as_bytes());
+        self.0.extend_from_slice(data);
+        let pad = (512 - data.len() % 512) % 512;
+        self.0.extend(std::iter::repeat_n(0u8, pad));
+        self
+    }
+
+    fn file(self, name: &str, data: &[u8]) -> Self {
+        self.entry(name, tar::EntryType::Regular, "", data, 0o644)
+    }
+
+    fn dir(self, name: &str) -> Self {
+        self.entry(name, tar::EntryType::Directory, "", b"", 0o755)
+    }
+
+    fn symlink(self, name: &str, target: &str) -> Self {
+        self.entry(name, tar::EntryType::Symlink, target, b"", 0o777)
+    }
+
+    fn hardlink(self, name: &str, target: &str) -> Self {
+        self.entry(name, tar::EntryType::Link, target, b"", 0o644)
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.0.extend(std::iter::repeat_n(0u8, 1024));
+        self.0
+    }
+}
+
+fn run(tar: &[u8]) -> (tempfile::TempDir, Result<Unpacked>) {
+    let base = tempfile::tempdir().unwrap();
+    let dest = base.path().join("layer");
+    std::fs::create_dir(&dest).unwrap();
+    let r = unpack(tar, &dest, "sha256:test");
+    (base, r)
+}
+
+/// Everything a hostile layer might have written lives outside `layer/`; the base must hold nothing else.
+fn assert_nothing_outside(base: &Path) {
+    let names: Vec<_> = std::fs::read_dir(base)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        names,
+        vec![std::ffi::OsString::from("layer")],
+        "something was written outside the layer"
+    );
+}
+
+fn err_text(r: Result<Unpacked>) -> String {
+    let e = r.expect_err("hostile layer must be refused");
+    assert_eq!(e.kind(), crate::ErrorKind::BadContent, "{e}");
+    e.to_string()
+}
+
+#[test]
+fn unpacks_files_dirs_links_and_metadata() {
+    let tar = RawTar::new()
+        .dir("etc/")
+        .file("etc/hello", b"hi")
+        .symlink("etc/abs", "/etc/hello")
+        .hardlink("etc/hard", "etc/hello")
+        .entry("bin/tool", tar::EntryType::Regular, "", b"#!", 0o4755)
+        .finish();
+    let (base, r) = run(&tar);
+    let u = r.unwrap();
+    assert_eq!(u.diff_id, Digest::of(&tar));
+    let l = base.path().join("layer");
+    assert_eq!(std::fs::read(l.join("etc/hello")).unwrap(), b"hi");
+    assert_eq!(
+        std::fs::read_link(l.join("etc/abs")).unwrap(),
+        Path::new("/etc/hello")
+    );
+    let md = std::fs::metadata(l.join("etc/hello")).unwrap();
+    assert_eq!((md.uid(), md.gid(), md.nlink()), (1000, 1000, 2));
+    assert_eq!(md.mtime(), 1_600_000_000);
+    let tool = std::fs::metadata(l.join("bin/tool")).unwrap();
+    assert_eq!(
+        tool.permissions().mode() & 0o7777,
+        0o4755,
+        "setuid kept after chown"
+    );
+    assert_eq!(
+        std::fs::metadata(l.join("etc")).unwrap().mtime(),
+        1_600_000_000,
+        "dir mtime set last"
+    );
+}
+
+#[test]
+fn whiteouts_become_overlay_whiteouts() {
+    let tar = RawTar::new()
+        .file("data/.wh.gone", b"")
+        .file("data/dir/.wh..wh..opq", b"")
+        .finish();
+    let (base, r) = run(&tar);
+    r.unwrap();
+    let l = base.path().join("layer");
+    let md = std::fs::symlink_metadata(l.join("data/gone")).unwrap();
+    assert!(md.file_type().is_char_device());
+    assert_eq!(md.rdev(), 0);
+    assert!(!l.join("data/.wh.gone").exists());
+    let mut buf = [0u8; 8];
+    let p = std::ffi::CString::new(l.join("data/dir").as_os_str().as_encoded_bytes()).unwrap();
+    let n = unsafe {
+        libc::lgetxattr(
+            p.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            8,
+        )
+    };
+    assert_eq!(&buf[..n.max(0) as usize], b"y");
+}
+
+#[test]
+fn dotdot_paths_are_refused() {
+    for name in ["../escape", "a/../../escape", "/../escape"] {
+        let (base, r) = run(&RawTar::new().file(name, b"x").finish());
+        let msg = err_text(r);
+        assert!(msg.contains("..") && msg.contains("escapes"), "{msg}");
+        assert_nothing_outside(base.path());
+    }
+}
+
+#[test]
+fn writes_through_absolute_symlinks_are_refused() {
+    let outside = tempfile::tempdir().unwrap();
+    let tar = RawTar::new()
+        .symlink("evil", outside.path().to_str().unwrap())
+        .file("evil/pwned", b"x")
+        .finish();
+    let (base, r) = run(&tar);
+    assert!(err_text(r).contains("escapes"));
+    assert!(!outside.path().join("pwned").exists());
+    assert_nothing_outside(base.path());
+    // A relative symlink climbing out is refused the same way.
+    let tar = RawTar::new()
+        .symlink("up", "../..")
+        .file("up/pwned", b"x")
+        .finish();
+    let (base, r) = run(&tar);
+    assert!(err_text(r).contains("escapes"));
+    assert_nothing_outside(base.path());
+}
+
+#[test]
+fn hardlinks_out_of_the_layer_are_refused() {
+    let before = std::fs::metadata("/etc/passwd").unwrap();
+    for target in ["/etc/passwd", "../../../../etc/passwd", "etc/passwd"] {
+        let (base, r) = run(&RawTar::new().hardlink("pw", target).finish());
+        assert!(err_text(r).contains("hardlink"));
+        assert_nothing_outside(base.path());
+    }
+    // Through a symlink inside the layer that points out.
+    let (base, r) = run(&RawTar::new()
+        .symlink("etc", "/etc")
+        .hardlink("pw", "etc/passwd")
+        .finish());
+    assert!(err_text(r).contains("escapes"));
+    assert_nothing_outside(base.path());
+    assert_eq!(
+        std::fs::metadata("/etc/passwd").unwrap().nlink(),
+        before.nlink()
+    );
+}
+
+#[test]
+fn truncated_streams_are_refused() {
+    let full = RawTar::new().file("big", &vec![7u8; 10_000]).finish();
+    let (_b, r) = run(&full[..3000]);
+    assert!(err_text(r).contains("truncated"));
+    // Gzip cut short too.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&full).unwrap();
+    let gz = gz.finish().unwrap();
+    let (_b, r) = run(&gz[..gz.len() / 2]);
+    assert!(err_text(r).contains("truncated"));
+}
+
+#[test]
+fn compressed_streams_are_detected() {
+    let tar = RawTar::new().file("z", b"zstd").finish();
+    let z = zstd::encode_all(&tar[..], 3).unwrap();
+    let (base, r) = run(&z);
+    assert_eq!(
+        r.unwrap().diff_id,
+        Digest::of(&tar),
+        "diff_id is of the uncompressed stream"
+    );
+    assert_eq!(std::fs::read(base.path().join("layer/z")).unwrap(), b"zstd");
+}
+
+#[test]
+fn later_entries_replace_earlier_ones() {
+    let tar = RawTar::new()
+        .file("f", b"one")
+        .symlink("f", "target")
+        .dir("d/")
+        .file("d", b"file-now")
+        .finish();
+    let (base, r) = run(&tar);
+    // "d" is an empty dir replaced by a file.
+    r.unwrap();
+    let l = base.path().join("layer");
+    assert_eq!(
+        std::fs::read_link(l.join("f")).unwrap(),
+        Path::new("target")
+    );
+    assert_eq!(std::fs::read(l.join("d")).unwrap(), b"file-now");
+}
