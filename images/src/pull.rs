@@ -199,14 +199,18 @@ impl ImageStore {
             .zip(chains.iter().cloned())
             .map(|((l, d), c)| (l, d, c))
             .collect();
-        futures::stream::iter(
-            layers
-                .iter()
-                .map(|(desc, diff, chain)| self.fetch_layer(&repo, desc, diff, chain)),
-        )
-        .buffer_unordered(LAYER_CONCURRENCY)
-        .try_collect::<Vec<()>>()
-        .await?;
+        // Boxed so the future stays Send without higher-ranked closure lifetimes tripping the compiler.
+        type LayerFetch<'f> =
+            std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'f>>;
+        let repo = &repo;
+        let mut fetches: Vec<LayerFetch<'_>> = Vec::with_capacity(layers.len());
+        for (desc, diff, chain) in &layers {
+            fetches.push(Box::pin(self.fetch_layer(repo, desc, diff, chain)));
+        }
+        futures::stream::iter(fetches)
+            .buffer_unordered(LAYER_CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
 
         let layout = self.layout.clone();
         let blobs = small_blobs.clone();

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Build and install crishim on a Debian machine, then run it.
+#   hack/run.sh            install, then run in the foreground (Ctrl-C stops it)
+#   hack/run.sh --systemd  install and start the systemd unit instead
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash hack/install-deps.sh
+cargo build --release --workspace
+install -m 0755 target/release/crishim /usr/local/bin/crishim
+install -m 0755 target/release/crishim-shim /usr/local/bin/crishim-shim
+install -d -m 0755 /etc/crishim
+[ -f /etc/crishim/config.toml ] || install -m 0644 hack/config.toml /etc/crishim/config.toml
+
+if [ "${1:-}" = "--systemd" ]; then
+  install -m 0644 hack/crishim.service /etc/systemd/system/crishim.service
+  systemctl daemon-reload
+  systemctl enable --now crishim.service
+  echo "crishim is running: crictl --runtime-endpoint unix:///run/crishim/crishim.sock --image-endpoint unix:///run/crishim/crishim.sock images"
+else
+  exec /usr/local/bin/crishim serve --config /etc/crishim/config.toml
+fi

@@ -1,0 +1,176 @@
+//! `/etc/crishim/config.toml`. The key names are a contract with users and scripts; unknown keys are
+//! refused so a typo never silently falls back to a default.
+
+use std::path::{Path, PathBuf};
+
+use crishim_images::RegistryConfig;
+use serde::Deserialize;
+
+pub const DEFAULT_CONFIG: &str = "/etc/crishim/config.toml";
+pub const DEFAULT_SOCKET: &str = "/run/crishim/crishim.sock";
+pub const DEFAULT_ROOT_DIR: &str = "/var/lib/crishim";
+pub const DEFAULT_STATE_DIR: &str = "/run/crishim";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The CRI gRPC unix socket.
+    #[serde(default = "default_socket")]
+    pub socket: PathBuf,
+    /// Persistent state: images, container layers, records.
+    #[serde(default = "default_root_dir")]
+    pub root_dir: PathBuf,
+    /// Runtime state that does not survive a reboot.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    #[serde(default)]
+    pub registry: RegistryConfig,
+    /// Images reported as pinned, so the kubelet's image GC keeps them.
+    #[serde(default)]
+    pub pinned_images: Vec<String>,
+}
+
+fn default_socket() -> PathBuf {
+    DEFAULT_SOCKET.into()
+}
+fn default_root_dir() -> PathBuf {
+    DEFAULT_ROOT_DIR.into()
+}
+fn default_state_dir() -> PathBuf {
+    DEFAULT_STATE_DIR.into()
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            socket: default_socket(),
+            root_dir: default_root_dir(),
+            state_dir: default_state_dir(),
+            registry: RegistryConfig::default(),
+            pinned_images: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Load `path`. The default path may be absent (defaults apply); an explicit one must exist.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let (path, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Config::default())
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        Self::parse(&text, &path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        config.validate().map_err(|message| ConfigError::Invalid {
+            path: path.into(),
+            message,
+        })?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, p) in [
+            ("socket", &self.socket),
+            ("root_dir", &self.root_dir),
+            ("state_dir", &self.state_dir),
+        ] {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "{key} must be an absolute path, got {:?}",
+                    p.display().to_string()
+                ));
+            }
+        }
+        self.registry.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Config, ConfigError> {
+        Config::parse(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let c = parse(
+            r#"
+socket = "/run/crishim/crishim.sock"
+root_dir = "/var/lib/crishim"
+state_dir = "/run/crishim"
+[registry.mirrors."registry.k8s.io"]
+endpoint = ["http://127.0.0.1:5000"]
+[registry.configs."registry.example.com".auth]
+username = "u"
+password = "p"
+[registry.configs."127.0.0.1:5000".tls]
+insecure_skip_verify = true
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.registry.mirrors["registry.k8s.io"].endpoint,
+            ["http://127.0.0.1:5000"]
+        );
+        assert!(
+            c.registry.configs["127.0.0.1:5000"]
+                .tls
+                .as_ref()
+                .unwrap()
+                .insecure_skip_verify
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_by_name() {
+        let e = parse("sockett = \"/x\"").unwrap_err().to_string();
+        assert!(e.contains("sockett"), "{e}");
+        let e = parse("[registry.configs.\"h\".tls]\ninsecure = true")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("insecure"), "{e}");
+        let e = parse("root_dir = \"relative\"").unwrap_err().to_string();
+        assert!(e.contains("root_dir must be an absolute path"), "{e}");
+        let e = parse("[registry.mirrors.\"docker.io\"]\nendpoint = [\"127.0.0.1:5000\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("registry.mirrors"), "{e}");
+        let e = parse("socket = 5").unwrap_err().to_string();
+        assert!(e.contains("socket"), "{e}");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse("").unwrap();
+        assert_eq!(c.socket, Path::new(DEFAULT_SOCKET));
+        assert_eq!(c.root_dir, Path::new(DEFAULT_ROOT_DIR));
+    }
+}

@@ -1,0 +1,83 @@
+//! `crishim serve`: open the stores, bind the socket, serve CRI until SIGTERM or SIGINT.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use crishim_images::ImageStore;
+use crishim_proto::cri::image_service_server::ImageServiceServer;
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_stream::wrappers::UnixListenerStream;
+use tracing::info;
+
+use crate::config::Config;
+use crate::server::ImageService;
+
+/// The kubelet's own CRI message limit.
+const MAX_MESSAGE: usize = 16 << 20;
+
+pub async fn serve(config: Config) -> Result<()> {
+    for dir in [&config.root_dir, &config.state_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
+        .await
+        .context("opening the image store")?;
+    let images = ImageService::new(Arc::new(store), config.pinned_images.clone());
+
+    let listener = bind(&config.socket)?;
+    info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");
+    let result = tonic::transport::Server::builder()
+        .add_service(
+            ImageServiceServer::new(images)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown())
+        .await;
+    let _ = std::fs::remove_file(&config.socket);
+    result.context("serving CRI")?;
+    info!("crishim stopped");
+    Ok(())
+}
+
+/// Bind the socket with mode 0660, replacing a stale socket file but never a live daemon's.
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if !md.file_type().is_socket() {
+            bail!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            );
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!("another process is already serving on {}", path.display());
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("chmod 0660 {}", path.display()))?;
+    Ok(listener)
+}
+
+async fn shutdown() {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: shutting down"),
+        _ = int.recv() => info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,5 @@
+//! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
+
+pub mod config;
+pub mod daemon;
+pub mod server;

@@ -1,0 +1,40 @@
+//! `PullImage`: normalise the reference, pick credentials, pull through the image store.
+
+use crishim_images::Credentials;
+use crishim_proto::cri::{PullImageRequest, PullImageResponse};
+use tonic::Status;
+
+use super::{status::from_image_error, ImageService};
+
+impl ImageService {
+    pub(super) async fn do_pull_image(
+        &self,
+        req: PullImageRequest,
+    ) -> Result<PullImageResponse, Status> {
+        let image = req.image.map(|i| i.image).unwrap_or_default();
+        if image.is_empty() {
+            return Err(Status::invalid_argument(
+                "PullImage: image reference is empty",
+            ));
+        }
+        let creds = match req.auth {
+            Some(a) => Credentials::from_fields(
+                &a.username,
+                &a.password,
+                &a.auth,
+                &a.identity_token,
+                &a.registry_token,
+            )
+            .map_err(|e| Status::invalid_argument(format!("PullImage: auth: {e}")))?,
+            None => None,
+        };
+        let record = self
+            .store
+            .pull(&image, creds.as_ref())
+            .await
+            .map_err(from_image_error)?;
+        Ok(PullImageResponse {
+            image_ref: record.id.to_string(),
+        })
+    }
+}

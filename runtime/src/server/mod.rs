@@ -1,0 +1,94 @@
+//! The CRI gRPC services. Each RPC lives in its own file (`image_pull.rs`, …), as in containerd's CRI
+//! server; this module only wires them to the generated tonic traits.
+
+mod image;
+mod image_list;
+mod image_pull;
+mod image_remove;
+mod image_status;
+mod imagefs_info;
+pub mod status;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crishim_images::ImageStore;
+use crishim_proto::cri;
+use tonic::{Request, Response, Status};
+use tracing::{debug, warn};
+
+/// The CRI `ImageService`.
+#[derive(Clone)]
+pub struct ImageService {
+    store: Arc<ImageStore>,
+    pinned: Arc<HashSet<String>>,
+}
+
+impl ImageService {
+    pub fn new(store: Arc<ImageStore>, pinned: impl IntoIterator<Item = String>) -> Self {
+        // Pinned names are compared in normalised form, so `pause:3.9` pins `docker.io/library/pause:3.9`.
+        let pinned = pinned
+            .into_iter()
+            .map(|p| match crishim_images::Reference::parse(&p) {
+                Ok(r) => r.tagged().unwrap_or(p),
+                Err(_) => p,
+            })
+            .collect();
+        ImageService {
+            store,
+            pinned: Arc::new(pinned),
+        }
+    }
+}
+
+/// Log each call's outcome once, at the edge.
+fn logged<T>(rpc: &'static str, r: Result<T, Status>) -> Result<Response<T>, Status> {
+    match r {
+        Ok(v) => {
+            debug!(rpc, "ok");
+            Ok(Response::new(v))
+        }
+        Err(s) => {
+            warn!(rpc, code = ?s.code(), message = s.message(), "failed");
+            Err(s)
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl cri::image_service_server::ImageService for ImageService {
+    async fn list_images(
+        &self,
+        r: Request<cri::ListImagesRequest>,
+    ) -> Result<Response<cri::ListImagesResponse>, Status> {
+        logged("ListImages", self.do_list_images(r.into_inner()).await)
+    }
+
+    async fn image_status(
+        &self,
+        r: Request<cri::ImageStatusRequest>,
+    ) -> Result<Response<cri::ImageStatusResponse>, Status> {
+        logged("ImageStatus", self.do_image_status(r.into_inner()).await)
+    }
+
+    async fn pull_image(
+        &self,
+        r: Request<cri::PullImageRequest>,
+    ) -> Result<Response<cri::PullImageResponse>, Status> {
+        logged("PullImage", self.do_pull_image(r.into_inner()).await)
+    }
+
+    async fn remove_image(
+        &self,
+        r: Request<cri::RemoveImageRequest>,
+    ) -> Result<Response<cri::RemoveImageResponse>, Status> {
+        logged("RemoveImage", self.do_remove_image(r.into_inner()).await)
+    }
+
+    async fn image_fs_info(
+        &self,
+        r: Request<cri::ImageFsInfoRequest>,
+    ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
+        logged("ImageFsInfo", self.do_image_fs_info(r.into_inner()).await)
+    }
+}
