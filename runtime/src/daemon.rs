@@ -10,8 +10,10 @@ use crishim_proto::cri::image_service_server::ImageServiceServer;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
 use tracing::info;
 
+use crate::authority::AuthorityFix;
 use crate::config::Config;
 use crate::server::ImageService;
 
@@ -35,7 +37,10 @@ pub async fn serve(config: Config) -> Result<()> {
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown())
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new)),
+            shutdown(),
+        )
         .await;
     let _ = std::fs::remove_file(&config.socket);
     result.context("serving CRI")?;

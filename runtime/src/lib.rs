@@ -1,5 +1,6 @@
 //! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
 
+pub mod authority;
 pub mod config;
 pub mod daemon;
 pub mod server;
