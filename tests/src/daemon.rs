@@ -1,0 +1,407 @@
+//! The `crishim` daemon under test, run as `crishim serve --config FILE` with everything in a
+//! temporary directory, and a CRI client connected over its unix socket.
+
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use crishim_proto::cri::image_service_client::ImageServiceClient;
+use crishim_proto::cri::runtime_service_client::RuntimeServiceClient;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::registry::tail;
+
+/// The workspace root (`tests/..`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests crate has a parent directory")
+        .to_path_buf()
+}
+
+/// The daemon binary: `$CRISHIM_BIN`; else `crishim` next to this test binary's profile
+/// directory (`target/<profile>/crishim`, which follows `CARGO_TARGET_DIR`); else
+/// `<workspace>/target/debug/crishim`.
+pub fn daemon_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("CRISHIM_BIN") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/deps/<test binary>
+        if let Some(profile_dir) = exe.parent().and_then(Path::parent) {
+            let p = profile_dir.join("crishim");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    workspace_root().join("target/debug/crishim")
+}
+
+fn toml_str(s: &str) -> String {
+    // A JSON string is a valid TOML basic string for everything we write.
+    serde_json::to_string(s).expect("string to json")
+}
+
+/// How to configure the daemon. Socket, root and state directories always live in the
+/// daemon's own temporary directory.
+#[derive(Clone, Debug, Default)]
+pub struct DaemonOptions {
+    /// `[registry.mirrors."HOST"] endpoint = [...]`
+    pub mirrors: Vec<(String, Vec<String>)>,
+    /// `[registry.configs."HOST".auth] username, password`
+    pub auths: Vec<(String, String, String)>,
+    /// `[registry.configs."HOST".tls] insecure_skip_verify = true`
+    pub insecure_hosts: Vec<String>,
+    /// Raw TOML put after the top-level keys and before the generated tables.
+    pub extra_toml: String,
+    /// Extra arguments after `serve --config FILE`.
+    pub args: Vec<String>,
+    /// Extra environment variables for the daemon.
+    pub env: Vec<(String, String)>,
+}
+
+impl DaemonOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn mirror(mut self, host: &str, endpoints: &[&str]) -> Self {
+        self.mirrors.push((
+            host.to_string(),
+            endpoints.iter().map(|e| e.to_string()).collect(),
+        ));
+        self
+    }
+
+    pub fn auth(mut self, host: &str, username: &str, password: &str) -> Self {
+        self.auths
+            .push((host.to_string(), username.to_string(), password.to_string()));
+        self
+    }
+
+    pub fn insecure_skip_verify(mut self, host: &str) -> Self {
+        self.insecure_hosts.push(host.to_string());
+        self
+    }
+
+    pub fn extra_toml(mut self, toml: &str) -> Self {
+        self.extra_toml.push_str(toml);
+        if !self.extra_toml.ends_with('\n') {
+            self.extra_toml.push('\n');
+        }
+        self
+    }
+
+    pub fn arg(mut self, a: &str) -> Self {
+        self.args.push(a.to_string());
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_string(), v.to_string()));
+        self
+    }
+
+    /// The config file for a daemon living in `dir` (socket `dir/crishim.sock`, root
+    /// `dir/root`, state `dir/state`).
+    pub fn config_toml(&self, dir: &Path) -> String {
+        let mut t = String::new();
+        let p = |name: &str| toml_str(&dir.join(name).to_string_lossy());
+        writeln!(t, "socket = {}", p("crishim.sock")).unwrap();
+        writeln!(t, "root_dir = {}", p("root")).unwrap();
+        writeln!(t, "state_dir = {}", p("state")).unwrap();
+        t.push_str(&self.extra_toml);
+        for (host, endpoints) in &self.mirrors {
+            let eps: Vec<String> = endpoints.iter().map(|e| toml_str(e)).collect();
+            writeln!(t, "\n[registry.mirrors.{}]", toml_str(host)).unwrap();
+            writeln!(t, "endpoint = [{}]", eps.join(", ")).unwrap();
+        }
+        for (host, user, pass) in &self.auths {
+            writeln!(t, "\n[registry.configs.{}.auth]", toml_str(host)).unwrap();
+            writeln!(t, "username = {}", toml_str(user)).unwrap();
+            writeln!(t, "password = {}", toml_str(pass)).unwrap();
+        }
+        for host in &self.insecure_hosts {
+            writeln!(t, "\n[registry.configs.{}.tls]", toml_str(host)).unwrap();
+            writeln!(t, "insecure_skip_verify = true").unwrap();
+        }
+        t
+    }
+
+    fn command(&self, config: &Path, log: &Path) -> Result<Command> {
+        let bin = daemon_bin();
+        ensure!(
+            bin.is_file(),
+            "daemon binary {} not found: build it with `cargo build -p crishim-runtime` or set CRISHIM_BIN",
+            bin.display()
+        );
+        let logf = fs::File::create(log)?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone()?)
+            .stderr(logf);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env(
+                "RUST_LOG",
+                "info,crishim=debug,crishim_runtime=debug,crishim_images=debug",
+            );
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        Ok(cmd)
+    }
+}
+
+/// A tokio runtime that may be dropped from async code (it is shut down in the background).
+struct BackgroundRuntime(Option<tokio::runtime::Runtime>);
+
+impl BackgroundRuntime {
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("runtime present").handle()
+    }
+}
+
+impl Drop for BackgroundRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A running daemon. Dropping it sends SIGTERM, waits up to 10 s, then SIGKILLs.
+pub struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    channel: Option<Channel>,
+    /// Runs the client connections, so they keep working (answer the server's GOAWAY on
+    /// shutdown, close) while a test's own runtime is blocked waiting for the daemon to exit.
+    client_rt: Option<BackgroundRuntime>,
+    // Dropped last.
+    dir: tempfile::TempDir,
+}
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const RPC_TIMEOUT: Duration = Duration::from_secs(90);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A tonic channel over a unix socket.
+pub async fn connect_unix(socket: &Path) -> Result<Channel> {
+    let path = socket.to_path_buf();
+    let channel = Endpoint::try_from("http://[::]:50051")?
+        .timeout(RPC_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await?;
+    Ok(channel)
+}
+
+impl Daemon {
+    /// Write the config, start `crishim serve --config`, wait for the socket and connect.
+    pub async fn start(opts: DaemonOptions) -> Result<Daemon> {
+        let dir = tempfile::Builder::new()
+            .prefix("crishim-daemon-")
+            .tempdir()?;
+        let config = dir.path().join("config.toml");
+        fs::write(&config, opts.config_toml(dir.path()))?;
+        let socket = dir.path().join("crishim.sock");
+        let log = dir.path().join("daemon.log");
+        let mut child = opts
+            .command(&config, &log)?
+            .spawn()
+            .with_context(|| format!("spawning {}", daemon_bin().display()))?;
+
+        let client_rt = BackgroundRuntime(Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("crishim-test-client")
+                .enable_all()
+                .build()?,
+        ));
+        let deadline = Instant::now() + START_TIMEOUT;
+        let channel = loop {
+            if let Some(status) = child.try_wait()? {
+                let text = fs::read_to_string(&log).unwrap_or_default();
+                bail!(
+                    "crishim serve exited early with {status}; its output:\n{}",
+                    tail(&text, 8000)
+                );
+            }
+            if socket.exists() && tokio::net::UnixStream::connect(&socket).await.is_ok() {
+                let s = socket.clone();
+                match client_rt
+                    .handle()
+                    .spawn(async move { connect_unix(&s).await })
+                    .await?
+                {
+                    Ok(c) => break c,
+                    Err(e) if Instant::now() > deadline => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let text = fs::read_to_string(&log).unwrap_or_default();
+                bail!(
+                    "crishim serve did not listen on {} within {START_TIMEOUT:?}; its output:\n{}",
+                    socket.display(),
+                    tail(&text, 8000)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        Ok(Daemon {
+            child: Some(child),
+            socket,
+            config,
+            log,
+            channel: Some(channel),
+            client_rt: Some(client_rt),
+            dir,
+        })
+    }
+
+    fn channel(&self) -> Channel {
+        self.channel.clone().expect("daemon already stopped")
+    }
+
+    pub fn image_client(&self) -> ImageServiceClient<Channel> {
+        ImageServiceClient::new(self.channel())
+    }
+
+    pub fn runtime_client(&self) -> RuntimeServiceClient<Channel> {
+        RuntimeServiceClient::new(self.channel())
+    }
+
+    /// The daemon's temporary directory (holds config, socket, root, state and log).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn root_dir(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Everything the daemon wrote to stdout and stderr so far.
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn terminate(&mut self) -> Option<std::io::Result<ExitStatus>> {
+        let status = self.terminate_child();
+        self.channel = None;
+        self.client_rt = None;
+        status
+    }
+
+    fn terminate_child(&mut self) -> Option<std::io::Result<ExitStatus>> {
+        self.channel = None;
+        let mut child = self.child.take()?;
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(Ok(status));
+        }
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(Ok(status)),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    return Some(child.wait());
+                }
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// SIGTERM the daemon and assert that it exits with status 0 within 10 s.
+    pub fn stop(mut self) {
+        let status = self
+            .terminate()
+            .expect("daemon already stopped")
+            .expect("waiting for the daemon");
+        assert!(
+            status.success(),
+            "crishim serve exited with {status} on SIGTERM; its output:\n{}",
+            tail(&self.log_text(), 8000)
+        );
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.terminate();
+        if std::thread::panicking() && std::env::var_os("CRISHIM_TEST_QUIET").is_none() {
+            eprintln!(
+                "---- crishim log ({}) ----\n{}",
+                self.dir.path().display(),
+                tail(&self.log_text(), 12000)
+            );
+        }
+    }
+}
+
+/// Run `crishim serve --config FILE` with `opts` (in a fresh temporary directory) when it is
+/// expected to exit by itself, e.g. on a bad config. Fails if it is still running after
+/// `timeout` (it is then killed).
+pub async fn serve_expecting_exit(
+    opts: &DaemonOptions,
+    timeout: Duration,
+) -> Result<std::process::Output> {
+    let dir = tempfile::Builder::new()
+        .prefix("crishim-daemon-")
+        .tempdir()?;
+    let config = dir.path().join("config.toml");
+    fs::write(&config, opts.config_toml(dir.path()))?;
+    let log = dir.path().join("unused.log");
+    let mut cmd: tokio::process::Command = opts.command(&config, &log)?.into();
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn()?;
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(out) => Ok(out?),
+        Err(_) => bail!(
+            "crishim serve was still running after {timeout:?} with config:\n{}",
+            opts.config_toml(dir.path())
+        ),
+    }
+}

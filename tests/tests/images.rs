@@ -1,0 +1,972 @@
+//! The CRI ImageService of the `crishim` daemon, against a real `docker-registry`.
+//!
+//! Every test starts its own registry and daemon (tests run in parallel). The daemon binary is
+//! `$CRISHIM_BIN` or `target/<profile>/crishim` (build it with `cargo build -p crishim-runtime`).
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::Path;
+use std::time::Duration;
+
+use crishim_proto::cri;
+use crishim_tests::cri::{basic_auth, encoded_auth};
+use crishim_tests::daemon::serve_expecting_exit;
+use crishim_tests::fixtures;
+use crishim_tests::fsutil::{dir_entries, lgetxattr, paths_named_like, snapshot_dirs, walk};
+use crishim_tests::image::{digest_hex, foreign_arch, host_arch, Compression, Index};
+use crishim_tests::{
+    busybox_image, random_hex, Daemon, DaemonOptions, Image, PushedImage, Registry, RegistryOptions,
+};
+use tonic::Code;
+
+async fn registry() -> Registry {
+    Registry::start(RegistryOptions::default())
+        .await
+        .expect("starting docker-registry")
+}
+
+async fn daemon(opts: DaemonOptions) -> Daemon {
+    Daemon::start(opts).await.expect("starting crishim serve")
+}
+
+async fn push(reg: &Registry, repo: &str, tag: &str, image: &Image) -> PushedImage {
+    reg.push(repo, tag, image)
+        .await
+        .expect("pushing test image")
+}
+
+/// The only image record `list` holds for `id`.
+fn find<'a>(list: &'a [cri::Image], id: &str) -> &'a cri::Image {
+    let found: Vec<_> = list.iter().filter(|i| i.id == id).collect();
+    assert_eq!(found.len(), 1, "expected one image {id} in {list:#?}");
+    found[0]
+}
+
+fn assert_code(err: &tonic::Status, code: Code) {
+    assert_eq!(err.code(), code, "unexpected status: {err:?}");
+}
+
+fn assert_message_mentions(err: &tonic::Status, any_of: &[&str]) {
+    let m = err.message().to_lowercase();
+    assert!(
+        any_of.iter().any(|w| m.contains(&w.to_lowercase())),
+        "error message {:?} mentions none of {any_of:?}",
+        err.message()
+    );
+}
+
+/// After a failed pull of `reference` whose bad blob is `bad_digest`: no image record, no file
+/// or directory named after the blob anywhere under the root dir, empty staging directories.
+async fn assert_nothing_stored(d: &Daemon, reference: &str, bad_digest: &str) {
+    let images = d.list_images(None).await.expect("ListImages");
+    assert!(
+        images.is_empty(),
+        "a failed pull of {reference} left image records: {images:#?}"
+    );
+    assert!(d
+        .image_status(reference)
+        .await
+        .expect("ImageStatus")
+        .is_none());
+    let root = d.root_dir();
+    let hex = digest_hex(bad_digest);
+    let leftovers = paths_named_like(&root, hex);
+    assert!(
+        leftovers.is_empty(),
+        "the bad blob {bad_digest} left {leftovers:?}"
+    );
+    for staging in ["images/ingest", "images/snapshots/tmp"] {
+        let entries = dir_entries(&root.join(staging));
+        assert!(
+            entries.is_empty(),
+            "{staging} is not empty after a failed pull: {entries:?}"
+        );
+    }
+}
+
+/// Recursively look for a `"Cmd"` key whose value is `cmd`.
+fn json_has_cmd(v: &serde_json::Value, cmd: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Object(m) => m.iter().any(|(k, val)| {
+            (k.eq_ignore_ascii_case("cmd") && val == cmd) || json_has_cmd(val, cmd)
+        }),
+        serde_json::Value::Array(a) => a.iter().any(|x| json_has_cmd(x, cmd)),
+        _ => false,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pull, list, status, remove
+
+#[tokio::test]
+async fn pull_by_tag_list_status_remove_and_repull_by_digest_then_remove_by_id() {
+    let reg = registry().await;
+    let p = push(&reg, "busybox", "latest", &busybox_image().user("1000")).await;
+    let d = daemon(DaemonOptions::new()).await;
+
+    let image_ref = d.pull(&p.tag_ref()).await.expect("pull by tag");
+    assert_eq!(
+        image_ref,
+        p.image_id(),
+        "PullImage must return the config digest"
+    );
+
+    let list = d.list_images(None).await.unwrap();
+    assert_eq!(list.len(), 1, "{list:#?}");
+    let rec = find(&list, p.image_id());
+    assert_eq!(rec.repo_tags, vec![p.tag_ref()]);
+    assert_eq!(rec.repo_digests, vec![p.digest_ref()]);
+    assert!(rec.size > 0, "size is 0");
+    assert_eq!(rec.uid.as_ref().map(|u| u.value), Some(1000));
+
+    for r in [p.tag_ref(), p.image_id().to_string(), p.digest_ref()] {
+        let st = d.image_status(&r).await.unwrap();
+        assert_eq!(
+            st.map(|i| i.id).as_deref(),
+            Some(p.image_id()),
+            "ImageStatus({r})"
+        );
+    }
+
+    d.remove_image(&p.tag_ref()).await.expect("remove by tag");
+    assert!(d.list_images(None).await.unwrap().is_empty());
+    assert!(d.image_status(p.image_id()).await.unwrap().is_none());
+    assert!(d.image_status(&p.tag_ref()).await.unwrap().is_none());
+
+    let image_ref = d.pull(&p.digest_ref()).await.expect("re-pull by digest");
+    assert_eq!(image_ref, p.image_id());
+    let st = d
+        .image_status(&p.digest_ref())
+        .await
+        .unwrap()
+        .expect("status by digest");
+    assert!(st.repo_digests.contains(&p.digest_ref()), "{st:#?}");
+    d.remove_image(&p.digest_ref())
+        .await
+        .expect("remove by digest reference");
+    assert!(d.list_images(None).await.unwrap().is_empty());
+
+    assert_eq!(d.pull(&p.tag_ref()).await.unwrap(), p.image_id());
+    d.remove_image(p.image_id()).await.expect("remove by ID");
+    assert!(d.list_images(None).await.unwrap().is_empty());
+    assert!(d.image_status(&p.tag_ref()).await.unwrap().is_none());
+    d.stop();
+}
+
+#[tokio::test]
+async fn verbose_image_status_info_holds_the_config_cmd() {
+    let reg = registry().await;
+    let cmd = ["/bin/sh", "-c", "echo crishim-verbose-marker"];
+    let p = push(&reg, "busybox", "latest", &busybox_image().cmd(&cmd)).await;
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&p.tag_ref()).await.unwrap();
+
+    let resp = d.image_status_full(p.image_id(), true).await.unwrap();
+    assert_eq!(
+        resp.image.as_ref().map(|i| i.id.as_str()),
+        Some(p.image_id())
+    );
+    let info = resp
+        .info
+        .get("info")
+        .expect("verbose status has info[\"info\"]");
+    let v: serde_json::Value = serde_json::from_str(info).expect("info[\"info\"] is JSON");
+    assert!(
+        json_has_cmd(&v, &serde_json::json!(cmd)),
+        "info does not hold Cmd {cmd:?}: {info}"
+    );
+
+    let quiet = d.image_status_full(p.image_id(), false).await.unwrap();
+    assert!(
+        quiet.info.is_empty(),
+        "non-verbose status has info: {:?}",
+        quiet.info
+    );
+}
+
+#[tokio::test]
+async fn image_status_of_unknown_image_is_none_not_an_error() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    for r in [
+        format!("{}/never-pulled:latest", reg.host()),
+        format!("sha256:{}", "ab".repeat(32)),
+        "busybox".to_string(),
+    ] {
+        let st = d
+            .image_status(&r)
+            .await
+            .unwrap_or_else(|e| panic!("ImageStatus({r}): {e:?}"));
+        assert!(st.is_none(), "{r}: {st:?}");
+    }
+}
+
+#[tokio::test]
+async fn image_record_has_uid_for_numeric_user_and_username_for_named_user() {
+    let reg = registry().await;
+    let numeric = push(
+        &reg,
+        "numeric",
+        "v1",
+        &fixtures::small_image("n", Compression::Gzip).user("65534"),
+    )
+    .await;
+    let named = push(
+        &reg,
+        "named",
+        "v1",
+        &fixtures::small_image("u", Compression::Gzip).user("app"),
+    )
+    .await;
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&numeric.tag_ref()).await.unwrap();
+    d.pull(&named.tag_ref()).await.unwrap();
+
+    let n = d.image_status(&numeric.tag_ref()).await.unwrap().unwrap();
+    assert_eq!(n.uid.map(|u| u.value), Some(65534));
+    assert_eq!(n.username, "");
+    let u = d.image_status(&named.tag_ref()).await.unwrap().unwrap();
+    assert!(u.uid.is_none(), "uid set for a named user: {u:?}");
+    assert_eq!(u.username, "app");
+}
+
+#[tokio::test]
+async fn pulled_image_is_stored_as_blobs_and_a_runnable_snapshot_per_chain_id() {
+    let reg = registry().await;
+    let p = push(&reg, "busybox", "latest", &busybox_image()).await;
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&p.tag_ref()).await.unwrap();
+
+    let images = d.root_dir().join("images");
+    for digest in [&p.manifest_digest, &p.config_digest, &p.layer_digests[0]] {
+        let blob = images.join("blobs/sha256").join(digest_hex(digest));
+        assert!(blob.is_file(), "{} missing", blob.display());
+    }
+    assert_eq!(
+        std::fs::read(
+            images
+                .join("blobs/sha256")
+                .join(digest_hex(&p.config_digest))
+        )
+        .unwrap(),
+        p.config
+    );
+    assert!(images.join("meta.redb").is_file());
+    // Positive control for `assert_nothing_stored`: a stored blob is found by its hex name.
+    assert!(!paths_named_like(&d.root_dir(), digest_hex(&p.layer_digests[0])).is_empty());
+
+    let snap = images.join("snapshots").join(digest_hex(&p.chain_ids[0]));
+    assert!(
+        snap.is_dir(),
+        "no snapshot named after the chain ID: {:?}",
+        snapshot_dirs(&d.root_dir())
+    );
+    let out = std::process::Command::new(snap.join("bin/sh"))
+        .args(["-c", "echo $((6*7))"])
+        .output()
+        .expect("running the unpacked busybox");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n");
+    assert_eq!(
+        std::fs::read_link(snap.join("bin/sh")).unwrap(),
+        Path::new("busybox")
+    );
+    let tmp = std::fs::symlink_metadata(snap.join("tmp")).unwrap();
+    assert_eq!(tmp.mode() & 0o7777, 0o1777);
+    let home = std::fs::symlink_metadata(snap.join("home/app")).unwrap();
+    assert_eq!((home.uid(), home.gid()), (1000, 1000));
+    assert_eq!(
+        std::fs::read_to_string(snap.join("etc/passwd")).unwrap(),
+        crishim_tests::image::PASSWD
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layers, formats, platforms
+
+#[tokio::test]
+async fn multi_layer_pull_turns_whiteouts_into_char_devices_and_opaque_dirs_into_xattrs() {
+    let reg = registry().await;
+    let img = fixtures::multi_layer_image();
+    let p = push(&reg, "multi", "latest", &img).await;
+    let d = daemon(DaemonOptions::new()).await;
+    assert_eq!(d.pull(&p.tag_ref()).await.expect("pull"), p.image_id());
+
+    let rec = d.image_status(p.image_id()).await.unwrap().unwrap();
+    assert_eq!(rec.username, "app");
+
+    let snaps = snapshot_dirs(&d.root_dir());
+    let second = snaps
+        .iter()
+        .find(|s| s.join("data/dir/x").exists())
+        .unwrap_or_else(|| panic!("no snapshot holds data/dir/x: {snaps:?}"));
+    let third = snaps
+        .iter()
+        .find(|s| s.join("data/dir/y").exists())
+        .unwrap_or_else(|| panic!("no snapshot holds data/dir/y: {snaps:?}"));
+    assert_eq!(
+        second.file_name().unwrap().to_str().unwrap(),
+        digest_hex(&p.chain_ids[1])
+    );
+    assert_eq!(
+        third.file_name().unwrap().to_str().unwrap(),
+        digest_hex(&p.chain_ids[2])
+    );
+
+    // Layer 2 as shipped.
+    assert_eq!(
+        std::fs::read_to_string(second.join("data/b")).unwrap(),
+        "b\n"
+    );
+    let owned = std::fs::symlink_metadata(second.join("data/owned")).unwrap();
+    assert_eq!(
+        (owned.uid(), owned.gid(), owned.mode() & 0o7777),
+        (1000, 1000, 0o640)
+    );
+    let x = std::fs::symlink_metadata(second.join("data/dir/x")).unwrap();
+    assert_eq!(x.mode() & 0o7777, 0o600);
+
+    // Layer 3: overlayfs whiteout and opaque marker, no AUFS marker files.
+    let b = std::fs::symlink_metadata(third.join("data/b")).expect("whiteout data/b");
+    assert!(
+        b.file_type().is_char_device(),
+        "data/b is not a char device: {b:?}"
+    );
+    assert_eq!(b.rdev(), 0, "whiteout must be device 0/0");
+    assert_eq!(
+        lgetxattr(&third.join("data/dir"), "trusted.overlay.opaque").as_deref(),
+        Some(&b"y"[..]),
+        "data/dir is not marked opaque"
+    );
+    assert!(!third.join("data/.wh.b").exists());
+    assert!(!third.join("data/dir/.wh..wh..opq").exists());
+    assert!(!third.join("data/dir/x").exists());
+    assert!(
+        !third.join("data/a").exists(),
+        "layer 3 snapshot holds lower-layer files"
+    );
+    assert_eq!(
+        std::fs::read_to_string(third.join("data/dir/y")).unwrap(),
+        "y\n"
+    );
+}
+
+#[tokio::test]
+async fn oci_index_pull_resolves_to_the_host_platform_config() {
+    let reg = registry().await;
+    let index = Index::new(vec![
+        fixtures::small_image("foreign", Compression::Gzip).platform(foreign_arch(), None),
+        fixtures::small_image("host", Compression::Gzip).platform(host_arch(), None),
+    ]);
+    let p = reg.push_index("multiarch", "latest", &index).await.unwrap();
+    let host = p.for_arch(host_arch());
+    assert_ne!(host.config_digest, p.for_arch(foreign_arch()).config_digest);
+    let d = daemon(DaemonOptions::new()).await;
+
+    assert_eq!(
+        d.pull(&p.tag_ref()).await.expect("pull index"),
+        host.config_digest
+    );
+    let rec = d.image_status(&p.tag_ref()).await.unwrap().expect("status");
+    assert_eq!(rec.id, host.config_digest);
+    let list = d.list_images(None).await.unwrap();
+    assert_eq!(list.len(), 1, "{list:#?}");
+    let snap = d
+        .root_dir()
+        .join("images/snapshots")
+        .join(digest_hex(&host.chain_ids[0]));
+    assert_eq!(
+        std::fs::read_to_string(snap.join("marker")).unwrap(),
+        "host\n"
+    );
+}
+
+#[tokio::test]
+async fn docker_manifest_list_pull_resolves_to_the_host_platform_config() {
+    let reg = registry().await;
+    let index = Index::new(vec![
+        fixtures::small_image("host", Compression::Gzip).platform(host_arch(), None),
+        fixtures::small_image("foreign", Compression::Gzip).platform(foreign_arch(), Some("v8")),
+    ])
+    .docker();
+    let p = reg.push_index("multiarch", "docker", &index).await.unwrap();
+    let d = daemon(DaemonOptions::new()).await;
+    assert_eq!(
+        d.pull(&p.tag_ref()).await.expect("pull manifest list"),
+        p.for_arch(host_arch()).config_digest
+    );
+}
+
+#[tokio::test]
+async fn docker_schema2_image_pulls_with_its_config_digest_as_id() {
+    let reg = registry().await;
+    let p = push(&reg, "busybox", "docker", &busybox_image().docker()).await;
+    let d = daemon(DaemonOptions::new()).await;
+    assert_eq!(
+        d.pull(&p.tag_ref()).await.expect("pull schema2"),
+        p.image_id()
+    );
+    let rec = d.image_status(&p.tag_ref()).await.unwrap().unwrap();
+    assert_eq!(rec.repo_digests, vec![p.digest_ref()]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// List filter, remove, fs info
+
+#[tokio::test]
+async fn list_images_filter_returns_only_the_matching_image() {
+    let reg = registry().await;
+    let a = push(
+        &reg,
+        "alpha",
+        "v1",
+        &fixtures::small_image("alpha", Compression::Gzip),
+    )
+    .await;
+    let b = push(
+        &reg,
+        "beta",
+        "v1",
+        &fixtures::small_image("beta", Compression::Zstd),
+    )
+    .await;
+    assert_ne!(a.image_id(), b.image_id());
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&a.tag_ref()).await.unwrap();
+    d.pull(&b.tag_ref()).await.unwrap();
+
+    assert_eq!(d.list_images(None).await.unwrap().len(), 2);
+    for (want, other) in [(&a, &b), (&b, &a)] {
+        let got = d.list_images(Some(&want.tag_ref())).await.unwrap();
+        let ids: Vec<_> = got.iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(ids, vec![want.image_id()], "filter {}", want.tag_ref());
+        assert!(!ids.contains(&other.image_id()));
+    }
+    let none = d
+        .list_images(Some(&format!("{}/gamma:v1", reg.host())))
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "{none:#?}");
+}
+
+#[tokio::test]
+async fn remove_image_is_idempotent() {
+    let reg = registry().await;
+    let p = push(
+        &reg,
+        "small",
+        "v1",
+        &fixtures::small_image("rm", Compression::Gzip),
+    )
+    .await;
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&p.tag_ref()).await.unwrap();
+    d.remove_image(p.image_id()).await.expect("first remove");
+    d.remove_image(p.image_id())
+        .await
+        .expect("second remove of the same ID");
+    d.remove_image(&p.tag_ref())
+        .await
+        .expect("remove of a tag no longer present");
+    d.remove_image(&format!("{}/never:pulled", reg.host()))
+        .await
+        .expect("remove of an unknown image");
+    assert!(d.list_images(None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn image_fs_info_reports_the_store_and_nonzero_usage_after_a_pull() {
+    let reg = registry().await;
+    let p = push(&reg, "busybox", "latest", &busybox_image()).await;
+    let d = daemon(DaemonOptions::new()).await;
+    d.pull(&p.tag_ref()).await.unwrap();
+
+    let info = d.image_fs_info().await.unwrap();
+    let fs = info
+        .image_filesystems
+        .first()
+        .expect("image_filesystems[0]");
+    let mp = &fs.fs_id.as_ref().expect("fs_id").mountpoint;
+    assert!(
+        Path::new(mp).starts_with(d.root_dir()) && Path::new(mp).is_dir(),
+        "mountpoint {mp} is not the image store under {}",
+        d.root_dir().display()
+    );
+    let used = fs.used_bytes.as_ref().expect("used_bytes").value;
+    let inodes = fs.inodes_used.as_ref().expect("inodes_used").value;
+    // At least the busybox binary itself.
+    assert!(used >= 1_000_000, "used_bytes = {used}");
+    assert!(inodes > 0, "inodes_used = {inodes}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names and mirrors
+
+#[tokio::test]
+async fn short_name_busybox_is_pulled_through_a_docker_io_mirror_as_docker_io_library_busybox() {
+    let reg = registry().await;
+    let p = push(&reg, "library/busybox", "latest", &busybox_image()).await;
+    let d = daemon(DaemonOptions::new().mirror("docker.io", &[&reg.url()])).await;
+
+    assert_eq!(d.pull("busybox").await.expect("pull busybox"), p.image_id());
+    let rec = d
+        .image_status("busybox")
+        .await
+        .unwrap()
+        .expect("status of busybox");
+    assert_eq!(
+        rec.repo_tags,
+        vec!["docker.io/library/busybox:latest".to_string()]
+    );
+    assert_eq!(
+        rec.repo_digests,
+        vec![format!("docker.io/library/busybox@{}", p.manifest_digest)]
+    );
+    for alias in [
+        "busybox:latest",
+        "library/busybox",
+        "docker.io/library/busybox:latest",
+    ] {
+        let st = d.image_status(alias).await.unwrap();
+        assert_eq!(st.map(|i| i.id).as_deref(), Some(p.image_id()), "{alias}");
+    }
+}
+
+#[tokio::test]
+async fn registry_k8s_io_pause_is_pulled_from_its_mirror() {
+    let reg = registry().await;
+    let p = push(
+        &reg,
+        "pause",
+        "3.9",
+        &fixtures::small_image("pause", Compression::Gzip),
+    )
+    .await;
+    let d = daemon(DaemonOptions::new().mirror("registry.k8s.io", &[&reg.url()])).await;
+    assert_eq!(
+        d.pull("registry.k8s.io/pause:3.9")
+            .await
+            .expect("pull pause"),
+        p.image_id()
+    );
+    let rec = d
+        .image_status("registry.k8s.io/pause:3.9")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.repo_tags, vec!["registry.k8s.io/pause:3.9".to_string()]);
+}
+
+#[tokio::test]
+async fn dead_first_mirror_endpoint_falls_back_to_the_next() {
+    let reg = registry().await;
+    let p = push(
+        &reg,
+        "pause",
+        "3.9",
+        &fixtures::small_image("pause", Compression::Gzip),
+    )
+    .await;
+    let d =
+        daemon(DaemonOptions::new().mirror("registry.k8s.io", &["http://127.0.0.1:1", &reg.url()]))
+            .await;
+    assert_eq!(
+        d.pull("registry.k8s.io/pause:3.9")
+            .await
+            .expect("pull pause"),
+        p.image_id()
+    );
+}
+
+#[tokio::test]
+async fn tls_registry_with_insecure_skip_verify_is_pulled_over_https() {
+    let reg = Registry::start(RegistryOptions::default().with_tls())
+        .await
+        .unwrap();
+    let p = push(
+        &reg,
+        "small",
+        "v1",
+        &fixtures::small_image("tls", Compression::Gzip),
+    )
+    .await;
+    let d = daemon(DaemonOptions::new().insecure_skip_verify(&reg.host())).await;
+    assert_eq!(
+        d.pull(&p.tag_ref()).await.expect("pull over https"),
+        p.image_id()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authentication
+
+async fn auth_registry() -> (Registry, PushedImage) {
+    let reg = Registry::start(RegistryOptions::default().with_basic_auth("user", "pass"))
+        .await
+        .unwrap();
+    let p = push(
+        &reg,
+        "private",
+        "v1",
+        &fixtures::small_image("private", Compression::Gzip),
+    )
+    .await;
+    (reg, p)
+}
+
+#[tokio::test]
+async fn pull_with_username_and_password_passes_htpasswd_auth() {
+    let (_reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let r = d
+        .pull_with_auth(&p.tag_ref(), Some(basic_auth("user", "pass")))
+        .await;
+    assert_eq!(r.expect("pull with credentials"), p.image_id());
+}
+
+#[tokio::test]
+async fn pull_with_base64_auth_field_passes_htpasswd_auth() {
+    let (_reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let r = d
+        .pull_with_auth(&p.tag_ref(), Some(encoded_auth("user", "pass")))
+        .await;
+    assert_eq!(r.expect("pull with auth"), p.image_id());
+}
+
+#[tokio::test]
+async fn pull_with_credentials_from_registry_config_passes_htpasswd_auth() {
+    let (reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new().auth(&reg.host(), "user", "pass")).await;
+    assert_eq!(d.pull(&p.tag_ref()).await.expect("pull"), p.image_id());
+}
+
+#[tokio::test]
+async fn pull_with_wrong_password_is_unauthenticated() {
+    let (_reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d
+        .pull_with_auth(&p.tag_ref(), Some(basic_auth("user", "wrong")))
+        .await
+        .expect_err("pull with a wrong password");
+    assert_code(&err, Code::Unauthenticated);
+    assert_message_mentions(&err, &["unauthorized", "authentication"]);
+    assert!(d.list_images(None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn pull_without_credentials_is_unauthenticated() {
+    let (_reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d.pull(&p.tag_ref()).await.expect_err("anonymous pull");
+    assert_code(&err, Code::Unauthenticated);
+    assert_message_mentions(&err, &["unauthorized", "authentication"]);
+    assert!(d.list_images(None).await.unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pull errors
+
+#[tokio::test]
+async fn malformed_references_are_invalid_argument() {
+    let d = daemon(DaemonOptions::new()).await;
+    for r in [
+        "",
+        "Busybox:latest",
+        "busybox:bad tag",
+        "busybox::latest",
+        "127.0.0.1:5000/busybox@sha256:1234",
+        "busybox@md5:0123456789abcdef",
+    ] {
+        let err = d.pull(r).await.expect_err(r);
+        assert_eq!(err.code(), Code::InvalidArgument, "{r:?}: {err:?}");
+    }
+}
+
+#[tokio::test]
+async fn missing_tag_or_repository_is_not_found() {
+    let reg = registry().await;
+    push(
+        &reg,
+        "busybox",
+        "latest",
+        &fixtures::small_image("nf", Compression::Gzip),
+    )
+    .await;
+    let d = daemon(DaemonOptions::new()).await;
+    for r in [
+        format!("{}/busybox:missing", reg.host()),
+        format!("{}/no-such-repo:latest", reg.host()),
+        format!("{}/busybox@sha256:{}", reg.host(), "0".repeat(64)),
+    ] {
+        let err = d.pull(&r).await.expect_err(&r);
+        assert_eq!(err.code(), Code::NotFound, "{r}: {err:?}");
+    }
+    assert!(d.list_images(None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn unreachable_registry_is_unavailable() {
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d
+        .pull("127.0.0.1:1/busybox:latest")
+        .await
+        .expect_err("pull from a closed port");
+    assert_code(&err, Code::Unavailable);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Corrupted blobs
+
+#[tokio::test]
+async fn corrupted_gzip_layer_blob_fails_with_data_loss_and_stores_nothing() {
+    let reg = registry().await;
+    let p = push(&reg, "busybox", "latest", &busybox_image()).await;
+    let layer = p.layer_digests[0].clone();
+    reg.corrupt_blob(&layer).unwrap();
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("pull of a corrupted blob");
+    assert_code(&err, Code::DataLoss);
+    assert!(
+        err.message().contains(&layer),
+        "message does not name {layer}: {}",
+        err.message()
+    );
+    assert_nothing_stored(&d, &p.tag_ref(), &layer).await;
+}
+
+#[tokio::test]
+async fn corrupted_uncompressed_layer_that_is_still_a_valid_tar_fails_with_data_loss() {
+    // Same length, still a well-formed tar: only the digest check can tell.
+    let reg = registry().await;
+    let good = crishim_tests::LayerBuilder::new()
+        .file("payload", "AAAAAAAA", 0o644)
+        .build(Compression::None);
+    let evil = crishim_tests::LayerBuilder::new()
+        .file("payload", "BBBBBBBB", 0o644)
+        .tar();
+    let p = push(&reg, "small", "v1", &Image::new(vec![good.clone()])).await;
+    reg.replace_blob(&good.digest, &evil).unwrap();
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("pull of a substituted blob");
+    assert_code(&err, Code::DataLoss);
+    assert!(err.message().contains(&good.digest), "{}", err.message());
+    assert_nothing_stored(&d, &p.tag_ref(), &good.digest).await;
+}
+
+#[tokio::test]
+async fn corrupted_config_blob_fails_with_data_loss() {
+    let reg = registry().await;
+    let p = push(
+        &reg,
+        "small",
+        "v1",
+        &fixtures::small_image("cfg", Compression::Gzip),
+    )
+    .await;
+    reg.corrupt_blob(&p.config_digest).unwrap();
+    let d = daemon(DaemonOptions::new()).await;
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("pull with a corrupted config");
+    assert_code(&err, Code::DataLoss);
+    assert!(
+        err.message().contains(&p.config_digest),
+        "{}",
+        err.message()
+    );
+    assert_nothing_stored(&d, &p.tag_ref(), &p.config_digest).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile and truncated layers
+
+const HOSTILE_WORDS: &[&str] = &["escapes", "hardlink", "truncated", "unexpected end", ".."];
+
+/// Push a one-layer image made of `layer`, pull it, expect InvalidArgument naming the
+/// problem and nothing stored.
+async fn pull_hostile(reg: &Registry, d: &Daemon, repo: &str, layer: crishim_tests::Layer) {
+    let bad = layer.digest.clone();
+    let p = push(reg, repo, "v1", &Image::new(vec![layer])).await;
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("pull of a hostile layer");
+    assert_code(&err, Code::InvalidArgument);
+    assert_message_mentions(&err, HOSTILE_WORDS);
+    assert_nothing_stored(d, &p.tag_ref(), &bad).await;
+}
+
+/// No file named `name` under the daemon's directory nor in any ancestor of its store.
+fn assert_no_file_named(d: &Daemon, name: &str) {
+    let found = paths_named_like(d.dir(), name);
+    assert!(found.is_empty(), "hostile layer wrote {found:?}");
+    let deepest = d.root_dir().join("images/snapshots/tmp/x/y/z");
+    for a in deepest.ancestors() {
+        assert!(
+            !a.join(name).exists(),
+            "hostile layer wrote {}",
+            a.join(name).display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn layer_entry_with_dotdot_path_is_rejected_without_writing_outside() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let tok = random_hex(6);
+    pull_hostile(&reg, &d, "dotdot", fixtures::dotdot_layer(&tok)).await;
+    assert_no_file_named(&d, &format!("escape-{tok}"));
+}
+
+#[tokio::test]
+async fn layer_entry_climbing_to_host_tmp_is_rejected_without_writing_there() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let tok = random_hex(6);
+    pull_hostile(&reg, &d, "deepdotdot", fixtures::deep_dotdot_layer(&tok)).await;
+    assert_no_file_named(&d, &format!("escape-{tok}"));
+    assert!(!Path::new("/tmp").join(format!("escape-{tok}")).exists());
+}
+
+#[tokio::test]
+async fn file_written_through_an_absolute_symlink_is_rejected_without_touching_the_target() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let target = tempfile::Builder::new()
+        .prefix("crishim-symlink-target-")
+        .tempdir()
+        .unwrap();
+    let layer = fixtures::symlink_escape_layer(target.path().to_str().unwrap());
+    pull_hostile(&reg, &d, "symlink", layer).await;
+    let inside = walk(target.path());
+    assert!(
+        inside.is_empty(),
+        "the layer wrote through the symlink: {inside:?}"
+    );
+}
+
+async fn hardlink_to_etc_passwd_is_rejected(target: &str) {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let before_md = std::fs::metadata("/etc/passwd").unwrap();
+    let before = std::fs::read("/etc/passwd").unwrap();
+    let name = format!("lnk-{}", random_hex(6));
+    pull_hostile(
+        &reg,
+        &d,
+        "hardlink",
+        fixtures::hardlink_escape_layer(&name, target),
+    )
+    .await;
+    let after_md = std::fs::metadata("/etc/passwd").unwrap();
+    assert_eq!(
+        after_md.nlink(),
+        before_md.nlink(),
+        "/etc/passwd gained a link"
+    );
+    assert_eq!(after_md.ino(), before_md.ino());
+    assert_eq!(
+        std::fs::read("/etc/passwd").unwrap(),
+        before,
+        "/etc/passwd changed"
+    );
+    assert_no_file_named(&d, &name);
+}
+
+#[tokio::test]
+async fn hardlink_to_absolute_etc_passwd_is_rejected_and_passwd_is_untouched() {
+    hardlink_to_etc_passwd_is_rejected("/etc/passwd").await;
+}
+
+#[tokio::test]
+async fn hardlink_to_dotdot_etc_passwd_is_rejected_and_passwd_is_untouched() {
+    hardlink_to_etc_passwd_is_rejected("../../../../../../../../etc/passwd").await;
+}
+
+#[tokio::test]
+async fn layer_truncated_inside_file_data_is_rejected_and_stores_nothing() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    pull_hostile(
+        &reg,
+        &d,
+        "truncated",
+        fixtures::truncated_layer(Compression::Gzip),
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Daemon configuration and lifecycle
+
+const BAD_CONFIG_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn serve_rejects_an_unknown_top_level_config_key_and_names_it() {
+    let opts = DaemonOptions::new().extra_toml("frobnicate_level = 3");
+    let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exited {} with an unknown key",
+        out.status
+    );
+    assert!(
+        stderr.contains("frobnicate_level"),
+        "stderr does not name the key: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn serve_rejects_an_unknown_registry_mirror_key_and_names_it() {
+    let opts = DaemonOptions::new()
+        .extra_toml("[registry.mirrors.\"docker.io\"]\nendpoints = [\"http://127.0.0.1:1\"]");
+    let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exited {} with an unknown key",
+        out.status
+    );
+    assert!(
+        stderr.contains("endpoints"),
+        "stderr does not name the key: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn serve_rejects_a_value_of_the_wrong_type_and_names_the_key() {
+    let opts = DaemonOptions::new()
+        .extra_toml("[registry.configs.\"127.0.0.1:5000\".tls]\ninsecure_skip_verify = \"yes\"");
+    let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exited {} with a bad value",
+        out.status
+    );
+    assert!(
+        stderr.contains("insecure_skip_verify"),
+        "stderr does not name the key: {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn serve_exits_zero_on_sigterm_after_serving_requests() {
+    let d = daemon(DaemonOptions::new()).await;
+    assert!(d.list_images(None).await.unwrap().is_empty());
+    d.stop();
+}
