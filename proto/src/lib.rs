@@ -1,5 +1,7 @@
 //! Wire protocols spoken by crishim.
 //!
-//! `cri` is the Kubernetes CRI v1 API (generated tonic/prost bindings from `k8s-cri`).
+//! - `cri`: the Kubernetes CRI v1 API (generated tonic/prost bindings from `k8s-cri`).
+//! - `shim`: the daemon ⇄ per-pod shim protocol.
 
 pub use k8s_cri::v1 as cri;
+pub mod shim;

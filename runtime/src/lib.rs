@@ -4,3 +4,4 @@ pub mod authority;
 pub mod config;
 pub mod daemon;
 pub mod server;
+pub mod spec;

@@ -1,0 +1,144 @@
+//! The daemon ⇄ shim protocol: one JSON request per line on the shim's unix socket, answered by one
+//! JSON response line. Each request opens its own connection, so a long `ExecSync` never blocks others.
+//!
+//! The shim owns a pod's processes; the daemon owns the records. Data flows one way: the daemon asks,
+//! the shim acts and reports what the kernel says.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Namespace sharing for the pod's infra process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InfraSpec {
+    pub hostname: String,
+    /// New network namespace (false for host-network pods).
+    pub net: bool,
+    pub ipc: bool,
+    pub uts: bool,
+    /// New pid namespace with the infra process as PID 1 (false for host-PID pods).
+    pub pid: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Liveness and the infra pid.
+    Ping,
+    /// Create a container from an OCI bundle whose rootfs is already mounted. It does not run yet.
+    Create {
+        id: String,
+        bundle: PathBuf,
+        /// CRI log file; empty for none.
+        log_path: PathBuf,
+        /// Keep a pipe for stdin (CRI `stdin`).
+        stdin: bool,
+        tty: bool,
+    },
+    Start {
+        id: String,
+    },
+    /// Signal the container's init (or every process in it, with `all`).
+    Kill {
+        id: String,
+        signal: i32,
+        all: bool,
+    },
+    /// Remove the container's runtime state and cgroup; kills it first if it still runs.
+    Delete {
+        id: String,
+    },
+    State {
+        id: String,
+    },
+    /// Run a process in a running container and collect its output.
+    Exec {
+        id: String,
+        args: Vec<String>,
+        /// Seconds; 0 = no timeout.
+        timeout: u64,
+    },
+    ReopenLog {
+        id: String,
+    },
+    /// Kill every container and the infra process, then exit.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Created,
+    Running,
+    Exited,
+    Unknown,
+}
+
+/// What the shim knows about one container; also its on-disk record, so an exit is not lost while
+/// the daemon is down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerState {
+    pub id: String,
+    pub status: Status,
+    pub pid: i32,
+    /// Unix nanoseconds; 0 when not yet.
+    pub created_at: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub exit_code: i32,
+    /// Killed by the kernel's OOM killer.
+    pub oom_killed: bool,
+    /// Why the state is what it is, when it is not plain (e.g. the shim lost track of it).
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Ok,
+    Pong {
+        infra_pid: i32,
+        shim_pid: i32,
+    },
+    State(ContainerState),
+    Exec {
+        exit_code: i32,
+        stdout: Vec<u8>,
+        stderr: Vec<u8>,
+        timed_out: bool,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    Internal,
+}
+
+impl Response {
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Response::Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Files the shim keeps in its pod state directory.
+pub mod paths {
+    pub const SOCKET: &str = "shim.sock";
+    pub const SHIM_PID: &str = "shim.pid";
+    pub const INFRA_PID: &str = "infra.pid";
+    /// Per container: `<id>.state.json`.
+    pub fn state_file(id: &str) -> String {
+        format!("{id}.state.json")
+    }
+}

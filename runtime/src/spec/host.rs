@@ -1,0 +1,92 @@
+//! Facts about the node that containerd consults while building a spec. They are read once per
+//! `build` and passed down, so tests can pin them instead of depending on the machine.
+
+use std::path::{Path, PathBuf};
+
+use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+use oci_spec::runtime::Capabilities;
+
+use super::security;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Debug, Clone)]
+pub(super) struct HostFacts {
+    /// cgroup v2 only (unified): containers get their own cgroup namespace.
+    pub cgroup_v2: bool,
+    /// Swap accounting exists, so a memory+swap limit can be written.
+    pub swap_controller: bool,
+    /// The hugetlb controller exists; without it containerd skips hugepage limits.
+    pub hugetlb_controller: bool,
+    /// The daemon's effective capabilities: what "ALL" and privileged grant, as containerd's
+    /// `cap.Current()` (asking for more would make the runtime fail).
+    pub current_caps: Capabilities,
+    /// The node's hostname, for `HOSTNAME=` when the pod has none (host network).
+    pub hostname: String,
+    /// Where a privileged container's host devices are listed from.
+    pub dev_root: PathBuf,
+}
+
+impl HostFacts {
+    pub fn detect() -> Self {
+        let cgroup_v2 = is_cgroup_v2();
+        HostFacts {
+            cgroup_v2,
+            swap_controller: swap_controller_available(cgroup_v2),
+            hugetlb_controller: hugetlb_controller_present(cgroup_v2),
+            current_caps: current_capabilities(),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_default(),
+            dev_root: PathBuf::from("/dev"),
+        }
+    }
+}
+
+/// Unified mode: cgroup2 mounted at /sys/fs/cgroup (not merely at /sys/fs/cgroup/unified, as in
+/// hybrid mode, where the root is a tmpfs holding the v1 hierarchies).
+fn is_cgroup_v2() -> bool {
+    Path::new(CGROUP_ROOT).join("cgroup.controllers").exists()
+        && statfs(CGROUP_ROOT).is_ok_and(|fs| fs.filesystem_type() == CGROUP2_SUPER_MAGIC)
+}
+
+/// As containerd's `SwapControllerAvailable`: v1 has `memory.memsw.*` only with swap accounting;
+/// on v2 `memory.swap.max` is absent from the root cgroup, so our own cgroup is looked at.
+fn swap_controller_available(cgroup_v2: bool) -> bool {
+    if !cgroup_v2 {
+        return Path::new(CGROUP_ROOT)
+            .join("memory/memory.memsw.limit_in_bytes")
+            .exists();
+    }
+    let Ok(own) = std::fs::read_to_string("/proc/self/cgroup") else {
+        return false;
+    };
+    own.lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .is_some_and(|path| {
+            Path::new(CGROUP_ROOT)
+                .join(path.trim_start_matches('/'))
+                .join("memory.swap.max")
+                .exists()
+        })
+}
+
+fn hugetlb_controller_present(cgroup_v2: bool) -> bool {
+    if cgroup_v2 {
+        std::fs::read_to_string(Path::new(CGROUP_ROOT).join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|c| c == "hugetlb"))
+    } else {
+        Path::new(CGROUP_ROOT).join("hugetlb").exists()
+    }
+}
+
+/// The effective set from /proc/self/status.
+fn current_capabilities() -> Capabilities {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    security::caps_from_mask(mask)
+}

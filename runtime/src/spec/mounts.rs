@@ -1,0 +1,264 @@
+//! Mounts: containerd's default filesystems, the pod's files (/etc/hostname, /etc/hosts,
+//! /etc/resolv.conf, /dev/shm) and the CRI volume mounts, as containerd's `WithMounts`.
+
+use std::path::PathBuf;
+
+use crishim_proto::cri;
+use oci_spec::runtime::Mount;
+
+use super::{PodFiles, SpecError};
+
+pub(super) struct Mounts {
+    pub mounts: Vec<Mount>,
+    /// `linux.rootfsPropagation`: a shared or slave volume only propagates if the rootfs mount
+    /// it sits on does too.
+    pub rootfs_propagation: Option<String>,
+}
+
+/// A bind mount asked for by the CRI caller or the pod.
+struct Bind {
+    container_path: String,
+    host_path: PathBuf,
+    readonly: bool,
+    recursive_readonly: bool,
+    propagation: i32,
+}
+
+pub(super) fn build(
+    config: &cri::ContainerConfig,
+    files: &PodFiles,
+    privileged: bool,
+) -> Result<Mounts, SpecError> {
+    let readonly_rootfs = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|sc| sc.readonly_rootfs);
+
+    let mut binds = config
+        .mounts
+        .iter()
+        .map(cri_bind)
+        .collect::<Result<Vec<_>, _>>()?;
+    let requested = |path: &str| binds.iter().any(|b| clean(&b.container_path) == path);
+    // The pod's files, unless the container mounts something there itself. Like the rootfs,
+    // they are read-only for a read-only-rootfs container; /dev/shm stays writable.
+    let pod_files = [
+        ("/etc/hostname", &files.hostname, readonly_rootfs),
+        ("/etc/hosts", &files.hosts, readonly_rootfs),
+        ("/etc/resolv.conf", &files.resolv_conf, readonly_rootfs),
+        ("/dev/shm", &files.shm, false),
+    ];
+    let mut pod_binds = Vec::new();
+    for (container_path, host_path, readonly) in pod_files {
+        let Some(host_path) = host_path else { continue };
+        if requested(container_path) {
+            continue;
+        }
+        let host_path = std::fs::canonicalize(host_path).map_err(|e| {
+            SpecError::internal(
+                format!("pod file {} for {container_path}", host_path.display()),
+                e,
+            )
+        })?;
+        pod_binds.push(Bind {
+            container_path: container_path.to_string(),
+            host_path,
+            readonly,
+            recursive_readonly: false,
+            propagation: cri::MountPropagation::PropagationPrivate as i32,
+        });
+    }
+    binds.extend(pod_binds);
+    // Parents before children, so a volume at /a does not hide one at /a/b. Stable, so equal
+    // depths keep the CRI order.
+    binds.sort_by_key(|b| depth(&b.container_path));
+
+    let mut mounts = default_mounts(privileged, &binds);
+    let mut rootfs_propagation: Option<String> = None;
+    for bind in &binds {
+        let (mount, propagation) = bind_mount(bind)?;
+        mounts.push(mount);
+        match propagation {
+            "rshared" => rootfs_propagation = Some("rshared".to_string()),
+            "rslave" if rootfs_propagation.is_none() => {
+                rootfs_propagation = Some("rslave".to_string())
+            }
+            _ => {}
+        }
+    }
+    Ok(Mounts {
+        mounts,
+        rootfs_propagation,
+    })
+}
+
+/// Validates a CRI mount: an absolute container path and an existing host path, whose symlinks
+/// are resolved here as the CRI asks.
+fn cri_bind(m: &cri::Mount) -> Result<Bind, SpecError> {
+    if !m.container_path.starts_with('/') {
+        return Err(SpecError::Invalid(format!(
+            "mount container path {:?} is not absolute",
+            m.container_path
+        )));
+    }
+    if m.host_path.is_empty() {
+        let why = if m.image.is_some() {
+            "image volume mounts are not supported"
+        } else {
+            "no host path"
+        };
+        return Err(SpecError::Invalid(format!(
+            "mount at {}: {why}",
+            m.container_path
+        )));
+    }
+    if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
+        return Err(SpecError::Invalid(format!(
+            "mount at {}: id-mapped mounts are not supported",
+            m.container_path
+        )));
+    }
+    let host_path = std::fs::canonicalize(&m.host_path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => {
+            SpecError::Invalid(format!("mount host path {:?} does not exist", m.host_path))
+        }
+        _ => SpecError::internal(format!("resolving mount host path {:?}", m.host_path), e),
+    })?;
+    Ok(Bind {
+        container_path: m.container_path.clone(),
+        host_path,
+        readonly: m.readonly,
+        recursive_readonly: m.recursive_read_only,
+        propagation: m.propagation,
+    })
+}
+
+/// `rbind`, the propagation, then `ro`/`rro`/`rw`. `selinux_relabel` is ignored (no SELinux).
+/// Returns the propagation option too, for `rootfsPropagation`.
+fn bind_mount(bind: &Bind) -> Result<(Mount, &'static str), SpecError> {
+    use cri::MountPropagation as P;
+    let propagation = match P::try_from(bind.propagation) {
+        Ok(P::PropagationBidirectional) => "rshared",
+        Ok(P::PropagationHostToContainer) => "rslave",
+        Ok(P::PropagationPrivate) | Err(_) => "rprivate",
+    };
+    let access = match (bind.readonly, bind.recursive_readonly) {
+        (true, true) if propagation != "rprivate" => {
+            return Err(SpecError::Invalid(format!(
+                "mount at {}: a recursive read-only mount needs private propagation",
+                bind.container_path
+            )))
+        }
+        (true, true) => "rro",
+        (true, false) => "ro",
+        (false, true) => {
+            return Err(SpecError::Invalid(format!(
+                "mount at {}: recursive read-only conflicts with a read-write mount",
+                bind.container_path
+            )))
+        }
+        (false, false) => "rw",
+    };
+    let mut mount = Mount::default();
+    mount
+        .set_destination(PathBuf::from(&bind.container_path))
+        .set_typ(Some("bind".to_string()))
+        .set_source(Some(bind.host_path.clone()))
+        .set_options(Some(vec![
+            "rbind".to_string(),
+            propagation.to_string(),
+            access.to_string(),
+        ]));
+    Ok((mount, propagation))
+}
+
+/// containerd's defaults (less /run, as the CRI plugin drops it), minus any destination a bind
+/// replaces and everything under /dev if /dev itself is bound. sysfs and cgroupfs are read-only
+/// unless privileged.
+fn default_mounts(privileged: bool, binds: &[Bind]) -> Vec<Mount> {
+    let sys_access = if privileged { "rw" } else { "ro" };
+    let defaults: [(&str, &str, &str, &[&str]); 7] = [
+        ("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        (
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        (
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
+        ),
+        (
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        (
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        (
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", sys_access],
+        ),
+        (
+            "/sys/fs/cgroup",
+            "cgroup",
+            "cgroup",
+            &["nosuid", "noexec", "nodev", "relatime", sys_access],
+        ),
+    ];
+    let bound = |path: &str| binds.iter().any(|b| clean(&b.container_path) == path);
+    defaults
+        .into_iter()
+        .filter(|(dest, ..)| {
+            let under_bound_dev = bound("/dev") && dest.starts_with("/dev/");
+            !bound(dest) && !under_bound_dev
+        })
+        .map(|(dest, typ, source, options)| {
+            let mut mount = Mount::default();
+            mount
+                .set_destination(PathBuf::from(dest))
+                .set_typ(Some(typ.to_string()))
+                .set_source(Some(PathBuf::from(source)))
+                .set_options(Some(options.iter().map(|o| o.to_string()).collect()));
+            mount
+        })
+        .collect()
+}
+
+/// Lexically cleans an absolute path, as Go's `filepath.Clean` (no symlinks involved).
+pub(super) fn clean(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Nesting depth, as containerd's `orderedMounts` counts it.
+fn depth(path: &str) -> usize {
+    clean(path).matches('/').count()
+}

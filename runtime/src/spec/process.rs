@@ -1,0 +1,115 @@
+//! The process: command line, environment, working directory and rlimits.
+
+use std::path::PathBuf;
+
+use crishim_proto::cri;
+use oci_spec::image::Config as ImageConfig;
+use oci_spec::runtime::{PosixRlimit, PosixRlimitBuilder, PosixRlimitType};
+
+use super::SpecError;
+
+/// containerd's `defaultUnixEnv`: the PATH every container starts with, unless the image sets one.
+pub(super) const DEFAULT_PATH_ENV: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// RLIMIT_NOFILE, soft and hard; the limit the common base runtime specs (kind's, for one) give
+/// containers, rather than 1024 which breaks many servers.
+pub(super) const NOFILE_LIMIT: u64 = 1_048_576;
+
+/// Kubernetes' (and Docker's) merge: `command` replaces the image's Entrypoint and then the
+/// image's Cmd is dropped too; `args` alone replaces Cmd and keeps Entrypoint.
+pub(super) fn args(
+    config: &cri::ContainerConfig,
+    image: Option<&ImageConfig>,
+) -> Result<Vec<String>, SpecError> {
+    let mut command = config.command.clone();
+    let mut args = config.args.clone();
+    if command.is_empty() {
+        if args.is_empty() {
+            args = image.and_then(|c| c.cmd().clone()).unwrap_or_default();
+        }
+        let entrypoint = image
+            .and_then(|c| c.entrypoint().clone())
+            .unwrap_or_default();
+        // `ENTRYPOINT [""]` is how Dockerfiles clear an inherited entrypoint.
+        if entrypoint != [""] {
+            command = entrypoint;
+        }
+    }
+    command.extend(args);
+    if command.is_empty() {
+        let name = config
+            .metadata
+            .as_ref()
+            .map(|m| m.name.as_str())
+            .unwrap_or_default();
+        return Err(SpecError::Invalid(format!(
+            "no command specified for container {name:?}: neither the container config nor the image \
+             sets a command"
+        )));
+    }
+    Ok(command)
+}
+
+/// PATH default, `TERM` for a tty, `HOSTNAME`, then the image's Env, then the container's env;
+/// a later value replaces an earlier one for the same key in place, as containerd's `WithEnv`.
+pub(super) fn env(
+    config: &cri::ContainerConfig,
+    image: Option<&ImageConfig>,
+    hostname: &str,
+) -> Vec<String> {
+    let mut env = vec![DEFAULT_PATH_ENV.to_string()];
+    if config.tty {
+        env.push("TERM=xterm".to_string());
+    }
+    merge_env(&mut env, [format!("HOSTNAME={hostname}")]);
+    merge_env(
+        &mut env,
+        image.and_then(|c| c.env().clone()).unwrap_or_default(),
+    );
+    merge_env(
+        &mut env,
+        config
+            .envs
+            .iter()
+            .map(|kv| format!("{}={}", kv.key, kv.value)),
+    );
+    env
+}
+
+/// Sets or replaces `KEY=value` entries; a bare `KEY` (possible in an image's Env) unsets it.
+fn merge_env(env: &mut Vec<String>, overrides: impl IntoIterator<Item = String>) {
+    fn key(entry: &str) -> &str {
+        entry.split_once('=').map_or(entry, |(k, _)| k)
+    }
+    for entry in overrides {
+        if !entry.contains('=') {
+            env.retain(|e| key(e) != entry);
+            continue;
+        }
+        match env.iter_mut().find(|e| key(e) == key(&entry)) {
+            Some(slot) => *slot = entry,
+            None => env.push(entry),
+        }
+    }
+}
+
+pub(super) fn cwd(config: &cri::ContainerConfig, image: Option<&ImageConfig>) -> PathBuf {
+    let image_dir = image
+        .and_then(|c| c.working_dir().as_deref())
+        .unwrap_or_default();
+    match (config.working_dir.as_str(), image_dir) {
+        ("", "") => PathBuf::from("/"),
+        ("", dir) | (dir, _) => PathBuf::from(dir),
+    }
+}
+
+pub(super) fn rlimits() -> Vec<PosixRlimit> {
+    let nofile = PosixRlimitBuilder::default()
+        .typ(PosixRlimitType::RlimitNofile)
+        .hard(NOFILE_LIMIT)
+        .soft(NOFILE_LIMIT)
+        .build()
+        .expect("all fields set");
+    vec![nofile]
+}

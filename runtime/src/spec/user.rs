@@ -1,0 +1,349 @@
+//! The process's uid, gid and supplementary groups, resolved against the image's own
+//! /etc/passwd and /etc/group as containerd's `WithUser` / `WithAdditionalGIDs` do.
+//!
+//! Both files come from an untrusted image, so they are opened with `openat2(RESOLVE_IN_ROOT)`:
+//! the kernel resolves every symlink and `..` as if the rootfs were `/`, so `etc/passwd ->
+//! /etc/shadow` names the image's shadow file, never the host's.
+
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{self, Read};
+use std::num::IntErrorKind;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::path::Path;
+
+use crishim_proto::cri;
+use oci_spec::runtime::User;
+
+use super::SpecError;
+
+/// As containerd (following runc): ids above `i32::MAX` are refused.
+const MAX_ID: i64 = i32::MAX as i64;
+
+/// Real passwd/group files are far smaller; the cap keeps a hostile image from making us read
+/// gigabytes.
+const MAX_USER_FILE_BYTES: u64 = 10 << 20;
+
+pub(super) fn resolve(
+    rootfs: &Path,
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+    image_user: Option<&str>,
+) -> Result<User, SpecError> {
+    let db = UserDb { root: rootfs };
+    let user_spec = match cri_user_string(sc)? {
+        Some(spec) => Some(spec),
+        None => image_user.filter(|u| !u.is_empty()).map(str::to_string),
+    };
+    let (uid, gid) = match &user_spec {
+        Some(spec) => db.uid_gid(spec)?,
+        None => (0, 0),
+    };
+
+    let mut gids = BTreeSet::from([gid]);
+    let policy = sc.map_or(0, |sc| sc.supplemental_groups_policy);
+    match cri::SupplementalGroupsPolicy::try_from(policy) {
+        // Merge: the groups /etc/group lists the user in, plus the requested ones.
+        Ok(cri::SupplementalGroupsPolicy::Merge) => {
+            gids.extend(db.member_groups(&group_member_name(sc, user_spec.as_deref()))?)
+        }
+        // Strict: only the requested ones.
+        Ok(cri::SupplementalGroupsPolicy::Strict) => {}
+        Err(_) => {
+            return Err(SpecError::Invalid(format!(
+                "unknown supplemental_groups_policy {policy}"
+            )))
+        }
+    }
+    for &group in sc
+        .map(|sc| sc.supplemental_groups.as_slice())
+        .unwrap_or_default()
+    {
+        gids.insert(checked_id(group, "supplemental group")?);
+    }
+
+    let mut user = User::default();
+    user.set_uid(uid)
+        .set_gid(gid)
+        .set_additional_gids(Some(gids.into_iter().collect()));
+    Ok(user)
+}
+
+/// `run_as_username` or `run_as_user`, then `:run_as_group`: containerd's `GenerateUserString`.
+fn cri_user_string(
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+) -> Result<Option<String>, SpecError> {
+    let Some(sc) = sc else { return Ok(None) };
+    let user = if !sc.run_as_username.is_empty() {
+        Some(sc.run_as_username.clone())
+    } else {
+        sc.run_as_user.map(|u| u.value.to_string())
+    };
+    match (user, sc.run_as_group) {
+        (None, None) => Ok(None),
+        (None, Some(group)) => Err(SpecError::Invalid(format!(
+            "run_as_group {} is specified without run_as_user or run_as_username",
+            group.value
+        ))),
+        (Some(user), None) => Ok(Some(user)),
+        (Some(user), Some(group)) => Ok(Some(format!("{user}:{}", group.value))),
+    }
+}
+
+/// Whose memberships in /etc/group count: the CRI user, else the image's (its user part),
+/// else root, as containerd's `containerSpecOpts`.
+fn group_member_name(
+    sc: Option<&cri::LinuxContainerSecurityContext>,
+    user_spec: Option<&str>,
+) -> String {
+    if let Some(sc) = sc {
+        if !sc.run_as_username.is_empty() {
+            return sc.run_as_username.clone();
+        }
+        if let Some(uid) = sc.run_as_user {
+            return uid.value.to_string();
+        }
+    }
+    match user_spec {
+        Some(spec) => spec.split(':').next().unwrap_or_default().to_string(),
+        None => "0".to_string(),
+    }
+}
+
+fn checked_id(id: i64, what: &str) -> Result<u32, SpecError> {
+    if (0..=MAX_ID).contains(&id) {
+        Ok(id as u32)
+    } else {
+        Err(SpecError::Invalid(format!("{what} {id} is out of range")))
+    }
+}
+
+/// A numeric id, or `None` for a name. Numbers too large for any id are errors, not names.
+fn parse_id(s: &str, what: &str, spec: &str) -> Result<Option<u32>, SpecError> {
+    match s.parse::<i64>() {
+        Ok(id) => checked_id(id, what)
+            .map(Some)
+            .map_err(|_| SpecError::Invalid(format!("invalid user {spec:?}: {what} out of range"))),
+        Err(e)
+            if matches!(
+                e.kind(),
+                IntErrorKind::PosOverflow | IntErrorKind::NegOverflow
+            ) =>
+        {
+            Err(SpecError::Invalid(format!(
+                "invalid user {spec:?}: {what} out of range"
+            )))
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+struct PasswdEntry {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+struct GroupEntry {
+    name: String,
+    gid: u32,
+    members: Vec<String>,
+}
+
+/// The image's user database, read on demand.
+struct UserDb<'a> {
+    root: &'a Path,
+}
+
+impl UserDb<'_> {
+    /// `uid`, `name`, `uid:gid`, `name:group`, ... as containerd's `WithUser`.
+    fn uid_gid(&self, spec: &str) -> Result<(u32, u32), SpecError> {
+        match spec.split(':').collect::<Vec<_>>()[..] {
+            [user] => match parse_id(user, "uid", spec)? {
+                // A uid needs no passwd entry; its primary group is then root's.
+                Some(uid) => {
+                    let gid = self
+                        .passwd()?
+                        .iter()
+                        .find(|p| p.uid == uid)
+                        .map_or(0, |p| p.gid);
+                    Ok((uid, gid))
+                }
+                None => {
+                    let entry = self.user_named(user, spec)?;
+                    Ok((entry.uid, entry.gid))
+                }
+            },
+            [user, group] => {
+                let uid = match parse_id(user, "uid", spec)? {
+                    Some(uid) => uid,
+                    // An empty user part (":1000") means uid 0, as in containerd.
+                    None if user.is_empty() => 0,
+                    None => self.user_named(user, spec)?.uid,
+                };
+                let gid = match parse_id(group, "gid", spec)? {
+                    Some(gid) => gid,
+                    None if group.is_empty() => 0,
+                    None => self.group_named(group, spec)?,
+                };
+                Ok((uid, gid))
+            }
+            _ => Err(SpecError::Invalid(format!("invalid user {spec:?}"))),
+        }
+    }
+
+    fn user_named(&self, name: &str, spec: &str) -> Result<PasswdEntry, SpecError> {
+        self.passwd()?
+            .into_iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                SpecError::Invalid(format!(
+                    "user {name:?} (from {spec:?}) not found in the image's /etc/passwd"
+                ))
+            })
+    }
+
+    fn group_named(&self, name: &str, spec: &str) -> Result<u32, SpecError> {
+        self.group()?
+            .into_iter()
+            .find(|g| g.name == name)
+            .map(|g| g.gid)
+            .ok_or_else(|| {
+                SpecError::Invalid(format!(
+                    "group {name:?} (from {spec:?}) not found in the image's /etc/group"
+                ))
+            })
+    }
+
+    /// The gids of the groups that list `user` (a name, or a uid looked up in passwd) as a
+    /// member, its own same-named group excepted. Missing files or users mean none.
+    fn member_groups(&self, user: &str) -> Result<Vec<u32>, SpecError> {
+        let name = match user.parse::<u32>() {
+            Ok(uid) => match self.passwd()?.into_iter().find(|p| p.uid == uid) {
+                Some(entry) => entry.name,
+                None => return Ok(Vec::new()),
+            },
+            Err(_) => user.to_string(),
+        };
+        Ok(self
+            .group()?
+            .into_iter()
+            .filter(|g| g.name != name && g.members.contains(&name))
+            .map(|g| g.gid)
+            .collect())
+    }
+
+    /// Entries of etc/passwd; none if the image has no such file.
+    fn passwd(&self) -> Result<Vec<PasswdEntry>, SpecError> {
+        let text = read_in_root(self.root, "etc/passwd")?.unwrap_or_default();
+        Ok(records(&text)
+            .filter_map(|f| match f[..] {
+                [name, _, uid, gid, ..] => Some(PasswdEntry {
+                    name: name.to_string(),
+                    uid: uid.parse().ok()?,
+                    gid: gid.parse().ok()?,
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Entries of etc/group; none if the image has no such file.
+    fn group(&self) -> Result<Vec<GroupEntry>, SpecError> {
+        let text = read_in_root(self.root, "etc/group")?.unwrap_or_default();
+        Ok(records(&text)
+            .filter_map(|f| match f[..] {
+                [name, _, gid, ..] => Some(GroupEntry {
+                    name: name.to_string(),
+                    gid: gid.parse().ok()?,
+                    members: f
+                        .get(3)
+                        .map(|m| {
+                            m.split(',')
+                                .filter(|m| !m.is_empty())
+                                .map(str::to_string)
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+/// The colon-separated fields of each non-blank, non-comment line; malformed lines are skipped
+/// by the callers, as libc's getpwent does.
+fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split(':').collect())
+}
+
+/// `struct open_how` of openat2(2); libc's is `#[non_exhaustive]`, so it cannot be built here.
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Reads `rel` as if `root` were `/`. `Ok(None)` if it does not exist; a non-regular file (a
+/// FIFO that would block us, a device) or an oversized one is refused.
+pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, SpecError> {
+    let what = || format!("{} in the container rootfs {}", rel, root.display());
+    let dir = File::open(root)
+        .map_err(|e| SpecError::internal(format!("opening rootfs {}", root.display()), e))?;
+    let file = match openat2_in_root(&dir, rel) {
+        Ok(file) => file,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(SpecError::internal(format!("opening {}", what()), e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| SpecError::internal(format!("stat {}", what()), e))?;
+    if !meta.is_file() {
+        return Err(SpecError::Invalid(format!(
+            "{} is not a regular file",
+            what()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_USER_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| SpecError::internal(format!("reading {}", what()), e))?;
+    if bytes.len() as u64 > MAX_USER_FILE_BYTES {
+        return Err(SpecError::Invalid(format!(
+            "{} is larger than {MAX_USER_FILE_BYTES} bytes",
+            what()
+        )));
+    }
+    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+fn openat2_in_root(dir: &File, rel: &str) -> io::Result<File> {
+    let path = CString::new(rel).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let how = OpenHow {
+        // O_NONBLOCK: opening a FIFO must not hang; it is refused right after by the type check.
+        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `path` is NUL-terminated and `how` a valid `open_how` of the size passed; both
+    // outlive the call. On success the kernel returns a new descriptor we then own.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a freshly opened descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd as RawFd) })
+}

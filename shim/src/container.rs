@@ -1,0 +1,479 @@
+//! The pod's containers, run with libcontainer. All state lives in one [`Shim`], owned by the
+//! single-threaded event loop; no borrow of it is ever held across an `.await`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use crishim_proto::shim::{paths, ContainerState, ErrorKind, Response, Status};
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use nix::fcntl::OFlag;
+use nix::sys::wait::WaitStatus;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+
+use crate::logs::{self, LogSink};
+use crate::record::{now_nanos, write_atomic};
+
+pub struct Ctr {
+    pub state: ContainerState,
+    pub bundle: PathBuf,
+    /// `linux.cgroupsPath` of the bundle, for the OOM counters.
+    pub cgroup: String,
+    pub log: Rc<LogSink>,
+    /// Held open for a later attach; the container sees EOF only when it is closed.
+    pub _stdin: Option<OwnedFd>,
+}
+
+pub struct Shim {
+    pub dir: PathBuf,
+    /// libcontainer's state root.
+    pub lc_root: PathBuf,
+    pub infra_pid: i32,
+    pub containers: HashMap<String, Ctr>,
+    /// Exec'd processes waiting for their exit status, by pid.
+    pub exec_waiters: HashMap<i32, tokio::sync::oneshot::Sender<WaitStatus>>,
+    /// Woken on every reaped container exit.
+    pub exited: Rc<tokio::sync::Notify>,
+    exec_counter: u64,
+}
+
+pub type Shared = Rc<RefCell<Shim>>;
+
+fn internal(what: &str, e: impl std::fmt::Display) -> Response {
+    Response::error(ErrorKind::Internal, format!("{what}: {e}"))
+}
+
+fn not_found(id: &str) -> Response {
+    Response::error(
+        ErrorKind::NotFound,
+        format!("container {id:?} not found in this pod's shim"),
+    )
+}
+
+/// Exit code as a shell reports it: the code, or 128 + the signal.
+pub fn exit_code(status: &WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(*code),
+        WaitStatus::Signaled(_, sig, _) => Some(128 + *sig as i32),
+        _ => None,
+    }
+}
+
+impl Shim {
+    pub fn new(dir: PathBuf, infra_pid: i32) -> Self {
+        Shim {
+            lc_root: dir.join("runc"),
+            dir,
+            infra_pid,
+            containers: HashMap::new(),
+            exec_waiters: HashMap::new(),
+            exited: Rc::new(tokio::sync::Notify::new()),
+            exec_counter: 0,
+        }
+    }
+
+    fn persist(&self, state: &ContainerState) {
+        let path = self.dir.join(paths::state_file(&state.id));
+        if let Ok(json) = serde_json::to_vec(state) {
+            if let Err(e) = write_atomic(&path, &json) {
+                eprintln!("crishim-shim: recording state of {}: {e}", state.id);
+            }
+        }
+    }
+
+    pub fn state(&self, id: &str) -> Response {
+        match self.containers.get(id) {
+            Some(c) => Response::State(c.state.clone()),
+            None => not_found(id),
+        }
+    }
+
+    pub fn create(&mut self, id: &str, bundle: &Path, log_path: &Path, stdin: bool) -> Response {
+        if self.containers.contains_key(id) {
+            return Response::error(
+                ErrorKind::AlreadyExists,
+                format!("container {id:?} already exists"),
+            );
+        }
+        let cgroup = cgroups_path(bundle).unwrap_or_default();
+        let log = match LogSink::new(log_path.to_path_buf()) {
+            Ok(l) => Rc::new(l),
+            Err(e) => return internal(&format!("opening log file {}", log_path.display()), e),
+        };
+        let pipes = (|| -> nix::Result<_> {
+            let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            let inp = if stdin {
+                Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
+            } else {
+                None
+            };
+            Ok((out, err, inp))
+        })();
+        let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
+            Ok(p) => p,
+            Err(e) => return internal("creating stdio pipes", e),
+        };
+        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+            .with_stdout(out_w)
+            .with_stderr(err_w);
+        let mut stdin_w = None;
+        if let Some((r, w)) = inp {
+            builder = builder.with_stdin(r);
+            stdin_w = Some(w);
+        }
+        let built = builder
+            .with_root_path(&self.lc_root)
+            .and_then(|b| b.validate_id())
+            .and_then(|b| {
+                b.as_init(bundle)
+                    .with_systemd(false)
+                    .with_detach(true)
+                    .build()
+            });
+        let container = match built {
+            Ok(c) => c,
+            Err(e) => {
+                // A half-created container may have left state behind; remove it.
+                if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
+                    let _ = c.delete(true);
+                }
+                let _ = std::fs::remove_dir_all(self.lc_root.join(id));
+                return Response::error(
+                    ErrorKind::FailedPrecondition,
+                    format!("creating container {id}: {e}"),
+                );
+            }
+        };
+        for (fd, stream) in [(out_r, "stdout"), (err_r, "stderr")] {
+            match pipe::Receiver::from_owned_fd(fd) {
+                Ok(rx) => {
+                    tokio::task::spawn_local(logs::copy(rx, stream, log.clone()));
+                }
+                Err(e) => eprintln!("crishim-shim: {id} {stream}: {e}"),
+            }
+        }
+        let state = ContainerState {
+            id: id.to_string(),
+            status: Status::Created,
+            pid: container.pid().map_or(0, |p| p.as_raw()),
+            created_at: now_nanos(),
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            oom_killed: false,
+            message: String::new(),
+        };
+        self.persist(&state);
+        self.containers.insert(
+            id.to_string(),
+            Ctr {
+                state: state.clone(),
+                bundle: bundle.to_path_buf(),
+                cgroup,
+                log,
+                _stdin: stdin_w,
+            },
+        );
+        Response::State(state)
+    }
+
+    pub fn start(&mut self, id: &str) -> Response {
+        let Some(c) = self.containers.get(id) else {
+            return not_found(id);
+        };
+        if c.state.status != Status::Created {
+            return Response::error(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "container {id} is {:?}, only a created container can start",
+                    c.state.status
+                ),
+            );
+        }
+        let started = Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start());
+        if let Err(e) = started {
+            return Response::error(
+                ErrorKind::FailedPrecondition,
+                format!("starting container {id}: {e}"),
+            );
+        }
+        let c = self.containers.get_mut(id).expect("checked above");
+        // It may already have exited and been reaped in between; keep that.
+        if c.state.status == Status::Created {
+            c.state.status = Status::Running;
+        }
+        c.state.started_at = now_nanos();
+        let state = c.state.clone();
+        self.persist(&state);
+        Response::State(state)
+    }
+
+    pub fn kill(&mut self, id: &str, signal: i32, all: bool) -> Response {
+        let Some(c) = self.containers.get(id) else {
+            return not_found(id);
+        };
+        if c.state.status == Status::Exited {
+            return Response::Ok;
+        }
+        let sig = match libcontainer::signal::Signal::try_from(signal) {
+            Ok(s) => s,
+            Err(e) => {
+                return Response::error(ErrorKind::InvalidArgument, format!("signal {signal}: {e}"))
+            }
+        };
+        match Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.kill(sig, all)) {
+            Ok(()) => Response::Ok,
+            // Exited between our check and the kill: nothing left to signal.
+            Err(libcontainer::error::LibcontainerError::IncorrectStatus(_)) => Response::Ok,
+            Err(e) => internal(&format!("signalling container {id}"), e),
+        }
+    }
+
+    pub fn reopen_log(&mut self, id: &str) -> Response {
+        let Some(c) = self.containers.get(id) else {
+            return not_found(id);
+        };
+        match c.log.reopen() {
+            Ok(()) => Response::Ok,
+            Err(e) => internal(&format!("reopening log of {id}"), e),
+        }
+    }
+
+    /// Record a reaped child: a container's init, an exec'd process, or an orphan.
+    pub fn on_exit(&mut self, status: WaitStatus) {
+        let Some(pid) = status.pid().map(|p| p.as_raw()) else {
+            return;
+        };
+        if pid == self.infra_pid {
+            eprintln!("crishim-shim: infra process {pid} exited: {status:?}");
+            self.infra_pid = 0;
+            return;
+        }
+        if let Some(tx) = self.exec_waiters.remove(&pid) {
+            let _ = tx.send(status);
+            return;
+        }
+        let Some(code) = exit_code(&status) else {
+            return;
+        };
+        let hit = self
+            .containers
+            .values_mut()
+            .find(|c| c.state.pid == pid && c.state.status != Status::Exited);
+        if let Some(c) = hit {
+            c.state.status = Status::Exited;
+            c.state.exit_code = code;
+            c.state.finished_at = now_nanos();
+            c.state.oom_killed = matches!(
+                status,
+                WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGKILL, _)
+            ) && oom_killed(&c.cgroup);
+            let state = c.state.clone();
+            self.persist(&state);
+            self.exited.notify_waiters();
+        }
+    }
+}
+
+/// Stop (SIGKILL every process) and remove a container's runtime state and cgroup. Idempotent.
+pub async fn delete(shim: &Shared, id: &str) -> Response {
+    let running = match shim.borrow().containers.get(id) {
+        None => return Response::Ok,
+        Some(c) => c.state.status != Status::Exited,
+    };
+    if running {
+        let _ = shim.borrow_mut().kill(id, libc::SIGKILL, true);
+        wait_exited(shim, id, Duration::from_secs(10)).await;
+    }
+    let root = shim.borrow().lc_root.join(id);
+    if root.exists() {
+        if let Err(e) = Container::load(root.clone()).and_then(|mut lc| lc.delete(true)) {
+            eprintln!("crishim-shim: libcontainer delete {id}: {e}");
+            let _ = std::fs::remove_dir_all(&root);
+        }
+    }
+    let mut s = shim.borrow_mut();
+    let _ = std::fs::remove_file(s.dir.join(paths::state_file(id)));
+    s.containers.remove(id);
+    Response::Ok
+}
+
+/// Wait until the container has been reaped, or the timeout passes.
+pub async fn wait_exited(shim: &Shared, id: &str, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let notify = shim.borrow().exited.clone();
+        let notified = notify.notified();
+        match shim.borrow().containers.get(id) {
+            None => return true,
+            Some(c) if c.state.status == Status::Exited => return true,
+            _ => {}
+        }
+        // Also poll: a process that vanished without a SIGCHLD to us (re-parented) still ends the wait.
+        if tokio::time::timeout_at(
+            deadline.min(tokio::time::Instant::now() + Duration::from_millis(200)),
+            notified,
+        )
+        .await
+        .is_err()
+            && tokio::time::Instant::now() >= deadline
+        {
+            return false;
+        }
+    }
+}
+
+/// Run a process in the container (`ExecSync`): collect stdout and stderr; on timeout kill its whole
+/// process group and report it.
+pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> Response {
+    let (bundle, lc_root, n) = {
+        let mut s = shim.borrow_mut();
+        s.exec_counter += 1;
+        let n = s.exec_counter;
+        match s.containers.get(id) {
+            None => return not_found(id),
+            Some(c) if c.state.status != Status::Running => {
+                return Response::error(
+                    ErrorKind::FailedPrecondition,
+                    format!("container {id} is not running"),
+                )
+            }
+            Some(c) => (c.bundle.clone(), s.lc_root.clone(), n),
+        }
+    };
+    if args.is_empty() {
+        return Response::error(ErrorKind::InvalidArgument, "exec: no command given");
+    }
+    // The exec'd process gets the container's own process settings (user, env, cwd, capabilities)
+    // with the command replaced, as runc exec --process does.
+    let process_file = bundle.join(format!("exec-{n}.json"));
+    if let Err(r) = write_exec_process(&bundle, &process_file, args) {
+        return r;
+    }
+    let pipes = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .and_then(|o| Ok((o, nix::unistd::pipe2(OFlag::O_CLOEXEC)?)));
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return internal("creating exec pipes", e),
+    };
+    let built = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
+        .with_stdout(out_w)
+        .with_stderr(err_w)
+        .with_root_path(&lc_root)
+        .map(|b| {
+            b.as_tenant()
+                .with_process(Some(&process_file))
+                .with_detach(true)
+        })
+        .and_then(|t| t.build());
+    let _ = std::fs::remove_file(&process_file);
+    let pid = match built {
+        Ok(pid) => pid.as_raw(),
+        Err(e) => {
+            return Response::error(ErrorKind::FailedPrecondition, format!("exec in {id}: {e}"))
+        }
+    };
+    // Registered before the next await, so the reaper cannot miss it.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shim.borrow_mut().exec_waiters.insert(pid, tx);
+
+    let collect = async {
+        let (out, err) = tokio::join!(read_all(out_r), read_all(err_r));
+        let status = rx.await.ok();
+        (out, err, status)
+    };
+    let result = if timeout == 0 {
+        Ok(collect.await)
+    } else {
+        tokio::time::timeout(Duration::from_secs(timeout), collect).await
+    };
+    match result {
+        Ok((stdout, stderr, status)) => Response::Exec {
+            exit_code: status.as_ref().and_then(exit_code).unwrap_or(-1),
+            stdout,
+            stderr,
+            timed_out: false,
+        },
+        Err(_) => {
+            // Its own process group (the exec'd process is a session leader): kill it all.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(-pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            Response::Exec {
+                exit_code: -1,
+                stdout: vec![],
+                stderr: vec![],
+                timed_out: true,
+            }
+        }
+    }
+}
+
+fn write_exec_process(bundle: &Path, out: &Path, args: Vec<String>) -> Result<(), Response> {
+    let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .map_err(|e| internal(&format!("reading {}/config.json", bundle.display()), e))?;
+    let mut process = spec.process().clone().unwrap_or_default();
+    process.set_args(Some(args));
+    process.set_terminal(Some(false));
+    let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
+    std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))
+}
+
+/// Read a pipe to EOF, keeping at most 16 MiB (the CRI message limit).
+async fn read_all(fd: OwnedFd) -> Vec<u8> {
+    const LIMIT: usize = 16 << 20;
+    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => {
+                let keep = n.min(LIMIT.saturating_sub(out.len()));
+                out.extend_from_slice(&buf[..keep]);
+            }
+        }
+    }
+}
+
+fn cgroups_path(bundle: &Path) -> Option<String> {
+    let raw = std::fs::read(bundle.join("config.json")).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+    v.pointer("/linux/cgroupsPath")?
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Did the kernel's OOM killer act in this cgroup? (v2 `memory.events`, v1 `memory.oom_control`.)
+fn oom_killed(cgroup: &str) -> bool {
+    if cgroup.is_empty() || cgroup.contains("..") {
+        return false;
+    }
+    let rel = cgroup.trim_start_matches('/');
+    let candidates = [
+        format!("/sys/fs/cgroup/{rel}/memory.events"),
+        format!("/sys/fs/cgroup/memory/{rel}/memory.oom_control"),
+    ];
+    candidates.iter().any(|p| {
+        std::fs::read_to_string(p).is_ok_and(|text| {
+            text.lines().any(|l| {
+                l.strip_prefix("oom_kill ")
+                    .is_some_and(|n| n.trim().parse::<u64>().unwrap_or(0) > 0)
+            })
+        })
+    })
+}

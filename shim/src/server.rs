@@ -1,0 +1,163 @@
+//! The shim's request loop: a current-thread runtime, one task per connection.
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::Duration;
+
+use crishim_proto::shim::{paths, ErrorKind, InfraSpec, Request, Response};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::container::{self, Shared, Shim};
+use crate::record::write_atomic;
+
+/// Requests are small; refuse anything absurd before buffering it.
+const MAX_REQUEST: usize = 1 << 20;
+
+/// Run the shim. `ready` is written `ok` and closed once requests can be served; on an error before
+/// that, the caller reports it through `ready` instead.
+pub fn serve(
+    dir: PathBuf,
+    infra: InfraSpec,
+    ready: &mut Option<std::fs::File>,
+) -> Result<(), String> {
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "PR_SET_CHILD_SUBREAPER: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let infra_pid = crate::infra::spawn(&infra)?;
+    write_atomic(
+        &dir.join(paths::INFRA_PID),
+        infra_pid.to_string().as_bytes(),
+    )
+    .map_err(|e| format!("recording infra pid: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting runtime: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let sock = dir.join(paths::SOCKET);
+        let _ = std::fs::remove_file(&sock);
+        let listener =
+            UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
+        let shim: Shared = Rc::new(RefCell::new(Shim::new(dir, infra_pid)));
+        tokio::task::spawn_local(crate::reaper::run(shim.clone()));
+        if let Some(mut r) = ready.take() {
+            let _ = r.write_all(b"ok\n");
+        }
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    tokio::task::spawn_local(connection(shim.clone(), conn));
+                }
+                Err(e) => eprintln!("crishim-shim: accept: {e}"),
+            }
+        }
+    })
+}
+
+async fn connection(shim: Shared, conn: UnixStream) {
+    let (r, mut w) = conn.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(r).take(MAX_REQUEST as u64);
+    if reader.read_line(&mut line).await.is_err() {
+        return;
+    }
+    let (response, exit) = match serde_json::from_str::<Request>(&line) {
+        Ok(Request::Shutdown) => (shutdown(&shim).await, true),
+        Ok(req) => (handle(&shim, req).await, false),
+        Err(e) => (
+            Response::error(
+                ErrorKind::InvalidArgument,
+                format!("malformed request: {e}"),
+            ),
+            false,
+        ),
+    };
+    let mut out = serde_json::to_vec(&response).unwrap_or_default();
+    out.push(b'\n');
+    let _ = w.write_all(&out).await;
+    let _ = w.shutdown().await;
+    if exit {
+        let dir = shim.borrow().dir.clone();
+        let _ = std::fs::remove_file(dir.join(paths::SOCKET));
+        std::process::exit(0);
+    }
+}
+
+async fn handle(shim: &Shared, req: Request) -> Response {
+    match req {
+        Request::Ping => Response::Pong {
+            infra_pid: shim.borrow().infra_pid,
+            shim_pid: std::process::id() as i32,
+        },
+        Request::Create {
+            id,
+            bundle,
+            log_path,
+            stdin,
+            tty,
+        } => {
+            if tty {
+                return Response::error(
+                    ErrorKind::InvalidArgument,
+                    "tty containers are not supported yet",
+                );
+            }
+            let r = shim.borrow_mut().create(&id, &bundle, &log_path, stdin);
+            // The container's init may already be a zombie; reap before answering.
+            crate::reaper::reap(shim);
+            r
+        }
+        Request::Start { id } => {
+            let r = shim.borrow_mut().start(&id);
+            crate::reaper::reap(shim);
+            match r {
+                Response::State(_) => shim.borrow().state(&id),
+                other => other,
+            }
+        }
+        Request::Kill { id, signal, all } => shim.borrow_mut().kill(&id, signal, all),
+        Request::Delete { id } => container::delete(shim, &id).await,
+        Request::State { id } => {
+            crate::reaper::reap(shim);
+            shim.borrow().state(&id)
+        }
+        Request::Exec { id, args, timeout } => container::exec(shim, &id, args, timeout).await,
+        Request::ReopenLog { id } => shim.borrow_mut().reopen_log(&id),
+        Request::Shutdown => unreachable!("handled by the connection"),
+    }
+}
+
+/// Kill and delete every container, then the infra process. Records of exits stay on disk.
+async fn shutdown(shim: &Shared) -> Response {
+    let ids: Vec<String> = shim.borrow().containers.keys().cloned().collect();
+    for id in &ids {
+        let _ = shim.borrow_mut().kill(id, libc::SIGKILL, true);
+    }
+    for id in &ids {
+        container::wait_exited(shim, id, Duration::from_secs(10)).await;
+        // Keep the exit record (delete removes it), so the daemon can still read it.
+        let state = shim.borrow().containers.get(id).map(|c| c.state.clone());
+        let _ = container::delete(shim, id).await;
+        if let Some(state) = state {
+            let dir = shim.borrow().dir.clone();
+            if let Ok(json) = serde_json::to_vec(&state) {
+                let _ = write_atomic(&dir.join(paths::state_file(id)), &json);
+            }
+        }
+    }
+    let infra = shim.borrow().infra_pid;
+    if infra > 0 {
+        let pid = nix::unistd::Pid::from_raw(infra);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::wait::waitpid(pid, None);
+    }
+    Response::Ok
+}

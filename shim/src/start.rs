@@ -1,0 +1,94 @@
+//! Daemonize: fork, detach into a new session, and report readiness to the parent through a pipe, so
+//! the daemon's spawn returns only once the shim can take requests (or with the reason it cannot).
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+use crishim_proto::shim::{paths, InfraSpec};
+use nix::unistd::{fork, setsid, ForkResult};
+
+pub fn run(args: &[String]) -> ! {
+    let mut dir = None;
+    let mut infra = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--dir" => dir = it.next().map(PathBuf::from),
+            "--infra" => infra = it.next().map(|s| serde_json::from_str::<InfraSpec>(s)),
+            other => fail(&format!("unknown argument {other:?}")),
+        }
+    }
+    let Some(dir) = dir else {
+        fail("--dir is required")
+    };
+    let infra = match infra {
+        Some(Ok(i)) => i,
+        Some(Err(e)) => fail(&format!("--infra: {e}")),
+        None => fail("--infra is required"),
+    };
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        fail(&format!("creating {}: {e}", dir.display()));
+    }
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
+    // SAFETY: single-threaded at this point; the child only calls async-signal-safe code until it
+    // builds its own runtime.
+    match unsafe { fork() } {
+        Ok(ForkResult::Parent { .. }) => {
+            drop(w);
+            let mut msg = String::new();
+            let _ = std::fs::File::from(r).read_to_string(&mut msg);
+            if msg.starts_with("ok") {
+                std::process::exit(0);
+            }
+            fail(if msg.is_empty() {
+                "shim exited before it was ready"
+            } else {
+                msg.trim()
+            })
+        }
+        Ok(ForkResult::Child) => {
+            drop(r);
+            let _ = setsid();
+            redirect_stdio(&dir);
+            let mut ready = Some(std::fs::File::from(w));
+            match crate::server::serve(dir.clone(), infra, &mut ready) {
+                Ok(()) => std::process::exit(0),
+                Err(e) => {
+                    if let Some(mut r) = ready {
+                        let _ = r.write_all(format!("error: {e}").as_bytes());
+                    }
+                    eprintln!("crishim-shim: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Err(e) => fail(&format!("fork: {e}")),
+    }
+}
+
+/// stdin and stdout to /dev/null, stderr to `shim.log` in the pod directory.
+fn redirect_stdio(dir: &std::path::Path) {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("shim.log"));
+    if let Ok(null) = null {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+    }
+    if let Ok(log) = log {
+        let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
+    }
+    let _ = std::fs::write(dir.join(paths::SHIM_PID), std::process::id().to_string());
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("crishim-shim: {msg}");
+    std::process::exit(1)
+}
