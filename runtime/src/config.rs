@@ -41,6 +41,38 @@ pub struct Config {
     /// Images reported as pinned, so the kubelet's image GC keeps them.
     #[serde(default)]
     pub pinned_images: Vec<String>,
+    /// The per-pod shim binary; default: `crishim-shim` next to `crishim`.
+    #[serde(default)]
+    pub shim_binary: Option<PathBuf>,
+    #[serde(default)]
+    pub cni: CniConfig,
+}
+
+/// `[cni]`: where network configs and plugin binaries are found.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CniConfig {
+    #[serde(default = "default_cni_conf_dir")]
+    pub conf_dir: PathBuf,
+    #[serde(default = "default_cni_bin_dirs")]
+    pub bin_dirs: Vec<PathBuf>,
+}
+
+impl Default for CniConfig {
+    fn default() -> Self {
+        CniConfig {
+            conf_dir: default_cni_conf_dir(),
+            bin_dirs: default_cni_bin_dirs(),
+        }
+    }
+}
+
+fn default_cni_conf_dir() -> PathBuf {
+    "/etc/cni/net.d".into()
+}
+
+fn default_cni_bin_dirs() -> Vec<PathBuf> {
+    vec!["/opt/cni/bin".into(), "/usr/lib/cni".into()]
 }
 
 fn default_socket() -> PathBuf {
@@ -61,6 +93,8 @@ impl Default for Config {
             state_dir: default_state_dir(),
             registry: RegistryConfig::default(),
             pinned_images: Vec::new(),
+            shim_binary: None,
+            cni: CniConfig::default(),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use crishim_images::ImageStore;
 use crishim_proto::cri::image_service_server::ImageServiceServer;
+use crishim_proto::cri::runtime_service_server::RuntimeServiceServer;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -15,25 +16,39 @@ use tracing::info;
 
 use crate::authority::AuthorityFix;
 use crate::config::Config;
-use crate::server::ImageService;
+use crate::server::{ImageService, RuntimeService};
 
 /// The kubelet's own CRI message limit.
 const MAX_MESSAGE: usize = 16 << 20;
 
 pub async fn serve(config: Config) -> Result<()> {
+    // Shims daemonize; as their subreaper we collect them when they exit instead of leaving zombies
+    // to an init that may not reap. They outlive us all the same: on our exit they move to init.
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "PR_SET_CHILD_SUBREAPER");
+    }
     for dir in [&config.root_dir, &config.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
         .await
         .context("opening the image store")?;
-    let images = ImageService::new(Arc::new(store), config.pinned_images.clone());
+    let store = Arc::new(store);
+    let images = ImageService::new(store.clone(), config.pinned_images.clone());
+    let runtime =
+        RuntimeService::new(config.clone(), store).context("loading pod and container records")?;
 
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");
     let result = tonic::transport::Server::builder()
         .add_service(
             ImageServiceServer::new(images)
+                .max_decoding_message_size(MAX_MESSAGE)
+                .max_encoding_message_size(MAX_MESSAGE),
+        )
+        .add_service(
+            RuntimeServiceServer::new(runtime)
                 .max_decoding_message_size(MAX_MESSAGE)
                 .max_encoding_message_size(MAX_MESSAGE),
         )

@@ -3,5 +3,7 @@
 pub mod authority;
 pub mod config;
 pub mod daemon;
+pub mod records;
 pub mod server;
+pub mod shim_client;
 pub mod spec;

@@ -3,7 +3,7 @@
 use crishim_proto::cri::{ListImagesRequest, ListImagesResponse};
 use tonic::Status;
 
-use super::{status::from_image_error, ImageService};
+use super::{errors::from_image_error, ImageService};
 
 impl ImageService {
     pub(super) async fn do_list_images(

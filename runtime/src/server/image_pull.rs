@@ -4,7 +4,7 @@ use crishim_images::Credentials;
 use crishim_proto::cri::{PullImageRequest, PullImageResponse};
 use tonic::Status;
 
-use super::{status::from_image_error, ImageService};
+use super::{errors::from_image_error, ImageService};
 
 impl ImageService {
     pub(super) async fn do_pull_image(

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use crishim_proto::cri::{ImageStatusRequest, ImageStatusResponse};
 use tonic::Status;
 
-use super::{status::from_image_error, ImageService};
+use super::{errors::from_image_error, ImageService};
 
 impl ImageService {
     pub(super) async fn do_image_status(

@@ -1,13 +1,33 @@
 //! The CRI gRPC services. Each RPC lives in its own file (`image_pull.rs`, …), as in containerd's CRI
 //! server; this module only wires them to the generated tonic traits.
 
+mod container_create;
+mod container_exec_sync;
+mod container_list;
+mod container_remove;
+mod container_reopen_log;
+mod container_start;
+mod container_status;
+mod container_stop;
+pub mod errors;
 mod image;
 mod image_list;
 mod image_pull;
 mod image_remove;
 mod image_status;
 mod imagefs_info;
-pub mod status;
+mod runtime_config;
+mod runtime_service;
+mod sandbox_list;
+mod sandbox_remove;
+mod sandbox_run;
+mod sandbox_status;
+mod sandbox_stop;
+mod status;
+mod update_runtime_config;
+mod version;
+
+pub use runtime_service::RuntimeService;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -39,6 +59,14 @@ impl ImageService {
             pinned: Arc::new(pinned),
         }
     }
+}
+
+/// A CRI label selector: every key must be present with the same value.
+fn labels_match(
+    selector: &std::collections::HashMap<String, String>,
+    labels: &std::collections::HashMap<String, String>,
+) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// Log each call's outcome once, at the edge.

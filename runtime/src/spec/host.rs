@@ -9,6 +9,8 @@ use oci_spec::runtime::Capabilities;
 use super::security;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// capability(7) number.
+const CAP_SYS_RESOURCE: u32 = 24;
 
 #[derive(Debug, Clone)]
 pub(super) struct HostFacts {
@@ -25,6 +27,9 @@ pub(super) struct HostFacts {
     pub hostname: String,
     /// Where a privileged container's host devices are listed from.
     pub dev_root: PathBuf,
+    /// The daemon's own hard RLIMIT_NOFILE: without CAP_SYS_RESOURCE a container cannot be given
+    /// more, and asking for more makes container creation fail with EPERM.
+    pub nofile_hard: Option<u64>,
 }
 
 impl HostFacts {
@@ -39,8 +44,26 @@ impl HostFacts {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_default(),
             dev_root: PathBuf::from("/dev"),
+            nofile_hard: nofile_ceiling(),
         }
     }
+}
+
+/// The hard NOFILE limit when we may not raise it (no CAP_SYS_RESOURCE); None when we may.
+fn nofile_ceiling() -> Option<u64> {
+    let has_sys_resource = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        });
+    if has_sys_resource.is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0) {
+        return None;
+    }
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .ok()
+        .map(|(_, hard)| hard)
 }
 
 /// Unified mode: cgroup2 mounted at /sys/fs/cgroup (not merely at /sys/fs/cgroup/unified, as in

@@ -131,7 +131,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
             image.and_then(|c| c.user().as_deref()),
         )?)
         .set_capabilities(Some(security::linux_capabilities(capabilities)))
-        .set_rlimits(Some(process::rlimits()))
+        .set_rlimits(Some(process::rlimits(host.nofile_hard)))
         .set_no_new_privileges(Some(sc.is_some_and(|sc| sc.no_new_privs)))
         .set_oom_score_adj(resources::oom_score_adj(config, inputs.min_oom_score_adj));
 

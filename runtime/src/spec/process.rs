@@ -104,11 +104,12 @@ pub(super) fn cwd(config: &cri::ContainerConfig, image: Option<&ImageConfig>) ->
     }
 }
 
-pub(super) fn rlimits() -> Vec<PosixRlimit> {
+pub(super) fn rlimits(ceiling: Option<u64>) -> Vec<PosixRlimit> {
+    let limit = ceiling.map_or(NOFILE_LIMIT, |c| c.min(NOFILE_LIMIT));
     let nofile = PosixRlimitBuilder::default()
         .typ(PosixRlimitType::RlimitNofile)
-        .hard(NOFILE_LIMIT)
-        .soft(NOFILE_LIMIT)
+        .hard(limit)
+        .soft(limit)
         .build()
         .expect("all fields set");
     vec![nofile]

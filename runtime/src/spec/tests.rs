@@ -98,6 +98,7 @@ impl Fixture {
                 current_caps: caps_from_mask(u64::MAX),
                 hostname: "node-1".to_string(),
                 dev_root: PathBuf::from("/dev"),
+                nofile_hard: None,
             },
         }
     }
@@ -1449,6 +1450,15 @@ fn nofile_rlimit_is_raised() {
         (rlimits[0].soft(), rlimits[0].hard()),
         (1_048_576, 1_048_576)
     );
+}
+
+#[test]
+fn nofile_rlimit_stays_within_what_the_daemon_may_grant() {
+    let mut f = Fixture::new();
+    f.host.nofile_hard = Some(20_000);
+    let spec = f.spec();
+    let rlimits = process(&spec).rlimits().clone().unwrap();
+    assert_eq!((rlimits[0].soft(), rlimits[0].hard()), (20_000, 20_000));
 }
 
 #[test]

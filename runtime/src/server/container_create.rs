@@ -1,0 +1,308 @@
+//! `CreateContainer`: mount the image's rootfs with a writable layer, build the OCI spec from the
+//! image and the CRI config, and have the pod's shim create the container (it does not run yet).
+
+use std::path::{Component, Path, PathBuf};
+
+use crishim_images::{ImageRecord, RootfsMount};
+use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
+use crishim_proto::shim::{Request, Response};
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::errors::from_image_error;
+use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
+use crate::records::{container_name, new_id, now_nanos, ContainerRecord, PodRecord, PodState};
+use crate::shim_client::unexpected;
+use crate::spec::{self, PodFiles, PodNamespaces, SpecError, SpecInputs};
+
+pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+
+impl RuntimeService {
+    pub(super) async fn do_create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> Result<CreateContainerResponse, Status> {
+        let inner = &self.inner;
+        let config = req
+            .config
+            .ok_or_else(|| Status::invalid_argument("CreateContainer: config is required"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("CreateContainer: metadata is required"))?;
+        if meta.name.is_empty() {
+            return Err(Status::invalid_argument(
+                "CreateContainer: metadata.name is empty",
+            ));
+        }
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if image_name.is_empty() {
+            return Err(Status::invalid_argument("CreateContainer: image is empty"));
+        }
+        let pod = inner.pod(&req.pod_sandbox_id)?;
+        let log_path = log_path(&pod, &config.log_path)?;
+        let _pod_guard = inner.lock(&pod.id).await;
+        let pod = inner.pod(&pod.id)?;
+        if pod.state != PodState::Ready {
+            return Err(Status::failed_precondition(format!(
+                "pod sandbox {} is not ready",
+                pod.id
+            )));
+        }
+        let image = inner
+            .images
+            .resolve(&image_name)
+            .map_err(from_image_error)?
+            .ok_or_else(|| {
+                Status::not_found(format!("image {image_name:?} not found: pull it first"))
+            })?;
+
+        let id = new_id();
+        let name = container_name(
+            &meta,
+            pod.config.metadata.as_ref().unwrap_or(&Default::default()),
+        );
+        if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
+            return Err(Status::already_exists(format!(
+                "container name {name:?} is reserved by container {holder}"
+            )));
+        }
+        match inner
+            .create_container(&id, &pod, config, &image, image_name, log_path)
+            .await
+        {
+            Ok(()) => {
+                info!(container = %id, pod = %pod.id, name = %name, "container created");
+                Ok(CreateContainerResponse { container_id: id })
+            }
+            Err(e) => {
+                inner.undo_create(&pod.id, &id).await;
+                inner.index.lock().unwrap().release(&name, &id);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `log_path` is relative to the pod's `log_directory` and may not climb out of it.
+fn log_path(pod: &PodRecord, rel: &str) -> Result<PathBuf, Status> {
+    if rel.is_empty() {
+        return Ok(PathBuf::new());
+    }
+    let p = Path::new(rel);
+    if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: log_path {rel:?} must be relative to the pod's log_directory and stay inside it"
+        )));
+    }
+    if pod.config.log_directory.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: log_path {rel:?} given but the pod has no log_directory"
+        )));
+    }
+    Ok(Path::new(&pod.config.log_directory).join(p))
+}
+
+impl Inner {
+    async fn create_container(
+        &self,
+        id: &str,
+        pod: &PodRecord,
+        config: cri::ContainerConfig,
+        image: &ImageRecord,
+        image_name: String,
+        log_path: PathBuf,
+    ) -> Result<(), Status> {
+        let bundle = self.bundle_dir(id);
+        let rootfs = bundle.join("rootfs");
+        std::fs::create_dir_all(&rootfs)
+            .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
+        let readonly = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .is_some_and(|s| s.readonly_rootfs);
+        let mount: RootfsMount = self
+            .images
+            .prepare(image, id, readonly)
+            .await
+            .map_err(from_image_error)?;
+        mount.mount(&rootfs).map_err(from_image_error)?;
+        let (_, image_config) = self.images.config(image).map_err(from_image_error)?;
+
+        let spec = spec::build(&SpecInputs {
+            container_id: id,
+            config: &config,
+            sandbox: &pod.config,
+            image: &image_config,
+            rootfs: rootfs.clone(),
+            namespaces: self.namespaces(pod, &config)?,
+            files: PodFiles {
+                hostname: Some(self.pod_files_dir(&pod.id).join("hostname")),
+                resolv_conf: Some(self.pod_files_dir(&pod.id).join("resolv.conf")),
+                hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
+                shm: pod.shm.clone(),
+            },
+            cgroups_path: format!("{}/{id}", pod.cgroup_parent.trim_end_matches('/')),
+            min_oom_score_adj: own_oom_score_adj(),
+        })
+        .map_err(|e| match e {
+            SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
+            SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
+        })?;
+        let mut spec = spec;
+        let mut annotations = spec.annotations().clone().unwrap_or_default();
+        annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
+        spec.set_annotations(Some(annotations));
+        spec.save(bundle.join("config.json"))
+            .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
+
+        let stop_signal = image_config
+            .config()
+            .as_ref()
+            .and_then(|c| c.stop_signal().clone())
+            .and_then(|s| parse_signal(&s))
+            .unwrap_or(libc::SIGTERM);
+        let image_ref = image
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| image.id.to_string());
+        let mut record = ContainerRecord {
+            id: id.to_string(),
+            pod_id: pod.id.clone(),
+            image: image_name,
+            image_id: image.id.to_string(),
+            image_ref,
+            created_at: now_nanos(),
+            log_path: log_path.clone(),
+            bundle: bundle.clone(),
+            stop_signal,
+            last: None,
+            config,
+        };
+        // Recorded before the shim acts, so a crash from here on leaves something to clean up.
+        self.save_container(&record)?;
+        let req = Request::Create {
+            id: id.to_string(),
+            bundle,
+            log_path,
+            stdin: record.config.stdin,
+            tty: record.config.tty,
+        };
+        match self.shim(&pod.id).call(&req, SHIM_TIMEOUT).await? {
+            Response::State(s) => {
+                record.created_at = s.created_at;
+                record.last = Some(s);
+                self.save_container(&record)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn namespaces(
+        &self,
+        pod: &PodRecord,
+        config: &cri::ContainerConfig,
+    ) -> Result<PodNamespaces, Status> {
+        let ns = |kind: &str| Some(PathBuf::from(format!("/proc/{}/ns/{kind}", pod.infra_pid)));
+        let opts = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref());
+        let pid_mode = opts.and_then(|o| NamespaceMode::try_from(o.pid).ok());
+        let pid = match pid_mode {
+            Some(NamespaceMode::Target) => {
+                let target = opts.map(|o| o.target_id.clone()).unwrap_or_default();
+                let t = self.container(&target).map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "CreateContainer: pid namespace target {target:?} not found"
+                    ))
+                })?;
+                let pid = t.last.as_ref().map_or(0, |s| s.pid);
+                if pid <= 0 {
+                    return Err(Status::failed_precondition(format!(
+                        "pid namespace target {target} is not running"
+                    )));
+                }
+                Some(PathBuf::from(format!("/proc/{pid}/ns/pid")))
+            }
+            Some(NamespaceMode::Pod) if !pod.host_pid => ns("pid"),
+            None if pod.shared_pid => ns("pid"),
+            _ => None,
+        };
+        Ok(PodNamespaces {
+            net: if pod.host_network { None } else { ns("net") },
+            ipc: if pod.host_ipc { None } else { ns("ipc") },
+            uts: if pod.host_network { None } else { ns("uts") },
+            pid,
+            host_pid: pod.host_pid || pid_mode == Some(NamespaceMode::Node),
+        })
+    }
+
+    /// Undo a failed or abandoned create: the shim's container, the rootfs mount, the writable layer,
+    /// the bundle and the record. Idempotent.
+    pub(super) async fn undo_create(&self, pod_id: &str, id: &str) {
+        if let Err(e) = self
+            .shim_ok(pod_id, Request::Delete { id: id.to_string() })
+            .await
+        {
+            if e.code() != tonic::Code::Unavailable {
+                warn!(container = %id, error = %e, "shim delete failed");
+            }
+        }
+        let bundle = self.bundle_dir(id);
+        let rootfs = bundle.join("rootfs");
+        if super::sandbox_stop::is_mountpoint(&rootfs) {
+            if let Err(e) = nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH) {
+                warn!(container = %id, error = %e, "unmounting rootfs");
+            }
+        }
+        if let Err(e) = self.images.cleanup(id).await {
+            warn!(container = %id, error = %e, "removing the writable layer");
+        }
+        let _ = std::fs::remove_dir_all(&bundle);
+        let _ = self.container_records.remove(id);
+        self.index.lock().unwrap().containers.remove(id);
+    }
+}
+
+/// `SIGQUIT`, `QUIT` or `3`.
+pub(super) fn parse_signal(s: &str) -> Option<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Some(n);
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
+fn own_oom_score_adj() -> Option<i32> {
+    std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(parse_signal("SIGQUIT"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("quit"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("9"), Some(9));
+        assert_eq!(parse_signal("SIGNOPE"), None);
+    }
+}

@@ -1,0 +1,55 @@
+//! `ExecSync`: run a command in a running container through its shim; a timeout kills it and is
+//! reported as `DeadlineExceeded`.
+
+use std::time::Duration;
+
+use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
+use crishim_proto::shim::{Request, Response};
+use tonic::Status;
+
+use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
+use crate::shim_client::unexpected;
+
+impl RuntimeService {
+    pub(super) async fn do_exec_sync(
+        &self,
+        req: ExecSyncRequest,
+    ) -> Result<ExecSyncResponse, Status> {
+        let inner = &self.inner;
+        let c = inner.container(&req.container_id)?;
+        if req.cmd.is_empty() {
+            return Err(Status::invalid_argument("ExecSync: cmd is empty"));
+        }
+        let timeout = req.timeout.max(0) as u64;
+        // The shim enforces the command's timeout; ours only guards against a stuck shim.
+        let guard = if timeout == 0 {
+            Duration::from_secs(24 * 3600)
+        } else {
+            Duration::from_secs(timeout) + SHIM_TIMEOUT
+        };
+        let exec = Request::Exec {
+            id: c.id.clone(),
+            args: req.cmd.clone(),
+            timeout,
+        };
+        match inner.shim(&c.pod_id).call(&exec, guard).await? {
+            Response::Exec {
+                timed_out: true, ..
+            } => Err(Status::deadline_exceeded(format!(
+                "ExecSync {:?} in container {} timed out after {timeout}s; the process was killed",
+                req.cmd, c.id
+            ))),
+            Response::Exec {
+                exit_code,
+                stdout,
+                stderr,
+                ..
+            } => Ok(ExecSyncResponse {
+                stdout,
+                stderr,
+                exit_code,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+}

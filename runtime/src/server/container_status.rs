@@ -1,0 +1,80 @@
+//! `ContainerStatus`.
+
+use std::collections::HashMap;
+
+use crishim_proto::cri::{self, ContainerStatusRequest, ContainerStatusResponse};
+use crishim_proto::shim::{ContainerState, Status as ShimStatus};
+use tonic::Status;
+
+use super::runtime_service::RuntimeService;
+use crate::records::ContainerRecord;
+
+impl RuntimeService {
+    pub(super) async fn do_container_status(
+        &self,
+        req: ContainerStatusRequest,
+    ) -> Result<ContainerStatusResponse, Status> {
+        let inner = &self.inner;
+        let c = inner.container(&req.container_id)?;
+        let state = inner.refresh(&c).await;
+        let mut info = HashMap::new();
+        if req.verbose {
+            let verbose = serde_json::json!({
+                "sandboxID": c.pod_id,
+                "pid": state.pid,
+                "bundle": c.bundle,
+                "message": state.message,
+            });
+            info.insert("info".to_string(), verbose.to_string());
+        }
+        Ok(ContainerStatusResponse {
+            status: Some(container_status(&c, &state)),
+            info,
+        })
+    }
+}
+
+pub(super) fn cri_state(s: &ContainerState) -> i32 {
+    match s.status {
+        ShimStatus::Created => cri::ContainerState::ContainerCreated as i32,
+        ShimStatus::Running => cri::ContainerState::ContainerRunning as i32,
+        ShimStatus::Exited => cri::ContainerState::ContainerExited as i32,
+        ShimStatus::Unknown => cri::ContainerState::ContainerUnknown as i32,
+    }
+}
+
+/// `Completed`, `Error` or `OOMKilled`, as the kubelet expects them.
+fn reason(s: &ContainerState) -> String {
+    match s.status {
+        ShimStatus::Exited if s.oom_killed => "OOMKilled".into(),
+        ShimStatus::Exited if s.exit_code == 0 => "Completed".into(),
+        ShimStatus::Exited => "Error".into(),
+        _ => String::new(),
+    }
+}
+
+fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::ContainerStatus {
+    cri::ContainerStatus {
+        id: c.id.clone(),
+        metadata: c.config.metadata.clone(),
+        state: cri_state(s),
+        created_at: c.created_at,
+        started_at: s.started_at,
+        finished_at: s.finished_at,
+        exit_code: s.exit_code,
+        image: Some(cri::ImageSpec {
+            image: c.image.clone(),
+            ..Default::default()
+        }),
+        image_ref: c.image_ref.clone(),
+        image_id: c.image_id.clone(),
+        reason: reason(s),
+        message: s.message.clone(),
+        labels: c.config.labels.clone(),
+        annotations: c.config.annotations.clone(),
+        mounts: c.config.mounts.clone(),
+        log_path: c.log_path.display().to_string(),
+        resources: None,
+        ..Default::default()
+    }
+}

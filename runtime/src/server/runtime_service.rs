@@ -1,0 +1,535 @@
+//! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
+//! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crishim_images::ImageStore;
+use crishim_proto::cri;
+use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
+use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
+
+use super::logged;
+use crate::config::Config;
+use crate::records::{ContainerRecord, Index, PodRecord, RecordDir};
+use crate::shim_client::{unexpected, ShimClient};
+
+/// How long a plain shim request may take.
+pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Clone)]
+pub struct RuntimeService {
+    pub(super) inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    pub(super) config: Config,
+    pub(super) images: Arc<ImageStore>,
+    pub(super) index: Mutex<Index>,
+    pub(super) pod_records: RecordDir,
+    pub(super) container_records: RecordDir,
+    /// Serialises lifecycle operations on one pod or container.
+    pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) shim_binary: PathBuf,
+    pub(super) pod_cidr: Mutex<String>,
+}
+
+impl RuntimeService {
+    pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
+        let pod_records = RecordDir::new(config.root_dir.join("records/pods"))?;
+        let container_records = RecordDir::new(config.root_dir.join("records/containers"))?;
+        let mut index = Index::default();
+        for p in pod_records.load_all::<PodRecord>() {
+            if let Some(m) = &p.config.metadata {
+                let _ = index.reserve(&crate::records::pod_name(m), &p.id);
+            }
+            index.pods.insert(p.id.clone(), p);
+        }
+        for c in container_records.load_all::<ContainerRecord>() {
+            let pod_meta = index
+                .pods
+                .get(&c.pod_id)
+                .and_then(|p| p.config.metadata.clone())
+                .unwrap_or_default();
+            if let Some(m) = &c.config.metadata {
+                let _ = index.reserve(&crate::records::container_name(m, &pod_meta), &c.id);
+            }
+            index.containers.insert(c.id.clone(), c);
+        }
+        let shim_binary = config
+            .shim_binary
+            .clone()
+            .unwrap_or_else(default_shim_binary);
+        Ok(RuntimeService {
+            inner: Arc::new(Inner {
+                config,
+                images,
+                index: Mutex::new(index),
+                pod_records,
+                container_records,
+                locks: Mutex::default(),
+                shim_binary,
+                pod_cidr: Mutex::default(),
+            }),
+        })
+    }
+}
+
+/// `crishim-shim` next to the running `crishim`.
+fn default_shim_binary() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("crishim-shim")))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crishim-shim"))
+}
+
+impl Inner {
+    /// Take the lifecycle lock of one pod or container.
+    pub(super) async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let m = self
+            .locks
+            .lock()
+            .unwrap()
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        m.lock_owned().await
+    }
+
+    pub(super) fn forget_lock(&self, id: &str) {
+        self.locks.lock().unwrap().remove(id);
+    }
+
+    pub(super) fn pod_state_dir(&self, pod_id: &str) -> PathBuf {
+        self.config.state_dir.join("pods").join(pod_id)
+    }
+
+    pub(super) fn pod_files_dir(&self, pod_id: &str) -> PathBuf {
+        self.config.root_dir.join("pods").join(pod_id)
+    }
+
+    pub(super) fn bundle_dir(&self, container_id: &str) -> PathBuf {
+        self.config.state_dir.join("containers").join(container_id)
+    }
+
+    pub(super) fn shim(&self, pod_id: &str) -> ShimClient {
+        ShimClient::new(&self.pod_state_dir(pod_id))
+    }
+
+    pub(super) fn pod(&self, id: &str) -> Result<PodRecord, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("pod sandbox id is empty"));
+        }
+        self.index
+            .lock()
+            .unwrap()
+            .pods
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("pod sandbox {id:?} not found")))
+    }
+
+    pub(super) fn container(&self, id: &str) -> Result<ContainerRecord, Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("container id is empty"));
+        }
+        self.index
+            .lock()
+            .unwrap()
+            .containers
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))
+    }
+
+    pub(super) fn save_pod(&self, p: &PodRecord) -> Result<(), Status> {
+        self.pod_records
+            .save(&p.id, p)
+            .map_err(|e| Status::internal(format!("saving pod record {}: {e}", p.id)))?;
+        self.index
+            .lock()
+            .unwrap()
+            .pods
+            .insert(p.id.clone(), p.clone());
+        Ok(())
+    }
+
+    pub(super) fn save_container(&self, c: &ContainerRecord) -> Result<(), Status> {
+        self.container_records
+            .save(&c.id, c)
+            .map_err(|e| Status::internal(format!("saving container record {}: {e}", c.id)))?;
+        self.index
+            .lock()
+            .unwrap()
+            .containers
+            .insert(c.id.clone(), c.clone());
+        Ok(())
+    }
+
+    pub(super) fn pod_containers(&self, pod_id: &str) -> Vec<ContainerRecord> {
+        self.index
+            .lock()
+            .unwrap()
+            .containers
+            .values()
+            .filter(|c| c.pod_id == pod_id)
+            .cloned()
+            .collect()
+    }
+
+    /// The container's current state: from its shim while it runs, else the last known one.
+    /// A container whose shim is gone and which never recorded an exit is reported exited, with why.
+    pub(super) async fn refresh(&self, c: &ContainerRecord) -> ContainerState {
+        if let Some(last) = &c.last {
+            if last.status == ShimStatus::Exited {
+                return last.clone();
+            }
+        }
+        let state = match self
+            .shim(&c.pod_id)
+            .call(&Request::State { id: c.id.clone() }, SHIM_TIMEOUT)
+            .await
+        {
+            Ok(Response::State(s)) => Some(s),
+            _ => None,
+        };
+        let state = state
+            .or_else(|| self.state_file(c))
+            .unwrap_or_else(|| ContainerState {
+                id: c.id.clone(),
+                status: ShimStatus::Unknown,
+                pid: 0,
+                created_at: c.created_at,
+                started_at: 0,
+                finished_at: 0,
+                exit_code: 0,
+                oom_killed: false,
+                message: String::new(),
+            });
+        let state = if state.status != ShimStatus::Exited && !self.shim_alive(&c.pod_id).await {
+            ContainerState {
+                status: ShimStatus::Exited,
+                exit_code: if state.exit_code == 0 {
+                    255
+                } else {
+                    state.exit_code
+                },
+                finished_at: if state.finished_at == 0 {
+                    crate::records::now_nanos()
+                } else {
+                    state.finished_at
+                },
+                message: "the pod's shim is gone; the container's exit was not recorded".into(),
+                ..state
+            }
+        } else {
+            state
+        };
+        if c.last.as_ref() != Some(&state) {
+            let mut updated = c.clone();
+            updated.last = Some(state.clone());
+            // Only persist final states; running ones are asked for again anyway.
+            if state.status == ShimStatus::Exited {
+                let _ = self.save_container(&updated);
+            } else {
+                self.index
+                    .lock()
+                    .unwrap()
+                    .containers
+                    .insert(updated.id.clone(), updated);
+            }
+        }
+        state
+    }
+
+    fn state_file(&self, c: &ContainerRecord) -> Option<ContainerState> {
+        let p = self
+            .pod_state_dir(&c.pod_id)
+            .join(crishim_proto::shim::paths::state_file(&c.id));
+        serde_json::from_slice(&std::fs::read(p).ok()?).ok()
+    }
+
+    pub(super) async fn shim_alive(&self, pod_id: &str) -> bool {
+        matches!(
+            self.shim(pod_id)
+                .call(&Request::Ping, Duration::from_secs(5))
+                .await,
+            Ok(Response::Pong { .. })
+        )
+    }
+
+    /// Send a shim request that answers `Ok`.
+    pub(super) async fn shim_ok(&self, pod_id: &str, req: Request) -> Result<(), Status> {
+        match self.shim(pod_id).call(&req, SHIM_TIMEOUT).await? {
+            Response::Ok | Response::State(_) => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl cri::runtime_service_server::RuntimeService for RuntimeService {
+    async fn version(
+        &self,
+        r: GrpcRequest<cri::VersionRequest>,
+    ) -> Result<GrpcResponse<cri::VersionResponse>, Status> {
+        logged("Version", self.do_version(r.into_inner()).await)
+    }
+    async fn run_pod_sandbox(
+        &self,
+        r: GrpcRequest<cri::RunPodSandboxRequest>,
+    ) -> Result<GrpcResponse<cri::RunPodSandboxResponse>, Status> {
+        logged(
+            "RunPodSandbox",
+            self.do_run_pod_sandbox(r.into_inner()).await,
+        )
+    }
+    async fn stop_pod_sandbox(
+        &self,
+        r: GrpcRequest<cri::StopPodSandboxRequest>,
+    ) -> Result<GrpcResponse<cri::StopPodSandboxResponse>, Status> {
+        logged(
+            "StopPodSandbox",
+            self.do_stop_pod_sandbox(r.into_inner()).await,
+        )
+    }
+    async fn remove_pod_sandbox(
+        &self,
+        r: GrpcRequest<cri::RemovePodSandboxRequest>,
+    ) -> Result<GrpcResponse<cri::RemovePodSandboxResponse>, Status> {
+        logged(
+            "RemovePodSandbox",
+            self.do_remove_pod_sandbox(r.into_inner()).await,
+        )
+    }
+    async fn pod_sandbox_status(
+        &self,
+        r: GrpcRequest<cri::PodSandboxStatusRequest>,
+    ) -> Result<GrpcResponse<cri::PodSandboxStatusResponse>, Status> {
+        logged(
+            "PodSandboxStatus",
+            self.do_pod_sandbox_status(r.into_inner()).await,
+        )
+    }
+    async fn list_pod_sandbox(
+        &self,
+        r: GrpcRequest<cri::ListPodSandboxRequest>,
+    ) -> Result<GrpcResponse<cri::ListPodSandboxResponse>, Status> {
+        logged(
+            "ListPodSandbox",
+            self.do_list_pod_sandbox(r.into_inner()).await,
+        )
+    }
+    async fn create_container(
+        &self,
+        r: GrpcRequest<cri::CreateContainerRequest>,
+    ) -> Result<GrpcResponse<cri::CreateContainerResponse>, Status> {
+        logged(
+            "CreateContainer",
+            self.do_create_container(r.into_inner()).await,
+        )
+    }
+    async fn start_container(
+        &self,
+        r: GrpcRequest<cri::StartContainerRequest>,
+    ) -> Result<GrpcResponse<cri::StartContainerResponse>, Status> {
+        logged(
+            "StartContainer",
+            self.do_start_container(r.into_inner()).await,
+        )
+    }
+    async fn stop_container(
+        &self,
+        r: GrpcRequest<cri::StopContainerRequest>,
+    ) -> Result<GrpcResponse<cri::StopContainerResponse>, Status> {
+        logged(
+            "StopContainer",
+            self.do_stop_container(r.into_inner()).await,
+        )
+    }
+    async fn remove_container(
+        &self,
+        r: GrpcRequest<cri::RemoveContainerRequest>,
+    ) -> Result<GrpcResponse<cri::RemoveContainerResponse>, Status> {
+        logged(
+            "RemoveContainer",
+            self.do_remove_container(r.into_inner()).await,
+        )
+    }
+    async fn list_containers(
+        &self,
+        r: GrpcRequest<cri::ListContainersRequest>,
+    ) -> Result<GrpcResponse<cri::ListContainersResponse>, Status> {
+        logged(
+            "ListContainers",
+            self.do_list_containers(r.into_inner()).await,
+        )
+    }
+    async fn container_status(
+        &self,
+        r: GrpcRequest<cri::ContainerStatusRequest>,
+    ) -> Result<GrpcResponse<cri::ContainerStatusResponse>, Status> {
+        logged(
+            "ContainerStatus",
+            self.do_container_status(r.into_inner()).await,
+        )
+    }
+    async fn reopen_container_log(
+        &self,
+        r: GrpcRequest<cri::ReopenContainerLogRequest>,
+    ) -> Result<GrpcResponse<cri::ReopenContainerLogResponse>, Status> {
+        logged(
+            "ReopenContainerLog",
+            self.do_reopen_container_log(r.into_inner()).await,
+        )
+    }
+    async fn exec_sync(
+        &self,
+        r: GrpcRequest<cri::ExecSyncRequest>,
+    ) -> Result<GrpcResponse<cri::ExecSyncResponse>, Status> {
+        logged("ExecSync", self.do_exec_sync(r.into_inner()).await)
+    }
+    async fn update_runtime_config(
+        &self,
+        r: GrpcRequest<cri::UpdateRuntimeConfigRequest>,
+    ) -> Result<GrpcResponse<cri::UpdateRuntimeConfigResponse>, Status> {
+        logged(
+            "UpdateRuntimeConfig",
+            self.do_update_runtime_config(r.into_inner()).await,
+        )
+    }
+    async fn status(
+        &self,
+        r: GrpcRequest<cri::StatusRequest>,
+    ) -> Result<GrpcResponse<cri::StatusResponse>, Status> {
+        logged("Status", self.do_status(r.into_inner()).await)
+    }
+    async fn runtime_config(
+        &self,
+        r: GrpcRequest<cri::RuntimeConfigRequest>,
+    ) -> Result<GrpcResponse<cri::RuntimeConfigResponse>, Status> {
+        logged(
+            "RuntimeConfig",
+            self.do_runtime_config(r.into_inner()).await,
+        )
+    }
+
+    async fn update_container_resources(
+        &self,
+        _r: GrpcRequest<cri::UpdateContainerResourcesRequest>,
+    ) -> Result<GrpcResponse<cri::UpdateContainerResourcesResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "UpdateContainerResources",
+            " is not implemented yet"
+        )))
+    }
+    async fn exec(
+        &self,
+        _r: GrpcRequest<cri::ExecRequest>,
+    ) -> Result<GrpcResponse<cri::ExecResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "Exec",
+            " is not implemented yet"
+        )))
+    }
+    async fn attach(
+        &self,
+        _r: GrpcRequest<cri::AttachRequest>,
+    ) -> Result<GrpcResponse<cri::AttachResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "Attach",
+            " is not implemented yet"
+        )))
+    }
+    async fn port_forward(
+        &self,
+        _r: GrpcRequest<cri::PortForwardRequest>,
+    ) -> Result<GrpcResponse<cri::PortForwardResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "PortForward",
+            " is not implemented yet"
+        )))
+    }
+    async fn container_stats(
+        &self,
+        _r: GrpcRequest<cri::ContainerStatsRequest>,
+    ) -> Result<GrpcResponse<cri::ContainerStatsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "ContainerStats",
+            " is not implemented yet"
+        )))
+    }
+    async fn list_container_stats(
+        &self,
+        _r: GrpcRequest<cri::ListContainerStatsRequest>,
+    ) -> Result<GrpcResponse<cri::ListContainerStatsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "ListContainerStats",
+            " is not implemented yet"
+        )))
+    }
+    async fn pod_sandbox_stats(
+        &self,
+        _r: GrpcRequest<cri::PodSandboxStatsRequest>,
+    ) -> Result<GrpcResponse<cri::PodSandboxStatsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "PodSandboxStats",
+            " is not implemented yet"
+        )))
+    }
+    async fn list_pod_sandbox_stats(
+        &self,
+        _r: GrpcRequest<cri::ListPodSandboxStatsRequest>,
+    ) -> Result<GrpcResponse<cri::ListPodSandboxStatsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "ListPodSandboxStats",
+            " is not implemented yet"
+        )))
+    }
+    async fn checkpoint_container(
+        &self,
+        _r: GrpcRequest<cri::CheckpointContainerRequest>,
+    ) -> Result<GrpcResponse<cri::CheckpointContainerResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "CheckpointContainer",
+            " is not implemented yet"
+        )))
+    }
+    async fn list_metric_descriptors(
+        &self,
+        _r: GrpcRequest<cri::ListMetricDescriptorsRequest>,
+    ) -> Result<GrpcResponse<cri::ListMetricDescriptorsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "ListMetricDescriptors",
+            " is not implemented yet"
+        )))
+    }
+    async fn list_pod_sandbox_metrics(
+        &self,
+        _r: GrpcRequest<cri::ListPodSandboxMetricsRequest>,
+    ) -> Result<GrpcResponse<cri::ListPodSandboxMetricsResponse>, Status> {
+        Err(Status::unimplemented(concat!(
+            "ListPodSandboxMetrics",
+            " is not implemented yet"
+        )))
+    }
+
+    type GetContainerEventsStream = std::pin::Pin<
+        Box<
+            dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>>
+                + Send
+                + 'static,
+        >,
+    >;
+
+    async fn get_container_events(
+        &self,
+        _r: GrpcRequest<cri::GetEventsRequest>,
+    ) -> Result<GrpcResponse<Self::GetContainerEventsStream>, Status> {
+        Err(Status::unimplemented(
+            "GetContainerEvents is not implemented yet",
+        ))
+    }
+}

@@ -1,0 +1,46 @@
+//! `ListPodSandbox`, with its id, state and label filters.
+
+use crishim_proto::cri::{self, ListPodSandboxRequest, ListPodSandboxResponse};
+use tonic::Status;
+
+use super::runtime_service::RuntimeService;
+use super::sandbox_status::cri_state;
+use crate::records::PodRecord;
+
+impl RuntimeService {
+    pub(super) async fn do_list_pod_sandbox(
+        &self,
+        req: ListPodSandboxRequest,
+    ) -> Result<ListPodSandboxResponse, Status> {
+        let pods: Vec<PodRecord> = self
+            .inner
+            .index
+            .lock()
+            .unwrap()
+            .pods
+            .values()
+            .cloned()
+            .collect();
+        let f = req.filter.unwrap_or_default();
+        let items = pods
+            .into_iter()
+            .filter(|p| f.id.is_empty() || p.id == f.id || p.id.starts_with(&f.id))
+            .filter(|p| {
+                f.state
+                    .as_ref()
+                    .is_none_or(|s| s.state == cri_state(p.state))
+            })
+            .filter(|p| super::labels_match(&f.label_selector, &p.config.labels))
+            .map(|p| cri::PodSandbox {
+                id: p.id.clone(),
+                metadata: p.config.metadata.clone(),
+                state: cri_state(p.state),
+                created_at: p.created_at,
+                labels: p.config.labels.clone(),
+                annotations: p.config.annotations.clone(),
+                runtime_handler: p.runtime_handler.clone(),
+            })
+            .collect();
+        Ok(ListPodSandboxResponse { items })
+    }
+}

@@ -1,0 +1,261 @@
+//! `RunPodSandbox`: reserve the name, write the pod's files (hostname, resolv.conf, hosts), mount its
+//! /dev/shm, start its shim and infra process, record it. Any failure undoes what was done.
+
+use std::path::Path;
+
+use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
+use crishim_proto::shim::InfraSpec;
+use nix::mount::MsFlags;
+use tonic::Status;
+use tracing::info;
+
+use super::runtime_service::{Inner, RuntimeService};
+use crate::records::{new_id, now_nanos, pod_name, PodRecord, PodState};
+
+/// Kubernetes' default pod /dev/shm size.
+const SHM_SIZE: &str = "size=65536k";
+pub(super) const DEFAULT_CGROUP_PARENT: &str = "/crishim";
+
+impl RuntimeService {
+    pub(super) async fn do_run_pod_sandbox(
+        &self,
+        req: RunPodSandboxRequest,
+    ) -> Result<RunPodSandboxResponse, Status> {
+        let inner = &self.inner;
+        let config = req
+            .config
+            .ok_or_else(|| Status::invalid_argument("RunPodSandbox: config is required"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("RunPodSandbox: metadata is required"))?;
+        if meta.name.is_empty() || meta.namespace.is_empty() || meta.uid.is_empty() {
+            return Err(Status::invalid_argument(
+                "RunPodSandbox: metadata needs name, namespace and uid",
+            ));
+        }
+        if !config.log_directory.is_empty() && !Path::new(&config.log_directory).is_absolute() {
+            return Err(Status::invalid_argument(format!(
+                "RunPodSandbox: log_directory {:?} must be an absolute path",
+                config.log_directory
+            )));
+        }
+        let id = new_id();
+        let name = pod_name(&meta);
+        if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
+            return Err(Status::already_exists(format!(
+                "pod sandbox name {name:?} is reserved by pod {holder}"
+            )));
+        }
+        let _guard = inner.lock(&id).await;
+        match inner.create_pod(&id, config, req.runtime_handler).await {
+            Ok(()) => {
+                info!(pod = %id, name = %name, "pod sandbox ready");
+                Ok(RunPodSandboxResponse { pod_sandbox_id: id })
+            }
+            Err(e) => {
+                inner.teardown_pod(&id).await;
+                let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
+                inner.index.lock().unwrap().release(&name, &id);
+                Err(e)
+            }
+        }
+    }
+}
+
+fn mode(
+    opts: Option<&cri::NamespaceOption>,
+    f: impl Fn(&cri::NamespaceOption) -> i32,
+) -> NamespaceMode {
+    opts.map(f)
+        .and_then(|m| NamespaceMode::try_from(m).ok())
+        .unwrap_or(NamespaceMode::Pod)
+}
+
+impl Inner {
+    async fn create_pod(
+        &self,
+        id: &str,
+        config: cri::PodSandboxConfig,
+        runtime_handler: String,
+    ) -> Result<(), Status> {
+        let linux = config.linux.clone().unwrap_or_default();
+        let ns = linux
+            .security_context
+            .as_ref()
+            .and_then(|s| s.namespace_options.as_ref());
+        let host_network = mode(ns, |o| o.network) == NamespaceMode::Node;
+        let host_pid = mode(ns, |o| o.pid) == NamespaceMode::Node;
+        let host_ipc = mode(ns, |o| o.ipc) == NamespaceMode::Node;
+        let shared_pid = mode(ns, |o| o.pid) == NamespaceMode::Pod;
+
+        let files = self.pod_files_dir(id);
+        let state = self.pod_state_dir(id);
+        for d in [&files, &state] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
+        }
+        let hostname = if host_network {
+            node_hostname()
+        } else {
+            config.hostname.clone()
+        };
+        write_pod_files(&files, &hostname, config.dns_config.as_ref(), host_network)?;
+
+        let shm = if host_ipc {
+            Some(Path::new("/dev/shm").to_path_buf())
+        } else {
+            let dir = state.join("shm");
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+            nix::mount::mount(
+                Some("shm"),
+                &dir,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(format!("mode=1777,{SHM_SIZE}").as_str()),
+            )
+            .map_err(|e| {
+                Status::internal(format!(
+                    "mounting the pod's /dev/shm at {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            Some(dir)
+        };
+        let mut record = PodRecord {
+            id: id.to_string(),
+            runtime_handler,
+            state: PodState::NotReady,
+            created_at: now_nanos(),
+            infra_pid: 0,
+            host_network,
+            host_pid,
+            host_ipc,
+            shared_pid,
+            shm,
+            cgroup_parent: if linux.cgroup_parent.is_empty() {
+                DEFAULT_CGROUP_PARENT.into()
+            } else {
+                linux.cgroup_parent.clone()
+            },
+            config,
+        };
+        // Recorded before the shim starts, so a crash from here on leaves something to clean up.
+        self.save_pod(&record)?;
+
+        let infra = InfraSpec {
+            hostname,
+            net: !host_network,
+            ipc: !host_ipc,
+            uts: !host_network,
+            pid: !host_pid,
+        };
+        record.infra_pid = self.start_shim(id, &infra).await?;
+        record.state = PodState::Ready;
+        self.save_pod(&record)
+    }
+
+    /// Start the pod's shim (which starts the infra process); returns the infra pid.
+    async fn start_shim(&self, id: &str, infra: &InfraSpec) -> Result<i32, Status> {
+        let dir = self.pod_state_dir(id);
+        let infra_json =
+            serde_json::to_string(infra).map_err(|e| Status::internal(e.to_string()))?;
+        let out = tokio::process::Command::new(&self.shim_binary)
+            .arg("start")
+            .arg("--dir")
+            .arg(&dir)
+            .arg("--infra")
+            .arg(infra_json)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| {
+                Status::internal(format!("running shim {}: {e}", self.shim_binary.display()))
+            })?;
+        if !out.status.success() {
+            return Err(Status::internal(format!(
+                "starting the pod's shim failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        match self
+            .shim(id)
+            .call(
+                &crishim_proto::shim::Request::Ping,
+                super::runtime_service::SHIM_TIMEOUT,
+            )
+            .await?
+        {
+            crishim_proto::shim::Response::Pong { infra_pid, .. } if infra_pid > 0 => Ok(infra_pid),
+            other => Err(Status::internal(format!(
+                "shim did not report an infra process: {other:?}"
+            ))),
+        }
+    }
+}
+
+pub(super) fn node_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// hostname, resolv.conf and hosts, bind-mounted into every container of the pod.
+fn write_pod_files(
+    dir: &Path,
+    hostname: &str,
+    dns: Option<&cri::DnsConfig>,
+    host_network: bool,
+) -> Result<(), Status> {
+    let write = |name: &str, data: String| {
+        std::fs::write(dir.join(name), data)
+            .map_err(|e| Status::internal(format!("writing pod {name}: {e}")))
+    };
+    write("hostname", format!("{hostname}\n"))?;
+    let resolv = match dns
+        .filter(|d| !d.servers.is_empty() || !d.searches.is_empty() || !d.options.is_empty())
+    {
+        Some(d) => resolv_conf(d),
+        None => std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+    };
+    write("resolv.conf", resolv)?;
+    let hosts = if host_network {
+        std::fs::read_to_string("/etc/hosts").unwrap_or_default()
+    } else {
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n".to_string()
+    };
+    write("hosts", hosts)
+}
+
+fn resolv_conf(d: &cri::DnsConfig) -> String {
+    let mut s = String::new();
+    if !d.searches.is_empty() {
+        s.push_str(&format!("search {}\n", d.searches.join(" ")));
+    }
+    for ns in &d.servers {
+        s.push_str(&format!("nameserver {ns}\n"));
+    }
+    if !d.options.is_empty() {
+        s.push_str(&format!("options {}\n", d.options.join(" ")));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_from_dns_config() {
+        let d = cri::DnsConfig {
+            servers: vec!["10.0.0.10".into(), "8.8.8.8".into()],
+            searches: vec!["ns.svc.cluster.local".into(), "svc.cluster.local".into()],
+            options: vec!["ndots:5".into()],
+        };
+        assert_eq!(
+            resolv_conf(&d),
+            "search ns.svc.cluster.local svc.cluster.local\nnameserver 10.0.0.10\nnameserver 8.8.8.8\noptions ndots:5\n"
+        );
+    }
+}

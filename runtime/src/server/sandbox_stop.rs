@@ -1,0 +1,105 @@
+//! `StopPodSandbox`: force-stop every container, then shut the shim and infra process down and
+//! unmount the pod's /dev/shm. Idempotent; container records stay until the pod is removed.
+
+use crishim_proto::cri::{StopPodSandboxRequest, StopPodSandboxResponse};
+use crishim_proto::shim::{paths, Request};
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::runtime_service::{Inner, RuntimeService};
+use crate::records::PodState;
+
+impl RuntimeService {
+    pub(super) async fn do_stop_pod_sandbox(
+        &self,
+        req: StopPodSandboxRequest,
+    ) -> Result<StopPodSandboxResponse, Status> {
+        let inner = &self.inner;
+        let pod = inner.pod(&req.pod_sandbox_id)?;
+        let _guard = inner.lock(&pod.id).await;
+        inner.stop_pod(&pod.id).await?;
+        Ok(StopPodSandboxResponse {})
+    }
+}
+
+impl Inner {
+    pub(super) async fn stop_pod(&self, pod_id: &str) -> Result<(), Status> {
+        // Refresh first so each container's final state is recorded before the shim goes.
+        for c in self.pod_containers(pod_id) {
+            self.refresh(&c).await;
+        }
+        self.teardown_pod(pod_id).await;
+        for c in self.pod_containers(pod_id) {
+            let _ = self.refresh(&c).await;
+        }
+        let mut pod = self.pod(pod_id)?;
+        if pod.state != PodState::NotReady {
+            pod.state = PodState::NotReady;
+            self.save_pod(&pod)?;
+            info!(pod = %pod_id, "pod sandbox stopped");
+        }
+        Ok(())
+    }
+
+    /// Stop everything of the pod that runs or is mounted: the shim kills its containers and the
+    /// infra process; then any survivor is killed by pid and /dev/shm is unmounted. Idempotent.
+    pub(super) async fn teardown_pod(&self, pod_id: &str) {
+        let dir = self.pod_state_dir(pod_id);
+        if dir.join(paths::SOCKET).exists() {
+            let timeout = std::time::Duration::from_secs(60);
+            if let Err(e) = self.shim(pod_id).call(&Request::Shutdown, timeout).await {
+                warn!(pod = %pod_id, error = %e, "shim shutdown failed; killing what is left");
+            }
+        }
+        for file in [paths::INFRA_PID, paths::SHIM_PID] {
+            if let Some(pid) = std::fs::read_to_string(dir.join(file))
+                .ok()
+                .and_then(|s| s.trim().parse::<i32>().ok())
+            {
+                kill_if_ours(pid);
+                reap(pid).await;
+            }
+        }
+        let shm = dir.join("shm");
+        if is_mountpoint(&shm) {
+            if let Err(e) = nix::mount::umount2(&shm, nix::mount::MntFlags::MNT_DETACH) {
+                warn!(pod = %pod_id, error = %e, "unmounting /dev/shm");
+            }
+        }
+        let _ = std::fs::remove_file(dir.join(paths::SOCKET));
+    }
+}
+
+/// The daemon is the shims' subreaper: collect an exited shim so it leaves no zombie. A pid that is
+/// not our child (the daemon restarted since) is someone else's to reap.
+async fn reap(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let pid = nix::unistd::Pid::from_raw(pid);
+    for _ in 0..200 {
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await
+            }
+            _ => return,
+        }
+    }
+}
+
+/// SIGKILL `pid` if it is still a live crishim-shim process (pids get reused).
+fn kill_if_ours(pid: i32) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if String::from_utf8_lossy(&cmdline).contains("crishim-shim") {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+pub(super) fn is_mountpoint(path: &std::path::Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let p = path.to_string_lossy();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+}

@@ -1,0 +1,85 @@
+//! The daemon's side of the shim protocol: one connection per request.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crishim_proto::shim::{paths, ErrorKind, Request, Response};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tonic::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("shim at {0} is not reachable: {1}")]
+    Unreachable(PathBuf, std::io::Error),
+    #[error("shim at {0} did not answer within {1:?}")]
+    Timeout(PathBuf, Duration),
+    #[error("shim at {0} sent a malformed answer: {1}")]
+    Protocol(PathBuf, String),
+}
+
+impl From<ShimError> for Status {
+    fn from(e: ShimError) -> Status {
+        match e {
+            ShimError::Timeout(..) => Status::deadline_exceeded(e.to_string()),
+            _ => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ShimClient {
+    socket: PathBuf,
+}
+
+impl ShimClient {
+    /// The shim of the pod whose state directory is `dir`.
+    pub fn new(dir: &Path) -> Self {
+        ShimClient {
+            socket: dir.join(paths::SOCKET),
+        }
+    }
+
+    pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, ShimError> {
+        let fut = async {
+            let mut conn = UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
+            let mut line = serde_json::to_vec(req)
+                .map_err(|e| ShimError::Protocol(self.socket.clone(), e.to_string()))?;
+            line.push(b'\n');
+            conn.write_all(&line)
+                .await
+                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
+            let mut answer = String::new();
+            BufReader::new(conn)
+                .read_line(&mut answer)
+                .await
+                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
+            serde_json::from_str(&answer)
+                .map_err(|e| ShimError::Protocol(self.socket.clone(), format!("{e}: {answer:?}")))
+        };
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| ShimError::Timeout(self.socket.clone(), timeout))?
+    }
+}
+
+/// A shim error answer as a gRPC status.
+pub fn status_of(kind: ErrorKind, message: String) -> Status {
+    match kind {
+        ErrorKind::NotFound => Status::not_found(message),
+        ErrorKind::AlreadyExists => Status::already_exists(message),
+        ErrorKind::FailedPrecondition => Status::failed_precondition(message),
+        ErrorKind::InvalidArgument => Status::invalid_argument(message),
+        ErrorKind::Internal => Status::internal(message),
+    }
+}
+
+/// Turn any answer other than the expected kind into a status.
+pub fn unexpected(resp: Response) -> Status {
+    match resp {
+        Response::Error { kind, message } => status_of(kind, message),
+        other => Status::internal(format!("unexpected shim answer: {other:?}")),
+    }
+}
