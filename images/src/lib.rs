@@ -208,7 +208,14 @@ impl ImageStore {
             }
         }
         remove_any(&dir)?;
+        let held = self.meta.container(container_id)?;
         self.meta.remove_container(container_id)?;
+        // The last holder of a removed image's layers lets them go now, not at the next start-up.
+        if let Some(r) = held {
+            if self.meta.image(r.image.as_str())?.is_none() {
+                self.gc().await?;
+            }
+        }
         Ok(())
     }
 

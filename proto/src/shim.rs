@@ -134,6 +134,18 @@ impl Response {
 
 /// Files the shim keeps in its pod state directory.
 pub mod paths {
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::path::{Path, PathBuf};
+
+    /// A unix socket path may be at most 107 bytes, and a pod's state directory can be longer. So
+    /// sockets are named through a descriptor of their directory: `/proc/self/fd/<n>/<name>` is
+    /// short whatever the directory is. Keep the returned descriptor alive while using the path.
+    pub fn short_socket_path(dir: &Path, name: &str) -> std::io::Result<(OwnedFd, PathBuf)> {
+        let fd: OwnedFd = std::fs::File::open(dir)?.into();
+        let path = PathBuf::from(format!("/proc/self/fd/{}/{name}", fd.as_raw_fd()));
+        Ok((fd, path))
+    }
+
     pub const SOCKET: &str = "shim.sock";
     pub const SHIM_PID: &str = "shim.pid";
     pub const INFRA_PID: &str = "infra.pid";

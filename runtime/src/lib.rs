@@ -1,6 +1,7 @@
 //! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
 
 pub mod authority;
+pub mod cgroups;
 pub mod config;
 pub mod daemon;
 pub mod records;

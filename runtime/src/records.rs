@@ -34,6 +34,9 @@ pub struct PodRecord {
     /// Where the pod's /dev/shm tmpfs is mounted (None for host IPC).
     pub shm: Option<PathBuf>,
     pub cgroup_parent: String,
+    /// Cgroup directories of the parent that the daemon created, removed with the pod.
+    #[serde(default)]
+    pub owned_cgroups: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -229,6 +232,7 @@ mod tests {
             shared_pid: true,
             shm: None,
             cgroup_parent: "/x".into(),
+            owned_cgroups: vec![],
         };
         rd.save(&rec.id, &rec).unwrap();
         std::fs::write(dir.path().join("broken.json"), b"{").unwrap();

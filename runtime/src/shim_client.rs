@@ -29,6 +29,7 @@ impl From<ShimError> for Status {
 
 #[derive(Debug, Clone)]
 pub struct ShimClient {
+    dir: PathBuf,
     socket: PathBuf,
 }
 
@@ -36,15 +37,17 @@ impl ShimClient {
     /// The shim of the pod whose state directory is `dir`.
     pub fn new(dir: &Path) -> Self {
         ShimClient {
+            dir: dir.to_path_buf(),
             socket: dir.join(paths::SOCKET),
         }
     }
 
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, ShimError> {
         let fut = async {
-            let mut conn = UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
+            let unreachable = |e| ShimError::Unreachable(self.socket.clone(), e);
+            let (_dirfd, short) =
+                paths::short_socket_path(&self.dir, paths::SOCKET).map_err(unreachable)?;
+            let mut conn = UnixStream::connect(&short).await.map_err(unreachable)?;
             let mut line = serde_json::to_vec(req)
                 .map_err(|e| ShimError::Protocol(self.socket.clone(), e.to_string()))?;
             line.push(b'\n');

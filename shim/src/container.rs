@@ -3,7 +3,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -15,7 +15,6 @@ use libcontainer::syscall::syscall::SyscallType;
 use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
-use tokio::net::unix::pipe;
 
 use crate::logs::{self, LogSink};
 use crate::record::{now_nanos, write_atomic};
@@ -94,7 +93,14 @@ impl Shim {
         }
     }
 
-    pub fn create(&mut self, id: &str, bundle: &Path, log_path: &Path, stdin: bool) -> Response {
+    pub fn create(
+        &mut self,
+        id: &str,
+        bundle: &Path,
+        log_path: &Path,
+        stdin: bool,
+        tty: bool,
+    ) -> Response {
         if self.containers.contains_key(id) {
             return Response::error(
                 ErrorKind::AlreadyExists,
@@ -106,27 +112,50 @@ impl Shim {
             Ok(l) => Rc::new(l),
             Err(e) => return internal(&format!("opening log file {}", log_path.display()), e),
         };
-        let pipes = (|| -> nix::Result<_> {
-            let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-            let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-            let inp = if stdin {
-                Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
-            } else {
-                None
-            };
-            Ok((out, err, inp))
-        })();
-        let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
-            Ok(p) => p,
-            Err(e) => return internal("creating stdio pipes", e),
+        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+        // With a tty the container's stdio is the pty, whose master libcontainer sends us over a
+        // console socket; otherwise three pipes.
+        let console = if tty {
+            let name = format!("{id}.console");
+            let path = self.dir.join(&name);
+            let _ = std::fs::remove_file(&path);
+            // libcontainer reaches it through a short symlink of its own; we bind it through our
+            // directory's descriptor, as the full path may be too long for a socket address.
+            let bound = paths::short_socket_path(&self.dir, &name)
+                .and_then(|(_fd, short)| std::os::unix::net::UnixListener::bind(short));
+            match bound {
+                Ok(l) => {
+                    builder = builder.with_console_socket(Some(&path));
+                    Some((l, path))
+                }
+                Err(e) => return internal("binding the console socket", e),
+            }
+        } else {
+            None
         };
-        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
-            .with_stdout(out_w)
-            .with_stderr(err_w);
+        let mut outputs = Vec::new();
         let mut stdin_w = None;
-        if let Some((r, w)) = inp {
-            builder = builder.with_stdin(r);
-            stdin_w = Some(w);
+        if console.is_none() {
+            let pipes = (|| -> nix::Result<_> {
+                let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+                let inp = if stdin {
+                    Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
+                } else {
+                    None
+                };
+                Ok((out, err, inp))
+            })();
+            let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
+                Ok(p) => p,
+                Err(e) => return internal("creating stdio pipes", e),
+            };
+            builder = builder.with_stdout(out_w).with_stderr(err_w);
+            if let Some((r, w)) = inp {
+                builder = builder.with_stdin(r);
+                stdin_w = Some(w);
+            }
+            outputs = vec![(out_r, "stdout"), (err_r, "stderr")];
         }
         let built = builder
             .with_root_path(&self.lc_root)
@@ -140,6 +169,9 @@ impl Shim {
         let container = match built {
             Ok(c) => c,
             Err(e) => {
+                if let Some((_, path)) = &console {
+                    let _ = std::fs::remove_file(path);
+                }
                 // A half-created container may have left state behind; remove it.
                 if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
                     let _ = c.delete(true);
@@ -151,13 +183,25 @@ impl Shim {
                 );
             }
         };
-        for (fd, stream) in [(out_r, "stdout"), (err_r, "stderr")] {
-            match pipe::Receiver::from_owned_fd(fd) {
-                Ok(rx) => {
-                    tokio::task::spawn_local(logs::copy(rx, stream, log.clone()));
-                }
-                Err(e) => eprintln!("crishim-shim: {id} {stream}: {e}"),
+        if let Some((listener, path)) = console {
+            let master = receive_pty(&listener);
+            let _ = std::fs::remove_file(&path);
+            match master {
+                Ok(fd) => match nix::unistd::dup(fd.as_raw_fd()) {
+                    // One end for the log, one kept for stdin.
+                    Ok(dup) => {
+                        // SAFETY: dup returned a fresh descriptor that we now own.
+                        stdin_w =
+                            Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dup) });
+                        outputs.push((fd, "stdout"));
+                    }
+                    Err(_) => outputs.push((fd, "stdout")),
+                },
+                Err(e) => eprintln!("crishim-shim: {id}: no pty from the container: {e}"),
             }
+        }
+        for (fd, stream) in outputs {
+            tokio::task::spawn_local(logs::copy(fd, stream, log.clone()));
         }
         let state = ContainerState {
             id: id.to_string(),
@@ -431,10 +475,51 @@ fn write_exec_process(bundle: &Path, out: &Path, args: Vec<String>) -> Result<()
     std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))
 }
 
+/// Receive the pty master that the container's init sends over the console socket.
+fn receive_pty(listener: &std::os::unix::net::UnixListener) -> Result<OwnedFd, String> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let conn = loop {
+        match listener.accept() {
+            Ok((c, _)) => break c,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(2))
+            }
+            Err(e) => return Err(format!("accepting the console connection: {e}")),
+        }
+    };
+    conn.set_nonblocking(false).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut name = [0u8; 64];
+    let mut iov = [std::io::IoSliceMut::new(&mut name)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let msg = recvmsg::<()>(
+        conn.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|e| format!("receiving the pty: {e}"))?;
+    for cmsg in msg.cmsgs().map_err(|e| e.to_string())? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            if let Some(&fd) = fds.first() {
+                // SAFETY: the kernel installed this descriptor for us.
+                return Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            }
+        }
+    }
+    Err("the console message carried no descriptor".into())
+}
+
 /// Read a pipe to EOF, keeping at most 16 MiB (the CRI message limit).
 async fn read_all(fd: OwnedFd) -> Vec<u8> {
     const LIMIT: usize = 16 << 20;
-    let Ok(mut rx) = pipe::Receiver::from_owned_fd(fd) else {
+    let Ok(mut rx) = logs::FdReader::new(fd) else {
         return Vec::new();
     };
     let mut out = Vec::new();

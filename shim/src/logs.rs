@@ -6,8 +6,12 @@ use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 
-use tokio::io::AsyncReadExt;
-use tokio::net::unix::pipe;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
 
 /// The kubelet's default maximum log line size.
 pub const MAX_LINE: usize = 16 * 1024;
@@ -114,8 +118,53 @@ impl LineSplitter {
     }
 }
 
-/// Copy one of a container's output pipes into its log until every writer has closed it.
-pub async fn copy(mut rx: pipe::Receiver, stream: &'static str, sink: std::rc::Rc<LogSink>) {
+/// Non-blocking reads from a pipe or a pty master. A pty whose other side has closed reads EIO,
+/// which is its end of file.
+pub struct FdReader(AsyncFd<OwnedFd>);
+
+impl FdReader {
+    pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
+        let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        // SAFETY: the reader owns `fd` and keeps it open for as long as it is registered.
+        Ok(FdReader(unsafe { AsyncFd::register(fd)? }))
+    }
+}
+
+impl AsyncRead for FdReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        loop {
+            let mut guard = match self.0.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            };
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|fd| {
+                nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(std::io::Error::from)
+            }) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Poll::Ready(Ok(())),
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+/// Copy one of a container's outputs (a pipe, or its pty) into its log until it closes.
+pub async fn copy(fd: OwnedFd, stream: &'static str, sink: std::rc::Rc<LogSink>) {
+    let Ok(mut rx) = FdReader::new(fd) else {
+        return;
+    };
     let mut buf = vec![0u8; 32 * 1024];
     let mut splitter = LineSplitter::new();
     let mut emit = |partial: bool, text: &[u8]| sink.write(stream, partial, text);

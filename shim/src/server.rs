@@ -44,8 +44,10 @@ pub fn serve(
     local.block_on(&rt, async move {
         let sock = dir.join(paths::SOCKET);
         let _ = std::fs::remove_file(&sock);
+        let (_dirfd, short) = paths::short_socket_path(&dir, paths::SOCKET)
+            .map_err(|e| format!("opening {}: {e}", dir.display()))?;
         let listener =
-            UnixListener::bind(&sock).map_err(|e| format!("binding {}: {e}", sock.display()))?;
+            UnixListener::bind(&short).map_err(|e| format!("binding {}: {e}", sock.display()))?;
         let shim: Shared = Rc::new(RefCell::new(Shim::new(dir, infra_pid)));
         tokio::task::spawn_local(crate::reaper::run(shim.clone()));
         if let Some(mut r) = ready.take() {
@@ -104,13 +106,9 @@ async fn handle(shim: &Shared, req: Request) -> Response {
             stdin,
             tty,
         } => {
-            if tty {
-                return Response::error(
-                    ErrorKind::InvalidArgument,
-                    "tty containers are not supported yet",
-                );
-            }
-            let r = shim.borrow_mut().create(&id, &bundle, &log_path, stdin);
+            let r = shim
+                .borrow_mut()
+                .create(&id, &bundle, &log_path, stdin, tty);
             // The container's init may already be a zombie; reap before answering.
             crate::reaper::reap(shim);
             r

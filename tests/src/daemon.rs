@@ -133,13 +133,16 @@ impl DaemonOptions {
     }
 
     fn command(&self, config: &Path, log: &Path) -> Result<Command> {
+        self.command_logging(config, fs::File::create(log)?)
+    }
+
+    fn command_logging(&self, config: &Path, logf: fs::File) -> Result<Command> {
         let bin = daemon_bin();
         ensure!(
             bin.is_file(),
             "daemon binary {} not found: build it with `cargo build -p crishim-runtime` or set CRISHIM_BIN",
             bin.display()
         );
-        let logf = fs::File::create(log)?;
         let mut cmd = Command::new(&bin);
         cmd.arg("serve")
             .arg("--config")
@@ -180,6 +183,7 @@ impl Drop for BackgroundRuntime {
 
 /// A running daemon. Dropping it sends SIGTERM, waits up to 10 s, then SIGKILLs.
 pub struct Daemon {
+    opts: DaemonOptions,
     child: Option<Child>,
     socket: PathBuf,
     config: PathBuf,
@@ -223,11 +227,27 @@ impl Daemon {
         fs::write(&config, opts.config_toml(dir.path()))?;
         let socket = dir.path().join("crishim.sock");
         let log = dir.path().join("daemon.log");
-        let mut child = opts
-            .command(&config, &log)?
+        let mut d = Daemon {
+            opts,
+            child: None,
+            socket,
+            config,
+            log,
+            channel: None,
+            client_rt: None,
+            dir,
+        };
+        d.launch(fs::File::create(&d.log)?).await?;
+        Ok(d)
+    }
+
+    /// Spawn the daemon on this directory and connect to it.
+    async fn launch(&mut self, logf: fs::File) -> Result<()> {
+        let mut child = self
+            .opts
+            .command_logging(&self.config, logf)?
             .spawn()
             .with_context(|| format!("spawning {}", daemon_bin().display()))?;
-
         let client_rt = BackgroundRuntime(Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
@@ -235,6 +255,8 @@ impl Daemon {
                 .enable_all()
                 .build()?,
         ));
+        let socket = self.socket.clone();
+        let log = self.log.clone();
         let deadline = Instant::now() + START_TIMEOUT;
         let channel = loop {
             if let Some(status) = child.try_wait()? {
@@ -268,15 +290,28 @@ impl Daemon {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
-        Ok(Daemon {
-            child: Some(child),
-            socket,
-            config,
-            log,
-            channel: Some(channel),
-            client_rt: Some(client_rt),
-            dir,
-        })
+        self.child = Some(child);
+        self.channel = Some(channel);
+        self.client_rt = Some(client_rt);
+        Ok(())
+    }
+
+    /// SIGKILL the daemon at once, as a crash would; its shims and containers keep running.
+    pub fn kill(&mut self) {
+        self.channel = None;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.client_rt = None;
+    }
+
+    /// Start the daemon again on the same directories and config (after [`Self::kill`] or a stop),
+    /// appending to the same log.
+    pub async fn restart(&mut self) -> Result<()> {
+        let _ = self.terminate();
+        let logf = fs::OpenOptions::new().append(true).open(&self.log)?;
+        self.launch(logf).await
     }
 
     fn channel(&self) -> Channel {

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod fixtures;
 pub mod fsutil;
 pub mod image;
+pub mod pods;
 pub mod registry;
 
 pub use daemon::{Daemon, DaemonOptions};

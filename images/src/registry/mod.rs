@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures::Stream;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use reqwest::{StatusCode, Url};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use self::auth::{basic_header, parse_challenge, Challenge, TokenRequest, TokenResponse};
 pub use self::config::{Credentials, RegistryConfig};
@@ -168,7 +168,7 @@ impl RegistryClient {
             match repo.manifest(&reference.manifest_ref()).await {
                 Ok(m) => return Ok((repo, m)),
                 Err(e) => {
-                    warn!(endpoint = %repo.endpoint.base, error = %e, "registry endpoint failed, trying the next");
+                    debug!(endpoint = %repo.endpoint.base, error = %e, "registry endpoint failed, trying the next");
                     // Keep the most telling failure: an auth or not-found answer beats a dead mirror.
                     if best.as_ref().is_none_or(|b| rank(&e) >= rank(b)) {
                         best = Some(e);

@@ -196,6 +196,13 @@ impl Meta {
         Ok(())
     }
 
+    pub fn container(&self, id: &str) -> Result<Option<ContainerRef>> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(CONTAINERS)?;
+        let value = table.get(id)?;
+        value.map(|v| decode(v.value())).transpose()
+    }
+
     pub fn containers(&self) -> Result<Vec<(String, ContainerRef)>> {
         let txn = self.db.begin_read()?;
         let table = txn.open_table(CONTAINERS)?;

@@ -121,14 +121,11 @@ impl Inner {
         let rootfs = bundle.join("rootfs");
         std::fs::create_dir_all(&rootfs)
             .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
-        let readonly = config
-            .linux
-            .as_ref()
-            .and_then(|l| l.security_context.as_ref())
-            .is_some_and(|s| s.readonly_rootfs);
+        // Always writable here: the runtime still creates mount points in the rootfs, and then
+        // remounts it read-only itself when the spec says `root.readonly` (as runc does).
         let mount: RootfsMount = self
             .images
-            .prepare(image, id, readonly)
+            .prepare(image, id, false)
             .await
             .map_err(from_image_error)?;
         mount.mount(&rootfs).map_err(from_image_error)?;

@@ -134,13 +134,15 @@ impl Inner {
             host_ipc,
             shared_pid,
             shm,
+            owned_cgroups: Vec::new(),
             cgroup_parent: if linux.cgroup_parent.is_empty() {
-                DEFAULT_CGROUP_PARENT.into()
+                format!("{DEFAULT_CGROUP_PARENT}/{id}")
             } else {
                 linux.cgroup_parent.clone()
             },
             config,
         };
+        record.owned_cgroups = crate::cgroups::missing_prefixes(&record.cgroup_parent);
         // Recorded before the shim starts, so a crash from here on leaves something to clean up.
         self.save_pod(&record)?;
 

@@ -67,6 +67,10 @@ impl Inner {
             }
         }
         let _ = std::fs::remove_file(dir.join(paths::SOCKET));
+        // The shim deleted the containers' cgroups; now the parent directories we made, if empty.
+        if let Ok(pod) = self.pod(pod_id) {
+            crate::cgroups::remove(&pod.owned_cgroups);
+        }
     }
 }
 

@@ -79,10 +79,12 @@ pub(super) fn build(
     for bind in &binds {
         let (mount, propagation) = bind_mount(bind)?;
         mounts.push(mount);
+        // containerd writes "rshared"/"rslave" here; libcontainer accepts only the plain words
+        // (and applies them recursively itself), so the rootfs gets those.
         match propagation {
-            "rshared" => rootfs_propagation = Some("rshared".to_string()),
+            "rshared" => rootfs_propagation = Some("shared".to_string()),
             "rslave" if rootfs_propagation.is_none() => {
-                rootfs_propagation = Some("rslave".to_string())
+                rootfs_propagation = Some("slave".to_string())
             }
             _ => {}
         }

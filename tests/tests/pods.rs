@@ -1,0 +1,1451 @@
+//! The CRI RuntimeService of the `crishim` daemon: pods and containers, run for real (busybox
+//! from a real `docker-registry`, pulled through the daemon), observed from the host.
+//!
+//! Every test starts its own registry and daemon (tests run in parallel) and uses unique pod
+//! names. Every test that runs a pod ends with [`assert_no_leaks`] for it: no process, mount,
+//! cgroup, network namespace or state file of the pod is left. The daemon binary is
+//! `$CRISHIM_BIN` or `target/<profile>/crishim` (`cargo build -p crishim-runtime -p crishim-shim`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crishim_proto::cri;
+use crishim_tests::cri::spec;
+use crishim_tests::fsutil::walk;
+use crishim_tests::pods::{
+    assert_no_leaks, container_filter, container_security, container_state_filter, find_leaks,
+    host_processes, is_id, labels, mounts, mounts_under, namespaces, parse_cri_log,
+    pod_state_filter, processes_with_command, reassemble, set_container_privileged,
+    set_pod_namespaces, set_pod_privileged, wait_for_log_line, wait_no_process_with_command,
+    with_descendants, HostProcess, PodEnv, PodTraces, IGNORE_TERM, LOOP_UNTIL_TERM, NS_CONTAINER,
+    NS_NODE, NS_POD,
+};
+use crishim_tests::{busybox_image, random_hex, Daemon, DaemonOptions};
+use tonic::Code;
+
+use cri::ContainerState::{ContainerCreated, ContainerExited, ContainerRunning};
+use cri::PodSandboxState::{SandboxNotready, SandboxReady};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[track_caller]
+fn assert_code<T: std::fmt::Debug>(r: Result<T, tonic::Status>, code: Code, what: &str) {
+    match r {
+        Ok(v) => panic!("{what}: expected {code:?}, got Ok({v:?})"),
+        Err(e) => assert_eq!(e.code(), code, "{what}: unexpected status {e:?}"),
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ids(v: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
+    v.sort();
+    v
+}
+
+/// A `/bin/sh -c SCRIPT MARKER` command: `MARKER` becomes `$0`, so the shell is found on the
+/// host by its command line.
+fn sh(script: &str, marker: &str) -> Vec<String> {
+    vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        script.to_string(),
+        marker.to_string(),
+    ]
+}
+
+fn marker(what: &str) -> String {
+    format!("crishim-{what}-{}", random_hex(6))
+}
+
+/// A container config running `sh -c script marker`.
+fn sh_container(env: &PodEnv, name: &str, script: &str, marker: &str) -> cri::ContainerConfig {
+    let mut c = env.container_config(name, &[]);
+    c.command = sh(script, marker);
+    c
+}
+
+/// The live `crishim-shim start` processes of this daemon (command line holds its state dir).
+fn shims(d: &Daemon) -> Vec<HostProcess> {
+    let state = d.state_dir().to_string_lossy().into_owned();
+    host_processes()
+        .into_iter()
+        .filter(|p| {
+            !p.is_zombie()
+                && p.cmdline
+                    .first()
+                    .is_some_and(|a| a.ends_with("crishim-shim"))
+                && p.cmdline.get(1).is_some_and(|a| a == "start")
+                && p.command().contains(&state)
+        })
+        .collect()
+}
+
+/// Poll until none of `procs` is alive; returns those still alive after `timeout`.
+async fn wait_gone(procs: &[HostProcess], timeout: Duration) -> Vec<HostProcess> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let alive: Vec<_> = procs.iter().filter(|p| p.is_alive()).cloned().collect();
+        if alive.is_empty() || Instant::now() > deadline {
+            return alive;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+
+#[tokio::test]
+async fn pod_and_container_full_lifecycle() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut cfg = env.pod_config("lifecycle");
+    cfg.hostname = "lifecycle-host".to_string();
+    cfg.dns_config = Some(cri::DnsConfig {
+        servers: vec!["10.96.0.10".to_string(), "10.96.0.11".to_string()],
+        searches: vec![
+            "crishim-test.svc.cluster.local".to_string(),
+            "cluster.local".to_string(),
+        ],
+        options: vec!["ndots:5".to_string()],
+    });
+    cfg.labels
+        .insert("app".to_string(), "lifecycle".to_string());
+    cfg.annotations
+        .insert("crishim.test/pod".to_string(), "pod-note".to_string());
+    let parent = cfg.linux.as_ref().unwrap().cgroup_parent.clone();
+
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    assert!(is_id(&pod), "pod ID {pod:?} is not 64 hex characters");
+    let mut traces = PodTraces::new(&pod, &cfg);
+
+    // PodSandboxStatus and ListPodSandbox with each filter.
+    let st = d.pod_status(&pod).await.expect("PodSandboxStatus");
+    assert_eq!(st.id, pod);
+    assert_eq!(st.state, SandboxReady as i32, "{st:#?}");
+    assert_eq!(st.metadata, cfg.metadata);
+    assert!(st.created_at > 0, "{st:#?}");
+    assert_eq!(st.labels.get("app").map(String::as_str), Some("lifecycle"));
+    assert_eq!(
+        st.annotations.get("crishim.test/pod").map(String::as_str),
+        Some("pod-note")
+    );
+    assert_eq!(d.list_pod_ids(None).await.unwrap(), ids(&[&pod]));
+    let by_id = cri::PodSandboxFilter {
+        id: pod.clone(),
+        ..Default::default()
+    };
+    assert_eq!(d.list_pod_ids(Some(by_id)).await.unwrap(), ids(&[&pod]));
+    let other_id = cri::PodSandboxFilter {
+        id: random_hex(32),
+        ..Default::default()
+    };
+    assert!(d.list_pod_ids(Some(other_id)).await.unwrap().is_empty());
+    assert_eq!(
+        d.list_pod_ids(Some(pod_state_filter(SandboxReady)))
+            .await
+            .unwrap(),
+        ids(&[&pod])
+    );
+    assert!(d
+        .list_pod_ids(Some(pod_state_filter(SandboxNotready)))
+        .await
+        .unwrap()
+        .is_empty());
+    let by_label = |v: &str| cri::PodSandboxFilter {
+        label_selector: labels(&[("app", v)]),
+        ..Default::default()
+    };
+    assert_eq!(
+        d.list_pod_ids(Some(by_label("lifecycle"))).await.unwrap(),
+        ids(&[&pod])
+    );
+    assert!(d
+        .list_pod_ids(Some(by_label("other")))
+        .await
+        .unwrap()
+        .is_empty());
+    let listed = d.list_pods(None).await.unwrap();
+    assert_eq!(listed[0].metadata, cfg.metadata);
+    assert_eq!(listed[0].state, SandboxReady as i32);
+
+    // One shim for the pod and one infra process under it.
+    let shim = shims(d);
+    assert_eq!(
+        shim.len(),
+        1,
+        "expected one crishim-shim start process: {shim:#?}"
+    );
+    let tree = with_descendants(&host_processes(), &[shim[0].pid]);
+    let infra: Vec<_> = tree
+        .iter()
+        .filter(|p| p.cmdline == ["crishim-shim", "infra"])
+        .collect();
+    assert_eq!(
+        infra.len(),
+        1,
+        "expected one `crishim-shim infra` under the shim: {tree:#?}"
+    );
+
+    // A container that prints, then runs until SIGTERM.
+    let main_marker = marker("main");
+    let mut c = sh_container(
+        &env,
+        "main",
+        &format!("echo hello; {LOOP_UNTIL_TERM}"),
+        &main_marker,
+    );
+    c.labels.insert("tier".to_string(), "main".to_string());
+    c.annotations
+        .insert("crishim.test/container".to_string(), "ctr-note".to_string());
+    let id = d
+        .create_container(&pod, &c, &cfg)
+        .await
+        .expect("CreateContainer");
+    assert!(is_id(&id), "container ID {id:?} is not 64 hex characters");
+    traces.add_container(&id);
+    let st = d.container_status(&id).await.expect("ContainerStatus");
+    assert_eq!(st.state, ContainerCreated as i32, "{st:#?}");
+    assert!(st.created_at > 0 && st.started_at == 0, "{st:#?}");
+    assert_eq!(
+        d.list_container_ids(Some(container_state_filter(ContainerCreated)))
+            .await
+            .unwrap(),
+        ids(&[&id])
+    );
+
+    d.start_container(&id).await.expect("StartContainer");
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.id, id);
+    assert_eq!(st.state, ContainerRunning as i32, "{st:#?}");
+    assert!(st.started_at >= st.created_at, "{st:#?}");
+    assert_eq!(st.finished_at, 0, "{st:#?}");
+    assert_eq!(st.metadata, c.metadata);
+    assert_eq!(st.labels.get("tier").map(String::as_str), Some("main"));
+    assert_eq!(
+        st.annotations
+            .get("crishim.test/container")
+            .map(String::as_str),
+        Some("ctr-note")
+    );
+    let log_path = Path::new(&cfg.log_directory).join("main.log");
+    assert_eq!(Path::new(&st.log_path), log_path, "{st:#?}");
+    let image = st
+        .image
+        .as_ref()
+        .map(|i| i.image.clone())
+        .unwrap_or_default();
+    assert!(
+        image == env.busybox.tag_ref() || image == env.busybox.image_id(),
+        "status image {image:?} is neither {} nor {}",
+        env.busybox.tag_ref(),
+        env.busybox.image_id()
+    );
+    assert!(
+        st.image_ref == env.busybox.image_id() || st.image_ref == env.busybox.digest_ref(),
+        "image_ref {:?} is neither {} nor {}",
+        st.image_ref,
+        env.busybox.image_id(),
+        env.busybox.digest_ref()
+    );
+    wait_for_log_line(&log_path, "stdout", "hello", WAIT).await;
+
+    // ListContainers and its filters.
+    assert_eq!(d.list_container_ids(None).await.unwrap(), ids(&[&id]));
+    let listed = d.list_containers(None).await.unwrap();
+    assert_eq!(listed[0].pod_sandbox_id, pod);
+    assert_eq!(listed[0].state, ContainerRunning as i32);
+    assert_eq!(listed[0].metadata, c.metadata);
+    assert!(!listed[0].image_ref.is_empty(), "{listed:#?}");
+    let f = |f: cri::ContainerFilter| async { d.list_container_ids(Some(f)).await.unwrap() };
+    assert_eq!(
+        f(cri::ContainerFilter {
+            id: id.clone(),
+            ..container_filter()
+        })
+        .await,
+        ids(&[&id])
+    );
+    assert!(f(cri::ContainerFilter {
+        id: random_hex(32),
+        ..container_filter()
+    })
+    .await
+    .is_empty());
+    assert_eq!(
+        f(cri::ContainerFilter {
+            pod_sandbox_id: pod.clone(),
+            ..container_filter()
+        })
+        .await,
+        ids(&[&id])
+    );
+    assert!(f(cri::ContainerFilter {
+        pod_sandbox_id: random_hex(32),
+        ..container_filter()
+    })
+    .await
+    .is_empty());
+    assert_eq!(
+        f(container_state_filter(ContainerRunning)).await,
+        ids(&[&id])
+    );
+    assert!(f(container_state_filter(ContainerExited)).await.is_empty());
+    assert_eq!(
+        f(cri::ContainerFilter {
+            label_selector: labels(&[("tier", "main")]),
+            pod_sandbox_id: pod.clone(),
+            ..container_filter()
+        })
+        .await,
+        ids(&[&id])
+    );
+    assert!(f(cri::ContainerFilter {
+        label_selector: labels(&[("tier", "other")]),
+        ..container_filter()
+    })
+    .await
+    .is_empty());
+
+    // On the host: the container's shell runs under the shim, in cgroups below the parent.
+    let procs = processes_with_command(&main_marker);
+    assert!(!procs.is_empty(), "no host process runs {main_marker}");
+    let shim_tree = with_descendants(&host_processes(), &[shim[0].pid]);
+    for p in &procs {
+        assert!(
+            shim_tree.iter().any(|q| q.pid == p.pid),
+            "container process {} ({}) is not under the shim {}",
+            p.pid,
+            p.command(),
+            shim[0].pid
+        );
+        for ctrl in ["memory", "pids", "cpu"] {
+            let cg = p.cgroup_of(ctrl).unwrap_or_default();
+            assert!(
+                cg.starts_with(&format!("{parent}/")),
+                "container process {} is in {ctrl} cgroup {cg:?}, not below the pod's cgroup parent {parent}",
+                p.pid
+            );
+        }
+    }
+
+    // ExecSync, hostname and DNS.
+    let r = d
+        .exec_sync(&id, &["echo", "hi"], 10)
+        .await
+        .expect("ExecSync");
+    assert_eq!(
+        (r.exit_code, text(&r.stdout), text(&r.stderr)),
+        (0, "hi\n".to_string(), String::new())
+    );
+    assert_eq!(d.exec_ok(&id, &["hostname"]).await, "lifecycle-host\n");
+    let resolv = d.exec_ok(&id, &["cat", "/etc/resolv.conf"]).await;
+    let lines: Vec<&str> = resolv.lines().map(str::trim).collect();
+    for want in [
+        "nameserver 10.96.0.10",
+        "nameserver 10.96.0.11",
+        "search crishim-test.svc.cluster.local cluster.local",
+        "options ndots:5",
+    ] {
+        assert!(
+            lines.contains(&want),
+            "/etc/resolv.conf has no line {want:?}:\n{resolv}"
+        );
+    }
+
+    // A second container that exits by itself with 3.
+    let short = sh_container(&env, "short", "echo bye; exit 3", &marker("short"));
+    let sid = d
+        .run_container(&pod, &short, &cfg)
+        .await
+        .expect("run the short container");
+    traces.add_container(&sid);
+    let st = d.wait_container_state(&sid, ContainerExited, WAIT).await;
+    assert_eq!(st.exit_code, 3, "{st:#?}");
+    assert_eq!(st.reason, "Error", "{st:#?}");
+    assert!(
+        st.started_at > 0 && st.finished_at >= st.started_at,
+        "{st:#?}"
+    );
+    assert_eq!(
+        f(container_state_filter(ContainerRunning)).await,
+        ids(&[&id])
+    );
+    assert_eq!(
+        f(container_state_filter(ContainerExited)).await,
+        ids(&[&sid])
+    );
+
+    traces.capture(d).await;
+    assert!(
+        traces.processes.iter().any(|p| p.pid == shim[0].pid)
+            && traces.processes.iter().any(|p| p.pid == infra[0].pid)
+            && traces
+                .processes
+                .iter()
+                .any(|p| p.command().contains(&main_marker)),
+        "capture missed the shim, the infra or the container: {:#?}",
+        traces.processes
+    );
+
+    // StopContainer: the shell handles SIGTERM, so it is quick, and exit 0 is "Completed".
+    let t0 = Instant::now();
+    d.stop_container(&id, 30).await.expect("StopContainer");
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "StopContainer of a container that exits on SIGTERM took {took:?}"
+    );
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerExited as i32, "{st:#?}");
+    assert_eq!(st.exit_code, 0, "{st:#?}");
+    assert_eq!(st.reason, "Completed", "{st:#?}");
+    assert!(st.finished_at >= st.started_at, "{st:#?}");
+    let left = wait_no_process_with_command(&main_marker, Duration::from_secs(5)).await;
+    assert!(left.is_empty(), "stopped container still runs: {left:#?}");
+    assert_eq!(
+        f(container_state_filter(ContainerExited)).await,
+        ids(&[&id, &sid])
+    );
+
+    // RemoveContainer.
+    for c in [&id, &sid] {
+        d.remove_container(c).await.expect("RemoveContainer");
+        assert_code(
+            d.container_status(c).await,
+            Code::NotFound,
+            "ContainerStatus after RemoveContainer",
+        );
+    }
+    assert!(d.list_container_ids(None).await.unwrap().is_empty());
+
+    // StopPodSandbox: NOTREADY, infra and shim gone.
+    d.stop_pod(&pod).await.expect("StopPodSandbox");
+    let st = d.pod_status(&pod).await.unwrap();
+    assert_eq!(st.state, SandboxNotready as i32, "{st:#?}");
+    assert_eq!(
+        d.list_pod_ids(Some(pod_state_filter(SandboxNotready)))
+            .await
+            .unwrap(),
+        ids(&[&pod])
+    );
+    assert!(d
+        .list_pod_ids(Some(pod_state_filter(SandboxReady)))
+        .await
+        .unwrap()
+        .is_empty());
+    let alive = wait_gone(&[shim[0].clone(), infra[0].clone()], Duration::from_secs(5)).await;
+    assert!(
+        alive.is_empty(),
+        "shim or infra alive after StopPodSandbox: {alive:#?}"
+    );
+
+    // RemovePodSandbox.
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_code(
+        d.pod_status(&pod).await,
+        Code::NotFound,
+        "PodSandboxStatus after RemovePodSandbox",
+    );
+    assert!(d.list_pod_ids(None).await.unwrap().is_empty());
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+/// Unlike a kubelet, this test does not create the cgroup parent: whatever the daemon creates for
+/// the pod (the parent included) must be gone with it.
+#[tokio::test]
+async fn cgroup_parent_made_by_the_daemon_is_removed_with_the_pod() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config_with("cg-parent", false);
+    let parent = cfg.linux.as_ref().unwrap().cgroup_parent.clone();
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    assert!(!traces.cgroup_parent_preexisting);
+    let m = marker("cg");
+    let id = d
+        .run_container(&pod, &sh_container(&env, "cg", LOOP_UNTIL_TERM, &m), &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    let procs = processes_with_command(&m);
+    assert!(!procs.is_empty(), "no host process runs {m}");
+    let cg = procs[0].cgroup_of("memory").unwrap_or_default();
+    assert!(
+        cg.starts_with(&format!("{parent}/")),
+        "memory cgroup {cg:?} is not below the cgroup parent {parent}"
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+/// Positive control for [`assert_no_leaks`]: while a pod runs, the checker sees it everywhere it
+/// looks (the daemon's lists, processes, mounts, cgroups, state files).
+#[tokio::test]
+async fn leak_checker_sees_a_running_pod() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("leak-control");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let id = d
+        .run_container(
+            &pod,
+            &sh_container(&env, "c", LOOP_UNTIL_TERM, &marker("leak")),
+            &cfg,
+        )
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    assert!(
+        traces.processes.len() >= 3,
+        "capture found fewer than shim + infra + container: {:#?}",
+        traces.processes
+    );
+    assert!(!traces.pod_dirs.is_empty(), "capture found no shim --dir");
+
+    let found = find_leaks(d, &traces).await;
+    for (what, prefix) in [
+        ("the pod in ListPodSandbox", "ListPodSandbox still lists"),
+        (
+            "the container in ListContainers",
+            "ListContainers still lists",
+        ),
+        ("processes", "process "),
+        ("mounts", "mount "),
+        ("cgroups", "cgroup "),
+    ] {
+        assert!(
+            found.iter().any(|l| l.starts_with(prefix)),
+            "the leak checker does not see {what} of a running pod; it found:\n  {}",
+            found.join("\n  ")
+        );
+    }
+    assert!(
+        found.iter().any(|l| l.contains("named after")),
+        "the leak checker does not see the pod's state files; it found:\n  {}",
+        found.join("\n  ")
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+#[tokio::test]
+async fn run_pod_sandbox_twice_with_the_same_metadata_is_already_exists() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("twice");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    traces.capture(d).await;
+
+    assert_code(
+        d.run_pod(&cfg).await,
+        Code::AlreadyExists,
+        "RunPodSandbox with the metadata of a running pod",
+    );
+    assert_eq!(d.list_pod_ids(None).await.unwrap(), ids(&[&pod]));
+    let s = shims(d);
+    assert_eq!(s.len(), 1, "the refused pod left a shim: {s:#?}");
+
+    // Once the first is gone, the same metadata is fine again.
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    let again = d
+        .run_pod(&cfg)
+        .await
+        .expect("RunPodSandbox after removing the first");
+    let mut traces2 = PodTraces::new(&again, &cfg);
+    traces2.capture(d).await;
+    assert_eq!(
+        d.pod_status(&again).await.unwrap().state,
+        SandboxReady as i32
+    );
+    d.remove_pod(&again).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces2).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs
+
+#[tokio::test]
+async fn container_logs_are_cri_lines_long_lines_split_at_16k_and_reopenable() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("logs");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+
+    // The kubelet's layout: <pod log dir>/<container name>/<attempt>.log, directory made by it.
+    let log_dir = PathBuf::from(&cfg.log_directory);
+    std::fs::create_dir_all(log_dir.join("logger")).unwrap();
+    let script = format!(
+        "echo out-marker; echo err-marker >&2; \
+         head -c 40000 /dev/zero | tr '\\0' x; echo; echo after-long; \
+         while ! test -e /tmp/go; do sleep 0.1; done; \
+         echo second-file; echo second-err >&2; {LOOP_UNTIL_TERM}"
+    );
+    let mut c = sh_container(&env, "logger", &script, &marker("logger"));
+    c.log_path = "logger/0.log".to_string();
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run the logging container");
+    traces.add_container(&id);
+    let path = log_dir.join("logger/0.log");
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(Path::new(&st.log_path), path, "{st:#?}");
+
+    wait_for_log_line(&path, "stdout", "after-long", WAIT).await;
+    wait_for_log_line(&path, "stderr", "err-marker", WAIT).await;
+    let bytes = std::fs::read(&path).unwrap();
+    let records = parse_cri_log(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+
+    let long = "x".repeat(40000);
+    assert_eq!(
+        reassemble(&records, "stdout"),
+        vec![
+            b"out-marker".to_vec(),
+            long.as_bytes().to_vec(),
+            b"after-long".to_vec()
+        ],
+        "stdout lines"
+    );
+    assert_eq!(
+        reassemble(&records, "stderr"),
+        vec![b"err-marker".to_vec()],
+        "stderr lines"
+    );
+    let shape: Vec<(bool, usize)> = records
+        .iter()
+        .filter(|r| r.stream == "stdout")
+        .map(|r| (r.partial, r.text.len()))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (false, 10),
+            (true, 16384),
+            (true, 16384),
+            (false, 40000 - 2 * 16384),
+            (false, 10)
+        ],
+        "stdout records as (partial, length)"
+    );
+
+    // Rotation: the kubelet renames the file, then asks for a new one at the same path.
+    let rotated = PathBuf::from(format!("{}.1", path.display()));
+    std::fs::rename(&path, &rotated).unwrap();
+    d.reopen_container_log(&id)
+        .await
+        .expect("ReopenContainerLog");
+    assert!(
+        path.exists(),
+        "ReopenContainerLog returned but {} does not exist (the kubelet would undo the rotation)",
+        path.display()
+    );
+    d.exec_ok(&id, &["touch", "/tmp/go"]).await;
+    let new = wait_for_log_line(&path, "stdout", "second-file", WAIT).await;
+    wait_for_log_line(&path, "stderr", "second-err", WAIT).await;
+    assert!(
+        !reassemble(&new, "stdout").contains(&b"out-marker".to_vec()),
+        "the new file holds old output"
+    );
+    let old = parse_cri_log(&std::fs::read(&rotated).unwrap()).unwrap();
+    assert!(reassemble(&old, "stdout").contains(&b"after-long".to_vec()));
+    for (stream, line) in [("stdout", "second-file"), ("stderr", "second-err")] {
+        assert!(
+            !reassemble(&old, stream).contains(&line.as_bytes().to_vec()),
+            "{line} went to the rotated file"
+        );
+    }
+
+    traces.capture(d).await;
+    d.stop_container(&id, 10).await.expect("StopContainer");
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// ExecSync
+
+#[tokio::test]
+async fn exec_sync_reports_exit_codes_and_output_and_kills_on_timeout() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("exec");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let c = sh_container(&env, "exec", LOOP_UNTIL_TERM, &marker("exec"));
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+
+    let r = d
+        .exec_sync(
+            &id,
+            &["sh", "-c", "echo to-out; echo to-err >&2; exit 7"],
+            10,
+        )
+        .await
+        .expect("ExecSync exit 7");
+    assert_eq!(r.exit_code, 7, "{r:?}");
+    assert_eq!(text(&r.stdout), "to-out\n");
+    assert_eq!(text(&r.stderr), "to-err\n");
+    for (cmd, code) in [
+        (vec!["true"], 0),
+        (vec!["false"], 1),
+        (vec!["sh", "-c", "kill -9 $$"], 137),
+    ] {
+        let r = d.exec_sync(&id, &cmd, 10).await.expect("ExecSync");
+        assert_eq!(r.exit_code, code, "{cmd:?}: {r:?}");
+    }
+
+    // Timeout: DeadlineExceeded soon after, and the process (and its children) killed. The
+    // second case also looks for the process on the host while it runs (a positive control for
+    // the "gone" check).
+    let n1 = 30000 + u32::from_str_radix(&random_hex(2), 16).unwrap();
+    let n2 = 40000 + u32::from_str_radix(&random_hex(2), 16).unwrap();
+    let cases = [
+        (
+            vec!["sleep".to_string(), n1.to_string()],
+            format!("sleep {n1}"),
+            1,
+        ),
+        (
+            vec![
+                "sh".to_string(),
+                "-c".to_string(),
+                format!("sleep {n2}; echo never"),
+            ],
+            format!("sleep {n2}"),
+            3,
+        ),
+    ];
+    for (cmd, needle, timeout) in cases {
+        let args: Vec<&str> = cmd.iter().map(String::as_str).collect();
+        let t0 = Instant::now();
+        let probe = async {
+            if timeout < 2 {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Some(processes_with_command(&needle))
+        };
+        let (r, seen) = tokio::join!(d.exec_sync(&id, &args, timeout), probe);
+        let took = t0.elapsed();
+        assert_code(
+            r,
+            Code::DeadlineExceeded,
+            &format!("ExecSync {cmd:?} timeout {timeout}"),
+        );
+        let limit = Duration::from_secs(timeout as u64);
+        assert!(
+            took >= limit - Duration::from_millis(100) && took < limit + Duration::from_secs(8),
+            "ExecSync {cmd:?} with timeout {timeout} s returned after {took:?}"
+        );
+        if let Some(seen) = seen {
+            assert!(
+                seen.len() >= 2,
+                "while the exec ran, the host did not show both `sh -c` and `sleep` of {needle:?}: {seen:#?}"
+            );
+        }
+        let left = wait_no_process_with_command(&needle, Duration::from_secs(3)).await;
+        assert!(
+            left.is_empty(),
+            "the timed-out exec {cmd:?} still runs: {left:#?}"
+        );
+    }
+
+    // The container is unharmed.
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerRunning as i32, "{st:#?}");
+    assert_eq!(
+        d.exec_ok(&id, &["echo", "still-here"]).await,
+        "still-here\n"
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mount propagation
+
+/// A temporary host directory made a shared mount (`mount --bind D D; mount --make-shared D`);
+/// everything mounted at or below it is lazily unmounted on drop.
+struct SharedDir {
+    dir: tempfile::TempDir,
+}
+
+impl SharedDir {
+    fn new() -> Self {
+        use nix::mount::{mount, MsFlags};
+        let dir = tempfile::Builder::new()
+            .prefix("crishim-shared-")
+            .tempdir()
+            .unwrap();
+        let p = dir.path();
+        mount(Some(p), p, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("mount --bind");
+        mount(
+            None::<&str>,
+            p,
+            None::<&str>,
+            MsFlags::MS_SHARED,
+            None::<&str>,
+        )
+        .expect("mount --make-shared");
+        SharedDir { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn unmount_all(&self) {
+        for _ in 0..10 {
+            let mut left = mounts_under(self.path());
+            if left.is_empty() {
+                return;
+            }
+            left.sort_by_key(|m| std::cmp::Reverse(m.mount_point.len()));
+            for m in left {
+                let _ =
+                    nix::mount::umount2(m.mount_point.as_str(), nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        self.unmount_all();
+    }
+}
+
+#[tokio::test]
+async fn bidirectional_mount_propagates_mounts_both_ways() {
+    let shared = SharedDir::new();
+    let host_dir = shared.path().to_path_buf();
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut cfg = env.pod_config("bidi");
+    set_pod_privileged(&mut cfg);
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox (privileged)");
+    let mut traces = PodTraces::new(&pod, &cfg);
+
+    let mut c = sh_container(&env, "bidi", LOOP_UNTIL_TERM, &marker("bidi"));
+    set_container_privileged(&mut c);
+    c.mounts = vec![cri::Mount {
+        container_path: "/mnt/shared".to_string(),
+        host_path: host_dir.to_string_lossy().into_owned(),
+        propagation: cri::MountPropagation::PropagationBidirectional as i32,
+        ..Default::default()
+    }];
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run the privileged container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    let st = d.container_status(&id).await.unwrap();
+    assert!(
+        st.mounts.iter().any(|m| m.container_path == "/mnt/shared"
+            && Path::new(&m.host_path) == host_dir
+            && m.propagation == cri::MountPropagation::PropagationBidirectional as i32),
+        "ContainerStatus.mounts lacks the bidirectional mount: {:#?}",
+        st.mounts
+    );
+
+    // Container → host.
+    d.exec_ok(
+        &id,
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /mnt/shared/sub && mount -t tmpfs -o size=1m crishim-bidi /mnt/shared/sub \
+             && echo from-container > /mnt/shared/sub/f",
+        ],
+    )
+    .await;
+    let sub = host_dir.join("sub");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !mounts()
+        .iter()
+        .any(|m| Path::new(&m.mount_point) == sub && m.fstype == "tmpfs")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the container's tmpfs at /mnt/shared/sub did not appear at {} on the host; host mounts there: {:#?}",
+            sub.display(),
+            mounts_under(&host_dir)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(sub.join("f")).unwrap(),
+        "from-container\n"
+    );
+
+    // Host → container.
+    let from_host = host_dir.join("fromhost");
+    std::fs::create_dir(&from_host).unwrap();
+    nix::mount::mount(
+        Some("crishim-bidi-host"),
+        &from_host,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mounting a tmpfs on the host");
+    std::fs::write(from_host.join("g"), "from-host\n").unwrap();
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/mnt/shared/fromhost/g"]).await,
+        "from-host\n"
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    // What propagated to the host stays there (that is what bidirectional means); ours to clean.
+    shared.unmount_all();
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// PID namespaces
+
+/// `/proc/1/cmdline` in the container, NULs as spaces.
+async fn pid1_command(d: &Daemon, id: &str) -> String {
+    d.exec_ok(id, &["cat", "/proc/1/cmdline"])
+        .await
+        .split('\0')
+        .filter(|s| !s.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn pid_namespace_pod_is_shared_under_infra_and_container_is_private() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+
+    // pid: POD — the infra process is PID 1 and every container sees the others.
+    let mut shared_cfg = env.pod_config("pid-shared");
+    set_pod_namespaces(&mut shared_cfg, namespaces(NS_POD, NS_POD, NS_POD));
+    let shared = d.run_pod(&shared_cfg).await.expect("RunPodSandbox pid POD");
+    let mut shared_traces = PodTraces::new(&shared, &shared_cfg);
+    let (m1, m2) = (marker("a1"), marker("a2"));
+    let a1 = d
+        .run_container(
+            &shared,
+            &sh_container(&env, "a1", LOOP_UNTIL_TERM, &m1),
+            &shared_cfg,
+        )
+        .await
+        .expect("run a1");
+    let a2 = d
+        .run_container(
+            &shared,
+            &sh_container(&env, "a2", LOOP_UNTIL_TERM, &m2),
+            &shared_cfg,
+        )
+        .await
+        .expect("run a2");
+    shared_traces.add_container(&a1);
+    shared_traces.add_container(&a2);
+    shared_traces.capture(d).await;
+    assert_eq!(pid1_command(d, &a2).await, "crishim-shim infra");
+    let ps = d.exec_ok(&a2, &["ps"]).await;
+    for want in ["crishim-shim infra", m1.as_str(), m2.as_str()] {
+        assert!(ps.contains(want), "ps in a2 does not show {want:?}:\n{ps}");
+    }
+    let ps = d.exec_ok(&a1, &["ps"]).await;
+    assert!(ps.contains(&m2), "ps in a1 does not show a2:\n{ps}");
+
+    // pid: CONTAINER — the container's own process is PID 1 and it sees nothing else.
+    let private_cfg = env.pod_config("pid-private");
+    assert_eq!(
+        private_cfg
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref())
+            .map(|n| n.pid),
+        Some(NS_CONTAINER)
+    );
+    let private = d
+        .run_pod(&private_cfg)
+        .await
+        .expect("RunPodSandbox pid CONTAINER");
+    let mut private_traces = PodTraces::new(&private, &private_cfg);
+    let mb = marker("b1");
+    let b1 = d
+        .run_container(
+            &private,
+            &sh_container(&env, "b1", LOOP_UNTIL_TERM, &mb),
+            &private_cfg,
+        )
+        .await
+        .expect("run b1");
+    private_traces.add_container(&b1);
+    private_traces.capture(d).await;
+    let pid1 = pid1_command(d, &b1).await;
+    assert!(
+        pid1.starts_with("/bin/sh -c") && pid1.ends_with(&mb),
+        "PID 1 of a pid-CONTAINER container is {pid1:?}, not its own command"
+    );
+    let ps = d.exec_ok(&b1, &["ps"]).await;
+    for unwanted in ["crishim-shim", m1.as_str(), m2.as_str()] {
+        assert!(
+            !ps.contains(unwanted),
+            "ps in a private pid namespace shows {unwanted:?}:\n{ps}"
+        );
+    }
+
+    d.remove_pod(&shared).await.expect("RemovePodSandbox");
+    d.remove_pod(&private).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &shared_traces).await;
+    assert_no_leaks(d, &private_traces).await;
+    env.stop();
+}
+
+#[tokio::test]
+async fn pid_namespace_node_shows_host_processes() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut cfg = env.pod_config("pid-node");
+    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox pid NODE");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let c = sh_container(&env, "node", LOOP_UNTIL_TERM, &marker("node"));
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+
+    let host_pid1 = std::fs::read("/proc/1/cmdline").unwrap();
+    let host_pid1: Vec<String> = host_pid1
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(text)
+        .collect();
+    assert_eq!(pid1_command(d, &id).await, host_pid1.join(" "));
+    let me = std::process::id().to_string();
+    let r = d
+        .exec_sync(&id, &["test", "-d", &format!("/proc/{me}")], 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.exit_code, 0,
+        "the test process {me} is not visible in a host-pid container"
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stopping and removing
+
+#[tokio::test]
+async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("stubborn");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let m = marker("stubborn");
+    let c = sh_container(
+        &env,
+        "stubborn",
+        &format!("trap '' TERM; echo ready; {IGNORE_TERM}"),
+        &m,
+    );
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    let log = Path::new(&cfg.log_directory).join("stubborn.log");
+    wait_for_log_line(&log, "stdout", "ready", WAIT).await;
+
+    let t0 = Instant::now();
+    d.stop_container(&id, 2).await.expect("StopContainer");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1800) && took < Duration::from_secs(8),
+        "StopContainer(timeout 2) of a process ignoring SIGTERM returned after {took:?}"
+    );
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerExited as i32, "{st:#?}");
+    assert_eq!(st.exit_code, 137, "{st:#?}");
+    assert_eq!(st.reason, "Error", "{st:#?}");
+    let left = wait_no_process_with_command(&m, Duration::from_secs(3)).await;
+    assert!(left.is_empty(), "killed container still runs: {left:#?}");
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+#[tokio::test]
+async fn remove_pod_sandbox_with_running_containers_removes_everything() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("rm-running");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let mut markers = Vec::new();
+    let mut ctrs = Vec::new();
+    for name in ["one", "two"] {
+        let m = marker(name);
+        let script = if name == "one" {
+            LOOP_UNTIL_TERM
+        } else {
+            IGNORE_TERM
+        };
+        let id = d
+            .run_container(&pod, &sh_container(&env, name, script, &m), &cfg)
+            .await
+            .expect("run container");
+        traces.add_container(&id);
+        markers.push(m);
+        ctrs.push(id);
+    }
+    traces.capture(d).await;
+    for m in &markers {
+        assert!(!processes_with_command(m).is_empty(), "{m} is not running");
+    }
+
+    d.remove_pod(&pod)
+        .await
+        .expect("RemovePodSandbox of a running pod");
+    assert_code(d.pod_status(&pod).await, Code::NotFound, "PodSandboxStatus");
+    for id in &ctrs {
+        assert_code(
+            d.container_status(id).await,
+            Code::NotFound,
+            "ContainerStatus",
+        );
+    }
+    assert!(d.list_container_ids(None).await.unwrap().is_empty());
+    assert!(d.list_pod_ids(None).await.unwrap().is_empty());
+    for m in &markers {
+        let left = wait_no_process_with_command(m, Duration::from_secs(5)).await;
+        assert!(
+            left.is_empty(),
+            "container of a removed pod runs: {left:#?}"
+        );
+    }
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+#[tokio::test]
+async fn stopping_and_removing_twice_is_fine_for_containers_and_pods() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("twice-stop");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let running = d
+        .run_container(
+            &pod,
+            &sh_container(&env, "running", LOOP_UNTIL_TERM, &marker("r")),
+            &cfg,
+        )
+        .await
+        .expect("run container");
+    let created = d
+        .create_container(
+            &pod,
+            &sh_container(&env, "created", LOOP_UNTIL_TERM, &marker("c")),
+            &cfg,
+        )
+        .await
+        .expect("create container");
+    traces.add_container(&running);
+    traces.add_container(&created);
+    traces.capture(d).await;
+
+    d.stop_container(&running, 10).await.expect("StopContainer");
+    d.stop_container(&running, 10)
+        .await
+        .expect("StopContainer of an exited container");
+    assert_eq!(
+        d.container_status(&running).await.unwrap().state,
+        ContainerExited as i32
+    );
+    d.remove_container(&running).await.expect("RemoveContainer");
+    d.remove_container(&running)
+        .await
+        .expect("RemoveContainer of a removed container");
+    assert_code(
+        d.container_status(&running).await,
+        Code::NotFound,
+        "ContainerStatus",
+    );
+
+    assert_eq!(
+        d.container_status(&created).await.unwrap().state,
+        ContainerCreated as i32
+    );
+    d.remove_container(&created)
+        .await
+        .expect("RemoveContainer of a created container");
+    d.remove_container(&created)
+        .await
+        .expect("RemoveContainer of a removed container");
+    assert_code(
+        d.container_status(&created).await,
+        Code::NotFound,
+        "ContainerStatus",
+    );
+
+    d.stop_pod(&pod).await.expect("StopPodSandbox");
+    d.stop_pod(&pod)
+        .await
+        .expect("StopPodSandbox of a stopped pod");
+    assert_eq!(
+        d.pod_status(&pod).await.unwrap().state,
+        SandboxNotready as i32
+    );
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    d.remove_pod(&pod)
+        .await
+        .expect("RemovePodSandbox of a removed pod");
+    assert_code(d.pod_status(&pod).await, Code::NotFound, "PodSandboxStatus");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+#[tokio::test]
+async fn unknown_ids_are_not_found_and_removals_of_unknown_ids_succeed() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let unknown = random_hex(32);
+    assert_code(
+        d.container_status(&unknown).await,
+        Code::NotFound,
+        "ContainerStatus",
+    );
+    assert_code(
+        d.start_container(&unknown).await,
+        Code::NotFound,
+        "StartContainer",
+    );
+    assert_code(
+        d.stop_container(&unknown, 1).await,
+        Code::NotFound,
+        "StopContainer",
+    );
+    assert_code(
+        d.exec_sync(&unknown, &["true"], 5).await,
+        Code::NotFound,
+        "ExecSync",
+    );
+    assert_code(
+        d.pod_status(&unknown).await,
+        Code::NotFound,
+        "PodSandboxStatus",
+    );
+    assert_code(d.stop_pod(&unknown).await, Code::NotFound, "StopPodSandbox");
+    d.remove_container(&unknown)
+        .await
+        .expect("RemoveContainer of an unknown ID is OK");
+    d.remove_pod(&unknown)
+        .await
+        .expect("RemovePodSandbox of an unknown ID is OK");
+
+    let cfg = env.pod_config("unknown");
+    let c = env.container_config("c", &["/bin/sh", "-c", LOOP_UNTIL_TERM]);
+    assert_code(
+        d.create_container(&unknown, &c, &cfg).await,
+        Code::NotFound,
+        "CreateContainer in an unknown pod",
+    );
+
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    traces.capture(d).await;
+    let mut never = c.clone();
+    never.image = Some(spec(&format!("{}/never-pulled:latest", env.reg.host())));
+    assert_code(
+        d.create_container(&pod, &never, &cfg).await,
+        Code::NotFound,
+        "CreateContainer from an image that was never pulled",
+    );
+    assert!(d.list_container_ids(None).await.unwrap().is_empty());
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+/// Paths under the daemon's state and root dirs with a 64-hex-character component.
+fn id_named_paths(d: &Daemon) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for root in [d.state_dir(), d.root_dir()] {
+        for p in walk(&root) {
+            let rel = p.strip_prefix(&root).unwrap_or(&p);
+            if rel
+                .components()
+                .any(|c| is_id(&c.as_os_str().to_string_lossy()))
+            {
+                out.insert(p);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn garbage_container_configs_are_invalid_argument_and_leave_nothing() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut no_cmd = busybox_image();
+    no_cmd.config.cmd = None;
+    no_cmd.config.entrypoint = None;
+    let no_cmd = env.push_and_pull("nocmd", &no_cmd).await;
+
+    let cfg = env.pod_config("garbage");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    traces.capture(d).await;
+    let before_paths = id_named_paths(d);
+    let before_mounts: BTreeSet<String> =
+        mounts_under(d.dir()).into_iter().map(|m| m.line).collect();
+
+    let good = env.container_config("g", &["/bin/sh", "-c", LOOP_UNTIL_TERM]);
+    let token = random_hex(6);
+    let log_dir = PathBuf::from(&cfg.log_directory);
+    let escapes = [
+        PathBuf::from(format!("/tmp/crishim-escape-{token}.log")),
+        log_dir
+            .parent()
+            .unwrap()
+            .join(format!("escape-{token}.log")),
+    ];
+    let mut cases: Vec<(&str, cri::ContainerConfig)> = Vec::new();
+    let mut c = good.clone();
+    c.image = Some(spec(""));
+    cases.push(("empty image", c));
+    let mut c = good.clone();
+    c.log_path = escapes[0].to_string_lossy().into_owned();
+    cases.push(("absolute log path", c));
+    let mut c = good.clone();
+    c.log_path = format!("../escape-{token}.log");
+    cases.push(("../ log path", c));
+    let mut c = good.clone();
+    c.log_path = format!("sub/../../escape-{token}.log");
+    cases.push(("sub/../../ log path", c));
+    let mut c = good.clone();
+    container_security(&mut c).run_as_username = format!("no-such-user-{token}");
+    cases.push(("unknown run_as_username", c));
+    let mut c = good.clone();
+    c.image = Some(spec(&no_cmd.tag_ref()));
+    c.command.clear();
+    c.args.clear();
+    cases.push(("no command (none in the image either)", c));
+
+    for (what, c) in &cases {
+        let r = d.create_container(&pod, c, &cfg).await;
+        assert_code(
+            r,
+            Code::InvalidArgument,
+            &format!("CreateContainer with {what}"),
+        );
+    }
+    assert!(
+        d.list_container_ids(None).await.unwrap().is_empty(),
+        "refused containers are listed"
+    );
+    for e in &escapes {
+        assert!(!e.exists(), "a refused log path created {}", e.display());
+    }
+    let new_paths: Vec<_> = id_named_paths(d)
+        .difference(&before_paths)
+        .cloned()
+        .collect();
+    assert!(
+        new_paths.is_empty(),
+        "refused containers left files: {new_paths:#?}"
+    );
+    let new_mounts: Vec<_> = mounts_under(d.dir())
+        .into_iter()
+        .filter(|m| !before_mounts.contains(&m.line))
+        .collect();
+    assert!(
+        new_mounts.is_empty(),
+        "refused containers left mounts: {new_mounts:#?}"
+    );
+
+    // The pod is unharmed: a good container still runs.
+    let id = d
+        .run_container(&pod, &good, &cfg)
+        .await
+        .expect("run a good container");
+    traces.add_container(&id);
+    assert_eq!(d.exec_ok(&id, &["echo", "ok"]).await, "ok\n");
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime basics
+
+#[tokio::test]
+async fn version_status_and_runtime_config() {
+    let d = Daemon::start(DaemonOptions::new())
+        .await
+        .expect("starting crishim serve");
+    let v = d.version().await.expect("Version");
+    assert_eq!(v.runtime_name, "crishim", "{v:?}");
+    assert_eq!(v.runtime_api_version, "v1", "{v:?}");
+    assert!(!v.runtime_version.is_empty(), "{v:?}");
+    assert!(!v.version.is_empty(), "{v:?}");
+
+    let s = d.runtime_status().await.expect("Status");
+    let conds = s.status.map(|s| s.conditions).unwrap_or_default();
+    assert!(
+        conds.iter().any(|c| c.r#type == "RuntimeReady" && c.status),
+        "RuntimeReady is not true: {conds:#?}"
+    );
+
+    let rc = d.runtime_config().await.expect("RuntimeConfig");
+    assert_eq!(
+        rc.linux.map(|l| l.cgroup_driver),
+        Some(cri::CgroupDriver::Cgroupfs as i32)
+    );
+    d.update_runtime_config("10.88.0.0/16")
+        .await
+        .expect("UpdateRuntimeConfig");
+    d.stop();
+}
