@@ -61,6 +61,10 @@ pub enum Request {
     ReopenLog {
         id: String,
     },
+    /// Keep the connection open: the shim answers with one `State` line for every container that
+    /// has exited (those already exited first), then one per exit as it happens. The connection
+    /// ending means the shim is gone.
+    Watch,
     /// Kill every container and the infra process, then exit.
     Shutdown,
 }

@@ -38,6 +38,7 @@ pub async fn serve(config: Config) -> Result<()> {
     let images = ImageService::new(store.clone(), config.pinned_images.clone());
     let runtime =
         RuntimeService::new(config.clone(), store).context("loading pod and container records")?;
+    runtime.recover().await;
 
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PodState {
+    /// RunPodSandbox has not finished; after a crash, recovery rolls it back.
+    Creating,
     Ready,
     NotReady,
 }

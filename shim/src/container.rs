@@ -39,6 +39,8 @@ pub struct Shim {
     pub exec_waiters: HashMap<i32, tokio::sync::oneshot::Sender<WaitStatus>>,
     /// Woken on every reaped container exit.
     pub exited: Rc<tokio::sync::Notify>,
+    /// Connections watching for exits (`Request::Watch`).
+    pub watchers: Vec<tokio::sync::mpsc::UnboundedSender<ContainerState>>,
     exec_counter: u64,
 }
 
@@ -73,6 +75,7 @@ impl Shim {
             containers: HashMap::new(),
             exec_waiters: HashMap::new(),
             exited: Rc::new(tokio::sync::Notify::new()),
+            watchers: Vec::new(),
             exec_counter: 0,
         }
     }
@@ -322,6 +325,7 @@ impl Shim {
             let state = c.state.clone();
             self.persist(&state);
             self.exited.notify_waiters();
+            self.watchers.retain(|w| w.send(state.clone()).is_ok());
         }
     }
 }

@@ -7,7 +7,9 @@
 //! - `crishim-shim start --dir DIR --infra JSON`: daemonize a shim for the pod whose state lives in
 //!   DIR; exits once the shim's socket is ready.
 //! - `crishim-shim infra`: the pod's infra process (pins namespaces; PID 1 of a shared pid namespace).
+//! - `crishim-shim cleanup --dir DIR`: kill and remove what a dead shim left behind.
 
+mod cleanup;
 mod container;
 mod infra;
 mod logs;
@@ -21,8 +23,11 @@ fn main() {
     match args.get(1).map(String::as_str) {
         Some("infra") => infra::run(),
         Some("start") => start::run(&args[2..]),
+        Some("cleanup") => cleanup::run(&args[2..]),
         _ => {
-            eprintln!("usage: crishim-shim start --dir DIR --infra JSON | crishim-shim infra");
+            eprintln!(
+                "usage: crishim-shim start --dir DIR --infra JSON | infra | cleanup --dir DIR"
+            );
             std::process::exit(2);
         }
     }

@@ -119,45 +119,7 @@ impl Inner {
     ) -> Result<(), Status> {
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
-        std::fs::create_dir_all(&rootfs)
-            .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
-        // Always writable here: the runtime still creates mount points in the rootfs, and then
-        // remounts it read-only itself when the spec says `root.readonly` (as runc does).
-        let mount: RootfsMount = self
-            .images
-            .prepare(image, id, false)
-            .await
-            .map_err(from_image_error)?;
-        mount.mount(&rootfs).map_err(from_image_error)?;
         let (_, image_config) = self.images.config(image).map_err(from_image_error)?;
-
-        let spec = spec::build(&SpecInputs {
-            container_id: id,
-            config: &config,
-            sandbox: &pod.config,
-            image: &image_config,
-            rootfs: rootfs.clone(),
-            namespaces: self.namespaces(pod, &config)?,
-            files: PodFiles {
-                hostname: Some(self.pod_files_dir(&pod.id).join("hostname")),
-                resolv_conf: Some(self.pod_files_dir(&pod.id).join("resolv.conf")),
-                hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
-                shm: pod.shm.clone(),
-            },
-            cgroups_path: format!("{}/{id}", pod.cgroup_parent.trim_end_matches('/')),
-            min_oom_score_adj: own_oom_score_adj(),
-        })
-        .map_err(|e| match e {
-            SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
-            SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
-        })?;
-        let mut spec = spec;
-        let mut annotations = spec.annotations().clone().unwrap_or_default();
-        annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
-        spec.set_annotations(Some(annotations));
-        spec.save(bundle.join("config.json"))
-            .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
-
         let stop_signal = image_config
             .config()
             .as_ref()
@@ -182,8 +144,47 @@ impl Inner {
             last: None,
             config,
         };
-        // Recorded before the shim acts, so a crash from here on leaves something to clean up.
+        // Recorded before anything else happens: a record without a shim state (`last`) after a
+        // crash means "half created", and start-up recovery undoes it.
         self.save_container(&record)?;
+
+        std::fs::create_dir_all(&rootfs)
+            .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
+        // Always writable here: the runtime still creates mount points in the rootfs, and then
+        // remounts it read-only itself when the spec says `root.readonly` (as runc does).
+        let mount: RootfsMount = self
+            .images
+            .prepare(image, id, false)
+            .await
+            .map_err(from_image_error)?;
+        mount.mount(&rootfs).map_err(from_image_error)?;
+
+        let mut spec = spec::build(&SpecInputs {
+            container_id: id,
+            config: &record.config,
+            sandbox: &pod.config,
+            image: &image_config,
+            rootfs: rootfs.clone(),
+            namespaces: self.namespaces(pod, &record.config)?,
+            files: PodFiles {
+                hostname: Some(self.pod_files_dir(&pod.id).join("hostname")),
+                resolv_conf: Some(self.pod_files_dir(&pod.id).join("resolv.conf")),
+                hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
+                shm: pod.shm.clone(),
+            },
+            cgroups_path: format!("{}/{id}", pod.cgroup_parent.trim_end_matches('/')),
+            min_oom_score_adj: own_oom_score_adj(),
+        })
+        .map_err(|e| match e {
+            SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
+            SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
+        })?;
+        let mut annotations = spec.annotations().clone().unwrap_or_default();
+        annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
+        spec.set_annotations(Some(annotations));
+        spec.save(bundle.join("config.json"))
+            .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
+
         let req = Request::Create {
             id: id.to_string(),
             bundle,
@@ -195,7 +196,10 @@ impl Inner {
             Response::State(s) => {
                 record.created_at = s.created_at;
                 record.last = Some(s);
-                self.save_container(&record)
+                self.save_container(&record)?;
+                self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
+                    .await;
+                Ok(())
             }
             other => Err(unexpected(other)),
         }

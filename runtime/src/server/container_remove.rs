@@ -34,6 +34,11 @@ impl Inner {
             self.stop_container(c, Duration::ZERO).await?;
         }
         self.undo_create(&c.pod_id, &c.id).await;
+        self.emit_container(
+            c,
+            crishim_proto::cri::ContainerEventType::ContainerDeletedEvent,
+        )
+        .await;
         let pod_meta = self
             .index
             .lock()

@@ -22,8 +22,24 @@ impl RuntimeService {
         {
             Response::State(s) => {
                 let mut c = inner.container(&c.id)?;
-                c.last = Some(s);
+                let exited = s.status == crishim_proto::shim::Status::Exited;
+                c.last = Some(s.clone());
                 inner.save_container(&c)?;
+                inner
+                    .emit_container(
+                        &c,
+                        crishim_proto::cri::ContainerEventType::ContainerStartedEvent,
+                    )
+                    .await;
+                if exited {
+                    // It ran and ended already: the watcher may have been too early to see it.
+                    inner
+                        .emit_container(
+                            &c,
+                            crishim_proto::cri::ContainerEventType::ContainerStoppedEvent,
+                        )
+                        .await;
+                }
                 Ok(StartContainerResponse {})
             }
             other => Err(unexpected(other)),

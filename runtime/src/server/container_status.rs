@@ -53,7 +53,7 @@ fn reason(s: &ContainerState) -> String {
     }
 }
 
-fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::ContainerStatus {
+pub(super) fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::ContainerStatus {
     cri::ContainerStatus {
         id: c.id.clone(),
         metadata: c.config.metadata.clone(),

@@ -10,6 +10,7 @@ mod container_start;
 mod container_status;
 mod container_stop;
 pub mod errors;
+mod events;
 mod image;
 mod image_list;
 mod image_pull;

@@ -34,7 +34,16 @@ pub struct Inner {
     pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) shim_binary: PathBuf,
     pub(super) pod_cidr: Mutex<String>,
+    pub(super) events: tokio::sync::broadcast::Sender<cri::ContainerEventResponse>,
+    /// Ourselves, for background tasks (exit watchers) that outlive a request.
+    pub(super) me: std::sync::Weak<Inner>,
+    /// Pods whose shim was found dead, for the task that cleans up after them.
+    pub(super) dead_shims: tokio::sync::mpsc::UnboundedSender<String>,
 }
+
+pub(super) type EventStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send + 'static>,
+>;
 
 impl RuntimeService {
     pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
@@ -62,8 +71,10 @@ impl RuntimeService {
             .shim_binary
             .clone()
             .unwrap_or_else(default_shim_binary);
-        Ok(RuntimeService {
-            inner: Arc::new(Inner {
+        let (events, _) = tokio::sync::broadcast::channel(super::events::EVENT_BUFFER);
+        let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let service = RuntimeService {
+            inner: Arc::new_cyclic(|me| Inner {
                 config,
                 images,
                 index: Mutex::new(index),
@@ -72,8 +83,26 @@ impl RuntimeService {
                 locks: Mutex::default(),
                 shim_binary,
                 pod_cidr: Mutex::default(),
+                events,
+                me: me.clone(),
+                dead_shims,
             }),
-        })
+        };
+        let me = Arc::downgrade(&service.inner);
+        tokio::spawn(async move {
+            while let Some(pod) = dead_rx.recv().await {
+                let Some(inner) = me.upgrade() else { return };
+                inner.shim_gone(&pod).await;
+            }
+        });
+        Ok(service)
+    }
+}
+
+impl RuntimeService {
+    /// Reconcile records with what runs, after a restart (see `Inner::recover`).
+    pub async fn recover(&self) {
+        self.inner.recover().await
     }
 }
 
@@ -187,60 +216,45 @@ impl Inner {
                 return last.clone();
             }
         }
-        let state = match self
+        let asked = self
             .shim(&c.pod_id)
             .call(&Request::State { id: c.id.clone() }, SHIM_TIMEOUT)
-            .await
-        {
-            Ok(Response::State(s)) => Some(s),
-            _ => None,
-        };
-        let state = state
-            .or_else(|| self.state_file(c))
-            .unwrap_or_else(|| ContainerState {
-                id: c.id.clone(),
-                status: ShimStatus::Unknown,
-                pid: 0,
-                created_at: c.created_at,
-                started_at: 0,
-                finished_at: 0,
-                exit_code: 0,
-                oom_killed: false,
-                message: String::new(),
-            });
-        let state = if state.status != ShimStatus::Exited && !self.shim_alive(&c.pod_id).await {
-            ContainerState {
-                status: ShimStatus::Exited,
-                exit_code: if state.exit_code == 0 {
-                    255
-                } else {
-                    state.exit_code
-                },
-                finished_at: if state.finished_at == 0 {
-                    crate::records::now_nanos()
-                } else {
-                    state.finished_at
-                },
-                message: "the pod's shim is gone; the container's exit was not recorded".into(),
-                ..state
+            .await;
+        let state = match asked {
+            Ok(Response::State(s)) => s,
+            _ => {
+                let recorded = self.state_file(c).or_else(|| c.last.clone());
+                match recorded {
+                    Some(s) if s.status == ShimStatus::Exited => s,
+                    other => {
+                        // Its shim is gone without recording an exit: have it cleaned up (in the
+                        // background; that takes the pod's lock, which our caller may hold).
+                        let _ = self.dead_shims.send(c.pod_id.clone());
+                        let base = other.unwrap_or_else(|| ContainerState {
+                            id: c.id.clone(),
+                            status: ShimStatus::Unknown,
+                            pid: 0,
+                            created_at: c.created_at,
+                            started_at: 0,
+                            finished_at: 0,
+                            exit_code: 0,
+                            oom_killed: false,
+                            message: String::new(),
+                        });
+                        ContainerState {
+                            status: ShimStatus::Exited,
+                            exit_code: 255,
+                            finished_at: crate::records::now_nanos(),
+                            message:
+                                "the pod's shim is gone; the container's exit was not recorded"
+                                    .into(),
+                            ..base
+                        }
+                    }
+                }
             }
-        } else {
-            state
         };
-        if c.last.as_ref() != Some(&state) {
-            let mut updated = c.clone();
-            updated.last = Some(state.clone());
-            // Only persist final states; running ones are asked for again anyway.
-            if state.status == ShimStatus::Exited {
-                let _ = self.save_container(&updated);
-            } else {
-                self.index
-                    .lock()
-                    .unwrap()
-                    .containers
-                    .insert(updated.id.clone(), updated);
-            }
-        }
+        self.update_state(&c.id, state.clone()).await;
         state
     }
 
@@ -516,20 +530,14 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         )))
     }
 
-    type GetContainerEventsStream = std::pin::Pin<
-        Box<
-            dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>>
-                + Send
-                + 'static,
-        >,
-    >;
+    type GetContainerEventsStream = EventStream;
 
     async fn get_container_events(
         &self,
-        _r: GrpcRequest<cri::GetEventsRequest>,
+        r: GrpcRequest<cri::GetEventsRequest>,
     ) -> Result<GrpcResponse<Self::GetContainerEventsStream>, Status> {
-        Err(Status::unimplemented(
-            "GetContainerEvents is not implemented yet",
+        Ok(GrpcResponse::new(
+            self.do_get_container_events(r.into_inner()),
         ))
     }
 }

@@ -50,6 +50,8 @@ impl RuntimeService {
         let _guard = inner.lock(&id).await;
         match inner.create_pod(&id, config, req.runtime_handler).await {
             Ok(()) => {
+                inner.emit_pod(&id, cri::ContainerEventType::ContainerCreatedEvent);
+                inner.emit_pod(&id, cri::ContainerEventType::ContainerStartedEvent);
                 info!(pod = %id, name = %name, "pod sandbox ready");
                 Ok(RunPodSandboxResponse { pod_sandbox_id: id })
             }
@@ -87,10 +89,36 @@ impl Inner {
         let host_network = mode(ns, |o| o.network) == NamespaceMode::Node;
         let host_pid = mode(ns, |o| o.pid) == NamespaceMode::Node;
         let host_ipc = mode(ns, |o| o.ipc) == NamespaceMode::Node;
-        let shared_pid = mode(ns, |o| o.pid) == NamespaceMode::Pod;
-
         let files = self.pod_files_dir(id);
         let state = self.pod_state_dir(id);
+        let cgroup_parent = if linux.cgroup_parent.is_empty() {
+            format!("{DEFAULT_CGROUP_PARENT}/{id}")
+        } else {
+            linux.cgroup_parent.clone()
+        };
+        let mut record = PodRecord {
+            id: id.to_string(),
+            runtime_handler,
+            state: PodState::Creating,
+            created_at: now_nanos(),
+            infra_pid: 0,
+            host_network,
+            host_pid,
+            host_ipc,
+            shared_pid: mode(ns, |o| o.pid) == NamespaceMode::Pod,
+            shm: Some(if host_ipc {
+                "/dev/shm".into()
+            } else {
+                state.join("shm")
+            }),
+            owned_cgroups: crate::cgroups::missing_prefixes(&cgroup_parent),
+            cgroup_parent,
+            config,
+        };
+        // Recorded before anything else happens, so a crash at any later point leaves a
+        // `Creating` record that start-up recovery rolls back.
+        self.save_pod(&record)?;
+
         for d in [&files, &state] {
             std::fs::create_dir_all(d)
                 .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
@@ -98,54 +126,17 @@ impl Inner {
         let hostname = if host_network {
             node_hostname()
         } else {
-            config.hostname.clone()
+            record.config.hostname.clone()
         };
-        write_pod_files(&files, &hostname, config.dns_config.as_ref(), host_network)?;
-
-        let shm = if host_ipc {
-            Some(Path::new("/dev/shm").to_path_buf())
-        } else {
-            let dir = state.join("shm");
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
-            nix::mount::mount(
-                Some("shm"),
-                &dir,
-                Some("tmpfs"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some(format!("mode=1777,{SHM_SIZE}").as_str()),
-            )
-            .map_err(|e| {
-                Status::internal(format!(
-                    "mounting the pod's /dev/shm at {}: {e}",
-                    dir.display()
-                ))
-            })?;
-            Some(dir)
-        };
-        let mut record = PodRecord {
-            id: id.to_string(),
-            runtime_handler,
-            state: PodState::NotReady,
-            created_at: now_nanos(),
-            infra_pid: 0,
+        write_pod_files(
+            &files,
+            &hostname,
+            record.config.dns_config.as_ref(),
             host_network,
-            host_pid,
-            host_ipc,
-            shared_pid,
-            shm,
-            owned_cgroups: Vec::new(),
-            cgroup_parent: if linux.cgroup_parent.is_empty() {
-                format!("{DEFAULT_CGROUP_PARENT}/{id}")
-            } else {
-                linux.cgroup_parent.clone()
-            },
-            config,
-        };
-        record.owned_cgroups = crate::cgroups::missing_prefixes(&record.cgroup_parent);
-        // Recorded before the shim starts, so a crash from here on leaves something to clean up.
-        self.save_pod(&record)?;
-
+        )?;
+        if !host_ipc {
+            mount_shm(&state.join("shm"))?;
+        }
         let infra = InfraSpec {
             hostname,
             net: !host_network,
@@ -155,7 +146,9 @@ impl Inner {
         };
         record.infra_pid = self.start_shim(id, &infra).await?;
         record.state = PodState::Ready;
-        self.save_pod(&record)
+        self.save_pod(&record)?;
+        self.watch_pod(id);
+        Ok(())
     }
 
     /// Start the pod's shim (which starts the infra process); returns the infra pid.
@@ -195,6 +188,25 @@ impl Inner {
             ))),
         }
     }
+}
+
+/// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
+fn mount_shm(dir: &Path) -> Result<(), Status> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+    nix::mount::mount(
+        Some("shm"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(format!("mode=1777,{SHM_SIZE}").as_str()),
+    )
+    .map_err(|e| {
+        Status::internal(format!(
+            "mounting the pod's /dev/shm at {}: {e}",
+            dir.display()
+        ))
+    })
 }
 
 pub(super) fn node_hostname() -> String {

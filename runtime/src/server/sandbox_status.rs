@@ -36,11 +36,11 @@ impl RuntimeService {
 pub(super) fn cri_state(s: PodState) -> i32 {
     match s {
         PodState::Ready => cri::PodSandboxState::SandboxReady as i32,
-        PodState::NotReady => cri::PodSandboxState::SandboxNotready as i32,
+        PodState::NotReady | PodState::Creating => cri::PodSandboxState::SandboxNotready as i32,
     }
 }
 
-fn pod_status(p: &PodRecord) -> cri::PodSandboxStatus {
+pub(super) fn pod_status(p: &PodRecord) -> cri::PodSandboxStatus {
     let ns_options = p
         .config
         .linux

@@ -1,7 +1,7 @@
 //! `StopPodSandbox`: force-stop every container, then shut the shim and infra process down and
 //! unmount the pod's /dev/shm. Idempotent; container records stay until the pod is removed.
 
-use crishim_proto::cri::{StopPodSandboxRequest, StopPodSandboxResponse};
+use crishim_proto::cri::{ContainerEventType, StopPodSandboxRequest, StopPodSandboxResponse};
 use crishim_proto::shim::{paths, Request};
 use tonic::Status;
 use tracing::{info, warn};
@@ -36,6 +36,7 @@ impl Inner {
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
             self.save_pod(&pod)?;
+            self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
             info!(pod = %pod_id, "pod sandbox stopped");
         }
         Ok(())
@@ -45,11 +46,20 @@ impl Inner {
     /// infra process; then any survivor is killed by pid and /dev/shm is unmounted. Idempotent.
     pub(super) async fn teardown_pod(&self, pod_id: &str) {
         let dir = self.pod_state_dir(pod_id);
+        let mut shut_down = false;
         if dir.join(paths::SOCKET).exists() {
             let timeout = std::time::Duration::from_secs(60);
-            if let Err(e) = self.shim(pod_id).call(&Request::Shutdown, timeout).await {
-                warn!(pod = %pod_id, error = %e, "shim shutdown failed; killing what is left");
+            match self.shim(pod_id).call(&Request::Shutdown, timeout).await {
+                Ok(_) => shut_down = true,
+                Err(e) => {
+                    warn!(pod = %pod_id, error = %e, "shim shutdown failed; killing what is left")
+                }
             }
+        }
+        let has_containers =
+            std::fs::read_dir(dir.join("runc")).is_ok_and(|mut d| d.next().is_some());
+        if !shut_down && has_containers {
+            self.cleanup_dead_shim(&dir).await;
         }
         for file in [paths::INFRA_PID, paths::SHIM_PID] {
             if let Some(pid) = std::fs::read_to_string(dir.join(file))
@@ -70,6 +80,27 @@ impl Inner {
         // The shim deleted the containers' cgroups; now the parent directories we made, if empty.
         if let Ok(pod) = self.pod(pod_id) {
             crate::cgroups::remove(&pod.owned_cgroups);
+        }
+    }
+}
+
+impl Inner {
+    /// Kill and delete the containers a dead shim left, through `crishim-shim cleanup`, which runs
+    /// libcontainer in its own process.
+    async fn cleanup_dead_shim(&self, dir: &std::path::Path) {
+        let out = tokio::process::Command::new(&self.shim_binary)
+            .arg("cleanup")
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await;
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => {
+                warn!(dir = %dir.display(), stderr = %String::from_utf8_lossy(&o.stderr).trim(), "shim cleanup")
+            }
+            Err(e) => warn!(dir = %dir.display(), error = %e, "running shim cleanup"),
         }
     }
 }

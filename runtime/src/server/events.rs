@@ -1,0 +1,240 @@
+//! `GetContainerEvents`, and what feeds it: every lifecycle transition of a container or a sandbox
+//! is broadcast with the pod's status attached, as the kubelet's evented PLEG expects. Exits come
+//! from one `Watch` connection per pod to its shim, which also tells us when a shim dies.
+
+use std::sync::Arc;
+
+use crishim_proto::cri::{self, ContainerEventResponse, ContainerEventType, GetEventsRequest};
+use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::runtime_service::{Inner, RuntimeService};
+use crate::records::{now_nanos, ContainerRecord, PodState};
+
+/// Events buffered for slow subscribers before they miss some.
+pub(super) const EVENT_BUFFER: usize = 1024;
+
+impl RuntimeService {
+    pub(super) fn do_get_container_events(
+        &self,
+        _req: GetEventsRequest,
+    ) -> super::runtime_service::EventStream {
+        let rx = self.inner.events.subscribe();
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|e| async move {
+            // A subscriber that fell behind skips what it missed; the kubelet relists then.
+            e.ok().map(Ok::<_, Status>)
+        });
+        Box::pin(stream)
+    }
+}
+
+impl Inner {
+    /// Broadcast a container event, with its pod's status and its own.
+    pub(super) async fn emit_container(&self, c: &ContainerRecord, kind: ContainerEventType) {
+        if self.events.receiver_count() == 0 {
+            return;
+        }
+        let statuses = match &c.last {
+            Some(s) => vec![super::container_status::container_status(c, s)],
+            None => vec![],
+        };
+        self.broadcast(&c.id, &c.pod_id, kind, statuses);
+    }
+
+    /// Broadcast a sandbox event (its id stands in the container id, as containerd does).
+    pub(super) fn emit_pod(&self, pod_id: &str, kind: ContainerEventType) {
+        if self.events.receiver_count() == 0 {
+            return;
+        }
+        let statuses = self
+            .pod_containers(pod_id)
+            .iter()
+            .filter_map(|c| {
+                c.last
+                    .as_ref()
+                    .map(|s| super::container_status::container_status(c, s))
+            })
+            .collect();
+        self.broadcast(pod_id, pod_id, kind, statuses);
+    }
+
+    fn broadcast(
+        &self,
+        id: &str,
+        pod_id: &str,
+        kind: ContainerEventType,
+        statuses: Vec<cri::ContainerStatus>,
+    ) {
+        let pod_sandbox_status = self
+            .pod(pod_id)
+            .ok()
+            .map(|p| super::sandbox_status::pod_status(&p));
+        let _ = self.events.send(ContainerEventResponse {
+            container_id: id.to_string(),
+            container_event_type: kind as i32,
+            created_at: now_nanos(),
+            pod_sandbox_status,
+            containers_statuses: statuses,
+        });
+    }
+
+    /// Record a state the shim reported; a container that just exited is announced once.
+    pub(super) async fn update_state(
+        &self,
+        id: &str,
+        state: ContainerState,
+    ) -> Option<ContainerRecord> {
+        let updated = {
+            let mut index = self.index.lock().unwrap();
+            let c = index.containers.get_mut(id)?;
+            let was_exited = c
+                .last
+                .as_ref()
+                .is_some_and(|s| s.status == ShimStatus::Exited);
+            if was_exited || c.last.as_ref() == Some(&state) {
+                return Some(c.clone());
+            }
+            c.last = Some(state);
+            let now_exited = c
+                .last
+                .as_ref()
+                .is_some_and(|s| s.status == ShimStatus::Exited);
+            (c.clone(), now_exited)
+        };
+        let (record, exited) = updated;
+        if exited {
+            let _ = self.container_records.save(&record.id, &record);
+            self.emit_container(&record, ContainerEventType::ContainerStoppedEvent)
+                .await;
+        }
+        Some(record)
+    }
+
+    /// Follow a pod's container exits as they happen, until its shim goes away.
+    pub(super) fn watch_pod(&self, pod_id: &str) {
+        let Some(me) = self.me.upgrade() else { return };
+        let pod_id = pod_id.to_string();
+        tokio::spawn(async move { me.watch(pod_id).await });
+    }
+
+    async fn watch(self: Arc<Self>, pod_id: String) {
+        let dir = self.pod_state_dir(&pod_id);
+        let conn = async {
+            let (_dirfd, path) = crishim_proto::shim::paths::short_socket_path(
+                &dir,
+                crishim_proto::shim::paths::SOCKET,
+            )?;
+            let mut conn = tokio::net::UnixStream::connect(&path).await?;
+            let mut req = serde_json::to_vec(&Request::Watch)?;
+            req.push(b'\n');
+            conn.write_all(&req).await?;
+            Ok::<_, std::io::Error>(conn)
+        }
+        .await;
+        if let Ok(conn) = conn {
+            let mut lines = BufReader::new(conn).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(Response::State(s)) = serde_json::from_str::<Response>(&line) {
+                    self.update_state(&s.id.clone(), s).await;
+                }
+            }
+        }
+        self.shim_gone(&pod_id).await;
+    }
+
+    /// The pod's shim ended. Expected while the pod is stopped; otherwise the shim died: kill what
+    /// it left, record its containers as exited with the reason, and mark the pod not ready.
+    pub(super) async fn shim_gone(&self, pod_id: &str) {
+        let _guard = self.lock(pod_id).await;
+        let Ok(mut pod) = self.pod(pod_id) else {
+            return;
+        };
+        if pod.state != PodState::Ready {
+            return;
+        }
+        warn!(pod = %pod_id, "the pod's shim died; cleaning up after it");
+        self.teardown_pod(pod_id).await;
+        for c in self.pod_containers(pod_id) {
+            self.refresh(&c).await;
+        }
+        pod.state = PodState::NotReady;
+        if self.save_pod(&pod).is_ok() {
+            self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
+        }
+    }
+
+    /// Start-up: finish or roll back what a crash interrupted, resume watching live pods, and
+    /// clean up leftovers nothing refers to.
+    pub async fn recover(&self) {
+        let pods: Vec<_> = self.index.lock().unwrap().pods.values().cloned().collect();
+        for pod in pods {
+            match pod.state {
+                PodState::Creating => {
+                    info!(pod = %pod.id, "rolling back a RunPodSandbox interrupted by a restart");
+                    let _ = self.remove_pod(&pod).await;
+                }
+                PodState::Ready if self.shim_alive(&pod.id).await => self.watch_pod(&pod.id),
+                PodState::Ready => self.shim_gone(&pod.id).await,
+                PodState::NotReady => self.teardown_pod(&pod.id).await,
+            }
+        }
+        let half_created: Vec<_> = self
+            .index
+            .lock()
+            .unwrap()
+            .containers
+            .values()
+            .filter(|c| c.last.is_none())
+            .cloned()
+            .collect();
+        for c in half_created {
+            info!(container = %c.id, "rolling back a CreateContainer interrupted by a restart");
+            let _ = self.remove_container(&c).await;
+        }
+        self.remove_strays().await;
+    }
+
+    /// Directories (and their mounts) of pods and containers that have no record.
+    async fn remove_strays(&self) {
+        let (pods, containers) = {
+            let index = self.index.lock().unwrap();
+            (
+                index
+                    .pods
+                    .keys()
+                    .cloned()
+                    .collect::<std::collections::HashSet<_>>(),
+                index
+                    .containers
+                    .keys()
+                    .cloned()
+                    .collect::<std::collections::HashSet<_>>(),
+            )
+        };
+        let stray =
+            |dir: std::path::PathBuf, known: &std::collections::HashSet<String>| -> Vec<String> {
+                std::fs::read_dir(dir)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !known.contains(n))
+                    .collect()
+            };
+        for id in stray(self.config.state_dir.join("containers"), &containers) {
+            info!(container = %id, "removing leftovers of an unrecorded container");
+            self.undo_create("", &id).await;
+        }
+        for id in stray(self.config.state_dir.join("pods"), &pods) {
+            info!(pod = %id, "removing leftovers of an unrecorded pod");
+            self.teardown_pod(&id).await;
+            let _ = std::fs::remove_dir_all(self.pod_state_dir(&id));
+        }
+        for id in stray(self.config.root_dir.join("pods"), &pods) {
+            let _ = std::fs::remove_dir_all(self.pod_files_dir(&id));
+        }
+    }
+}

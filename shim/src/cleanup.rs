@@ -1,0 +1,72 @@
+//! `crishim-shim cleanup --dir DIR`: what is left when a pod's shim died. Kills every container of
+//! the pod (through libcontainer, so cgroups go too) and its infra process, and records the
+//! containers as exited with the reason, so no process, cgroup or stale "running" record remains.
+
+use std::path::{Path, PathBuf};
+
+use crishim_proto::shim::{paths, ContainerState, Status};
+use libcontainer::container::Container;
+
+use crate::record::{now_nanos, write_atomic};
+
+pub fn run(args: &[String]) -> ! {
+    let dir = match args {
+        [flag, dir] if flag == "--dir" => PathBuf::from(dir),
+        _ => {
+            eprintln!("usage: crishim-shim cleanup --dir DIR");
+            std::process::exit(2);
+        }
+    };
+    let failures = cleanup(&dir);
+    std::process::exit(if failures == 0 { 0 } else { 1 })
+}
+
+fn cleanup(dir: &Path) -> usize {
+    let mut failures = 0;
+    let lc_root = dir.join("runc");
+    for entry in std::fs::read_dir(&lc_root).into_iter().flatten().flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        match Container::load(entry.path()).and_then(|mut c| c.delete(true)) {
+            Ok(()) => {}
+            Err(e) => {
+                eprintln!("crishim-shim cleanup: {id}: {e}");
+                failures += 1;
+            }
+        }
+        mark_exited(dir, &id);
+    }
+    if let Some(pid) = std::fs::read_to_string(dir.join(paths::INFRA_PID))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains("crishim-shim") {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    failures
+}
+
+/// A container that was still running when its shim died ends with SIGKILL, and says why.
+fn mark_exited(dir: &Path, id: &str) {
+    let path = dir.join(paths::state_file(id));
+    let Ok(raw) = std::fs::read(&path) else {
+        return;
+    };
+    let Ok(mut state) = serde_json::from_slice::<ContainerState>(&raw) else {
+        return;
+    };
+    if state.status == Status::Exited {
+        return;
+    }
+    state.status = Status::Exited;
+    state.exit_code = 128 + libc::SIGKILL;
+    state.finished_at = now_nanos();
+    state.message = "the pod's shim died; the container was killed".into();
+    if let Ok(json) = serde_json::to_vec(&state) {
+        let _ = write_atomic(&path, &json);
+    }
+}
