@@ -9,6 +9,7 @@ bash hack/install-deps.sh
 cargo build --release --workspace
 install -m 0755 target/release/crishim /usr/local/bin/crishim
 install -m 0755 target/release/crishim-shim /usr/local/bin/crishim-shim
+install -m 0755 "$(hack/build-init.sh --release)" /usr/local/bin/crishim-init
 install -d -m 0755 /etc/crishim
 [ -f /etc/crishim/config.toml ] || install -m 0644 hack/config.toml /etc/crishim/config.toml
 

@@ -23,5 +23,13 @@ fi
 echo "+ cargo build --workspace --all-targets" >&2
 cargo build --workspace --all-targets
 
+echo "+ hack/build-init.sh" >&2
+CRISHIM_INIT_BIN="$(./hack/build-init.sh)"
+export CRISHIM_INIT_BIN
+
+echo "+ cargo fmt --check, cargo clippy -D warnings" >&2
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
 echo "+ cargo test --workspace $*" >&2
 cargo test --workspace "$@"

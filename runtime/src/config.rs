@@ -44,6 +44,13 @@ pub struct Config {
     /// The per-pod shim binary; default: `crishim-shim` next to `crishim`.
     #[serde(default)]
     pub shim_binary: Option<PathBuf>,
+    /// Run every container's program under crishim's minimal init (signal forwarding and
+    /// reaping, like `docker run --init`). Per pod or container: annotation `crishim.io/init`.
+    #[serde(default)]
+    pub init: bool,
+    /// That init; default: `crishim-init` next to `crishim`.
+    #[serde(default)]
+    pub init_binary: Option<PathBuf>,
     #[serde(default)]
     pub cni: CniConfig,
 }
@@ -94,6 +101,8 @@ impl Default for Config {
             registry: RegistryConfig::default(),
             pinned_images: Vec::new(),
             shim_binary: None,
+            init: false,
+            init_binary: None,
             cni: CniConfig::default(),
         }
     }

@@ -2,6 +2,7 @@
 
 pub mod authority;
 pub mod cgroups;
+pub mod cni;
 pub mod config;
 pub mod daemon;
 pub mod records;

@@ -39,6 +39,9 @@ pub struct PodRecord {
     /// Cgroup directories of the parent that the daemon created, removed with the pod.
     #[serde(default)]
     pub owned_cgroups: Vec<String>,
+    /// Addresses from CNI, the primary one first.
+    #[serde(default)]
+    pub ips: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -235,6 +238,7 @@ mod tests {
             shm: None,
             cgroup_parent: "/x".into(),
             owned_cgroups: vec![],
+            ips: vec![],
         };
         rd.save(&rec.id, &rec).unwrap();
         std::fs::write(dir.path().join("broken.json"), b"{").unwrap();

@@ -114,6 +114,10 @@ impl DaemonOptions {
         writeln!(t, "socket = {}", p("crishim.sock")).unwrap();
         writeln!(t, "root_dir = {}", p("root")).unwrap();
         writeln!(t, "state_dir = {}", p("state")).unwrap();
+        // The static init that hack/test.sh builds (hack/build-init.sh), when there is one.
+        if let Some(init) = std::env::var_os("CRISHIM_INIT_BIN") {
+            writeln!(t, "init_binary = {}", toml_str(&init.to_string_lossy())).unwrap();
+        }
         t.push_str(&self.extra_toml);
         for (host, endpoints) in &self.mirrors {
             let eps: Vec<String> = endpoints.iter().map(|e| toml_str(e)).collect();
@@ -128,6 +132,11 @@ impl DaemonOptions {
         for host in &self.insecure_hosts {
             writeln!(t, "\n[registry.configs.{}.tls]", toml_str(host)).unwrap();
             writeln!(t, "insecure_skip_verify = true").unwrap();
+        }
+        // A private, empty CNI config dir (`<dir>/cni`), so the host's configs never leak in;
+        // network tests write theirs there.
+        if !self.extra_toml.contains("[cni]") {
+            writeln!(t, "\n[cni]\nconf_dir = {}", p("cni")).unwrap();
         }
         t
     }

@@ -16,6 +16,10 @@ use crate::shim_client::unexpected;
 use crate::spec::{self, PodFiles, PodNamespaces, SpecError, SpecInputs};
 
 pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// `"true"` or `"false"` on a pod or a container: run it under crishim's init.
+pub const ANNOTATION_INIT: &str = "crishim.io/init";
+/// Where the init binary appears inside the container.
+pub const INIT_PATH: &str = "/.crishim/init";
 
 impl RuntimeService {
     pub(super) async fn do_create_container(
@@ -179,6 +183,9 @@ impl Inner {
             SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
             SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
         })?;
+        if self.wants_init(pod, &record.config) {
+            self.add_init(&mut spec)?;
+        }
         let mut annotations = spec.annotations().clone().unwrap_or_default();
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
@@ -203,6 +210,48 @@ impl Inner {
             }
             other => Err(unexpected(other)),
         }
+    }
+
+    /// The container's annotation wins over the pod's, which wins over the config default.
+    fn wants_init(&self, pod: &PodRecord, config: &cri::ContainerConfig) -> bool {
+        let flag = |m: &std::collections::HashMap<String, String>| {
+            m.get(ANNOTATION_INIT).map(|v| v == "true")
+        };
+        flag(&config.annotations)
+            .or_else(|| flag(&pod.config.annotations))
+            .unwrap_or(self.config.init)
+    }
+
+    /// Run the program under `crishim-init`, bind-mounted read-only at [`INIT_PATH`].
+    fn add_init(&self, spec: &mut oci_spec::runtime::Spec) -> Result<(), Status> {
+        let binary = self.init_binary.clone();
+        if !binary.is_file() {
+            return Err(Status::failed_precondition(format!(
+                "CreateContainer: init requested but {} does not exist",
+                binary.display()
+            )));
+        }
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(INIT_PATH)
+            .typ("bind")
+            .source(binary)
+            .options(vec![
+                "rbind".to_string(),
+                "ro".to_string(),
+                "nosuid".to_string(),
+                "nodev".to_string(),
+            ])
+            .build()
+            .map_err(|e| Status::internal(format!("init mount: {e}")))?;
+        let mut mounts = spec.mounts().clone().unwrap_or_default();
+        mounts.push(mount);
+        spec.set_mounts(Some(mounts));
+        if let Some(process) = spec.process_mut() {
+            let mut args = vec![INIT_PATH.to_string(), "--".to_string()];
+            args.extend(process.args().clone().unwrap_or_default());
+            process.set_args(Some(args));
+        }
+        Ok(())
     }
 
     fn namespaces(

@@ -20,6 +20,7 @@ mod imagefs_info;
 mod runtime_config;
 mod runtime_service;
 mod sandbox_list;
+mod sandbox_network;
 mod sandbox_remove;
 mod sandbox_run;
 mod sandbox_status;

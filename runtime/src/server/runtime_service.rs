@@ -33,6 +33,8 @@ pub struct Inner {
     /// Serialises lifecycle operations on one pod or container.
     pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) shim_binary: PathBuf,
+    pub(super) init_binary: PathBuf,
+    pub(super) cni: crate::cni::Cni,
     pub(super) pod_cidr: Mutex<String>,
     pub(super) events: tokio::sync::broadcast::Sender<cri::ContainerEventResponse>,
     /// Ourselves, for background tasks (exit watchers) that outlive a request.
@@ -70,8 +72,17 @@ impl RuntimeService {
         let shim_binary = config
             .shim_binary
             .clone()
-            .unwrap_or_else(default_shim_binary);
+            .unwrap_or_else(|| sibling_binary("crishim-shim"));
+        let init_binary = config
+            .init_binary
+            .clone()
+            .unwrap_or_else(|| sibling_binary("crishim-init"));
         let (events, _) = tokio::sync::broadcast::channel(super::events::EVENT_BUFFER);
+        // The CNI result cache lives with the records: IPs outlive a reboot in host-local's store.
+        let cni = crate::cni::Cni::new(crate::cni::CniConfig::from_daemon(
+            &config.cni,
+            config.root_dir.join("cni-cache"),
+        ));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let service = RuntimeService {
             inner: Arc::new_cyclic(|me| Inner {
@@ -82,6 +93,8 @@ impl RuntimeService {
                 container_records,
                 locks: Mutex::default(),
                 shim_binary,
+                init_binary,
+                cni,
                 pod_cidr: Mutex::default(),
                 events,
                 me: me.clone(),
@@ -106,12 +119,12 @@ impl RuntimeService {
     }
 }
 
-/// `crishim-shim` next to the running `crishim`.
-fn default_shim_binary() -> PathBuf {
+/// A helper binary next to the running `crishim` (both are installed together).
+fn sibling_binary(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
-        .and_then(|p| p.parent().map(|d| d.join("crishim-shim")))
-        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/crishim-shim"))
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from("/usr/local/bin").join(name))
 }
 
 impl Inner {

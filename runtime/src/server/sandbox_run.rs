@@ -7,7 +7,7 @@ use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandbo
 use crishim_proto::shim::InfraSpec;
 use nix::mount::MsFlags;
 use tonic::Status;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{new_id, now_nanos, pod_name, PodRecord, PodState};
@@ -57,6 +57,13 @@ impl RuntimeService {
             }
             Err(e) => {
                 inner.teardown_pod(&id).await;
+                if let Ok(pod) = inner.pod(&id) {
+                    if let Err(net) = inner.teardown_network(&pod).await {
+                        warn!(pod = %id, error = %net, "undoing the pod network");
+                    }
+                }
+                let _ = inner.pod_records.remove(&id);
+                inner.index.lock().unwrap().pods.remove(&id);
                 let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
                 inner.index.lock().unwrap().release(&name, &id);
                 Err(e)
@@ -112,6 +119,7 @@ impl Inner {
                 state.join("shm")
             }),
             owned_cgroups: crate::cgroups::missing_prefixes(&cgroup_parent),
+            ips: Vec::new(),
             cgroup_parent,
             config,
         };
@@ -145,6 +153,8 @@ impl Inner {
             pid: !host_pid,
         };
         record.infra_pid = self.start_shim(id, &infra).await?;
+        self.save_pod(&record)?;
+        self.setup_network(&mut record).await?;
         record.state = PodState::Ready;
         self.save_pod(&record)?;
         self.watch_pod(id);

@@ -52,7 +52,15 @@ pub(super) fn pod_status(p: &PodRecord) -> cri::PodSandboxStatus {
         metadata: p.config.metadata.clone(),
         state: cri_state(p.state),
         created_at: p.created_at,
-        network: Some(cri::PodSandboxNetworkStatus::default()),
+        network: Some(cri::PodSandboxNetworkStatus {
+            ip: p.ips.first().cloned().unwrap_or_default(),
+            additional_ips: p
+                .ips
+                .iter()
+                .skip(1)
+                .map(|ip| cri::PodIp { ip: ip.clone() })
+                .collect(),
+        }),
         linux: Some(cri::LinuxPodSandboxStatus {
             namespaces: Some(cri::Namespace {
                 options: ns_options,

@@ -33,6 +33,8 @@ impl Inner {
             let _ = self.refresh(&c).await;
         }
         let mut pod = self.pod(pod_id)?;
+        // After the infra process: the pinned namespace still lets the plugins clean up.
+        self.teardown_network(&pod).await?;
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
             self.save_pod(&pod)?;

@@ -9,27 +9,17 @@ use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
     pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
-        let dir = &self.inner.config.cni.conf_dir;
-        let has_cni = std::fs::read_dir(dir).is_ok_and(|d| {
-            d.flatten().any(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                n.ends_with(".conflist") || n.ends_with(".conf") || n.ends_with(".json")
-            })
-        });
+        // Read afresh on every call: a config that appears later turns the network ready.
+        let ready = self.inner.cni.ready();
         let network = RuntimeCondition {
             r#type: "NetworkReady".into(),
-            status: has_cni,
-            reason: if has_cni {
+            status: ready.is_ok(),
+            reason: if ready.is_ok() {
                 String::new()
             } else {
                 "NetworkPluginNotReady".into()
             },
-            message: if has_cni {
-                String::new()
-            } else {
-                format!("no CNI network config found in {}", dir.display())
-            },
+            message: ready.err().unwrap_or_default(),
         };
         let runtime = RuntimeCondition {
             r#type: "RuntimeReady".into(),
@@ -40,7 +30,7 @@ impl RuntimeService {
         if req.verbose {
             info.insert(
                 "config".into(),
-                serde_json::json!({ "cniConfDir": dir, "rootDir": self.inner.config.root_dir })
+                serde_json::json!({ "cniConfDir": self.inner.config.cni.conf_dir, "rootDir": self.inner.config.root_dir })
                     .to_string(),
             );
         }

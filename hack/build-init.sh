@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Build crishim-init as a static executable and print its path. It is bind-mounted into containers
+# of any image (some have no libc at all), so it must not link libc dynamically. crt-static is
+# passed with an explicit --target so it never reaches host-side build scripts or proc-macros.
+#   hack/build-init.sh [--release]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+host="$(rustc -vV | sed -n 's/^host: //p')"
+profile=debug
+[ "${1:-}" = "--release" ] && profile=release
+RUSTFLAGS="-C target-feature=+crt-static" cargo build -q -p crishim-init --target "$host" ${1:+"$1"} >&2
+echo "$PWD/target/$host/$profile/crishim-init"

@@ -1,0 +1,105 @@
+//! The pod's network through CNI: ADD when the sandbox starts (in the infra process's network
+//! namespace, pinned by a bind mount so DEL still works after the infra process is gone), DEL when
+//! it stops, retried on remove until it succeeds, so no IP address is leaked.
+
+use std::path::PathBuf;
+
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::runtime_service::Inner;
+use crate::cni::{netns, CniError, Dns, PodNetwork, PortMapping};
+use crate::records::PodRecord;
+
+impl Inner {
+    fn netns_path(&self, pod_id: &str) -> PathBuf {
+        self.config.state_dir.join("netns").join(pod_id)
+    }
+
+    fn pod_network(&self, pod: &PodRecord) -> PodNetwork {
+        let meta = pod.config.metadata.clone().unwrap_or_default();
+        PodNetwork {
+            id: pod.id.clone(),
+            netns: self.netns_path(&pod.id),
+            ifname: "eth0".into(),
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            port_mappings: pod
+                .config
+                .port_mappings
+                .iter()
+                .map(|p| PortMapping {
+                    host_port: p.host_port,
+                    container_port: p.container_port,
+                    protocol: match crishim_proto::cri::Protocol::try_from(p.protocol) {
+                        Ok(crishim_proto::cri::Protocol::Udp) => "udp".into(),
+                        Ok(crishim_proto::cri::Protocol::Sctp) => "sctp".into(),
+                        _ => "tcp".into(),
+                    },
+                    host_ip: p.host_ip.clone(),
+                })
+                .collect(),
+            dns: pod.config.dns_config.as_ref().map(|d| Dns {
+                servers: d.servers.clone(),
+                searches: d.searches.clone(),
+                options: d.options.clone(),
+            }),
+            capability_args: Default::default(),
+        }
+    }
+
+    /// CNI ADD for a pod with its own network namespace. With no CNI config at all the pod keeps
+    /// only its loopback (the node's `Status` reports NetworkReady=false meanwhile).
+    pub(super) async fn setup_network(&self, pod: &mut PodRecord) -> Result<(), Status> {
+        if pod.host_network {
+            return Ok(());
+        }
+        if let Err(CniError::NoConfig(why)) = self.cni.network() {
+            warn!(pod = %pod.id, reason = %why, "no CNI network config: the pod gets loopback only");
+            return Ok(());
+        }
+        let path = self.netns_path(&pod.id);
+        netns::pin(pod.infra_pid as u32, &path).map_err(|e| {
+            Status::internal(format!(
+                "pinning the pod's network namespace at {}: {e}",
+                path.display()
+            ))
+        })?;
+        let result = self
+            .cni
+            .setup(&self.pod_network(pod))
+            .await
+            .map_err(|e| Status::unknown(format!("setting up the pod network: {e}")))?;
+        pod.ips = result.ips.iter().map(|ip| ip.to_string()).collect();
+        if let Some(primary) = result.pod_ip() {
+            // Primary first, as PodSandboxStatus reports it.
+            pod.ips.retain(|ip| *ip != primary.to_string());
+            pod.ips.insert(0, primary.to_string());
+        }
+        info!(pod = %pod.id, ips = ?pod.ips, "pod network ready");
+        Ok(())
+    }
+
+    /// CNI DEL and unpinning; idempotent. On failure the pin and the CNI cache stay, so a later
+    /// stop or remove retries it.
+    pub(super) async fn teardown_network(&self, pod: &PodRecord) -> Result<(), Status> {
+        if pod.host_network {
+            return Ok(());
+        }
+        let path = self.netns_path(&pod.id);
+        let cached = self.cni.cached_result(&pod.id).ok().flatten().is_some();
+        if cached || path.exists() {
+            match self.cni.teardown(&self.pod_network(pod)).await {
+                Ok(()) | Err(CniError::NoConfig(_)) => {}
+                Err(e) => {
+                    return Err(Status::unknown(format!(
+                        "tearing down the pod network: {e}"
+                    )))
+                }
+            }
+        }
+        netns::unpin(&path)
+            .map_err(|e| Status::internal(format!("unpinning {}: {e}", path.display())))
+    }
+}

@@ -1,0 +1,108 @@
+//! The optional init (`crishim.io/init: "true"`): a container whose own program does not reap
+//! gets crishim's minimal init as PID 1, which reaps orphans and forwards signals.
+//!
+//! Needs the static init that `hack/test.sh` builds (`CRISHIM_INIT_BIN`); skipped without it.
+
+use std::time::{Duration, Instant};
+
+use crishim_tests::pods::{
+    assert_no_leaks, host_processes, PodEnv, PodTraces, NS_CONTAINER, NS_POD,
+};
+
+/// Orphans for PID 1: each subshell exits at once, leaving its `sleep` to the namespace's init.
+const ORPHANS: &[&str] = &["sh", "-c", "for i in $(seq 20); do (sleep 0.01 &); done"];
+
+/// Zombie children of the container's PID 1 (a zombie has left its cgroup, so the process tree is
+/// what finds them).
+async fn zombies_in(env: &PodEnv, container_id: &str) -> usize {
+    let status = env
+        .d
+        .runtime_client()
+        .container_status(crishim_proto::cri::ContainerStatusRequest {
+            container_id: container_id.into(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(&status.info["info"]).unwrap();
+    let init = info["pid"].as_i64().unwrap() as i32;
+    host_processes()
+        .iter()
+        .filter(|p| p.ppid == init && p.is_zombie())
+        .count()
+}
+
+async fn run(env: &PodEnv, name: &str, init: bool) -> (String, String, PodTraces) {
+    let mut pod_cfg = env.pod_config(name);
+    crishim_tests::pods::set_pod_namespaces(
+        &mut pod_cfg,
+        crishim_tests::pods::namespaces(NS_POD, NS_CONTAINER, NS_POD),
+    );
+    let pod = env.d.run_pod(&pod_cfg).await.expect("RunPodSandbox");
+    // `sleep` as PID 1 never reaps.
+    let mut cfg = env.container_config(name, &["sleep", "3600"]);
+    cfg.annotations
+        .insert("crishim.io/init".into(), init.to_string());
+    let ctr = env
+        .d
+        .run_container(&pod, &cfg, &pod_cfg)
+        .await
+        .expect("create and start");
+    let mut traces = PodTraces::new(&pod, &pod_cfg);
+    traces.add_container(&ctr);
+    traces.capture(&env.d).await;
+    (pod, ctr, traces)
+}
+
+#[tokio::test]
+async fn init_reaps_orphans_and_forwards_stop_signals() {
+    if std::env::var_os("CRISHIM_INIT_BIN").is_none() {
+        eprintln!("skipped: CRISHIM_INIT_BIN is not set (run through hack/test.sh)");
+        return;
+    }
+    let env = PodEnv::start().await;
+
+    // Without init, the orphans stay zombies under `sleep`: what the init is for.
+    let (pod, ctr, traces) = run(&env, "noinit", false).await;
+    env.d.exec_ok(&ctr, ORPHANS).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let z = zombies_in(&env, &ctr).await;
+    assert!(z >= 10, "expected zombies without an init, found {z}");
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    assert_no_leaks(&env.d, &traces).await;
+
+    let (pod, ctr, traces) = run(&env, "init", true).await;
+    let pid1 = env.d.exec_ok(&ctr, &["cat", "/proc/1/cmdline"]).await;
+    assert!(pid1.starts_with("/.crishim/init"), "PID 1 is {pid1:?}");
+    env.d.exec_ok(&ctr, ORPHANS).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while zombies_in(&env, &ctr).await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        zombies_in(&env, &ctr).await,
+        0,
+        "the init must reap every orphan"
+    );
+
+    // SIGTERM reaches `sleep` through the init: it ends long before the grace period.
+    let started = Instant::now();
+    env.d.stop_container(&ctr, 20).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stop took {:?}",
+        started.elapsed()
+    );
+    let status = env.d.container_status(&ctr).await.unwrap();
+    assert_eq!(
+        status.exit_code,
+        128 + 15,
+        "killed by the forwarded SIGTERM"
+    );
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    assert_no_leaks(&env.d, &traces).await;
+    env.stop();
+}
