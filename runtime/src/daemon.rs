@@ -18,6 +18,9 @@ use crate::authority::AuthorityFix;
 use crate::config::Config;
 use crate::server::{ImageService, RuntimeService};
 
+/// How long SIGTERM waits for in-flight calls and open streams.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The kubelet's own CRI message limit.
 const MAX_MESSAGE: usize = 16 << 20;
 
@@ -42,7 +45,8 @@ pub async fn serve(config: Config) -> Result<()> {
 
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");
-    let result = tonic::transport::Server::builder()
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
         .add_service(
             ImageServiceServer::new(images)
                 .max_decoding_message_size(MAX_MESSAGE)
@@ -55,9 +59,23 @@ pub async fn serve(config: Config) -> Result<()> {
         )
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new)),
-            shutdown(),
-        )
-        .await;
+            async {
+                shutdown().await;
+                let _ = stopping_tx.send(());
+            },
+        );
+    // Graceful shutdown waits for open streams (a kubelet's GetContainerEvents never ends), so it
+    // gets a bound: containers and shims run on regardless, nothing is lost by leaving.
+    let result = tokio::select! {
+        r = server => r,
+        _ = async {
+            let _ = stopping_rx.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            info!("clients still connected after {SHUTDOWN_GRACE:?}; stopping anyway");
+            Ok(())
+        }
+    };
     let _ = std::fs::remove_file(&config.socket);
     result.context("serving CRI")?;
     info!("crishim stopped");

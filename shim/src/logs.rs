@@ -165,7 +165,7 @@ pub async fn copy(fd: OwnedFd, stream: &'static str, sink: std::rc::Rc<LogSink>)
     let Ok(mut rx) = FdReader::new(fd) else {
         return;
     };
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; 8 * 1024];
     let mut splitter = LineSplitter::new();
     let mut emit = |partial: bool, text: &[u8]| sink.write(stream, partial, text);
     loop {

@@ -16,6 +16,8 @@ use crate::records::{now_nanos, ContainerRecord, PodState};
 
 /// Events buffered for slow subscribers before they miss some.
 pub(super) const EVENT_BUFFER: usize = 1024;
+/// How long after start-up a new subscriber is told about exits that happened while we were down.
+const REPLAY_WINDOW: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl RuntimeService {
     pub(super) fn do_get_container_events(
@@ -23,25 +25,44 @@ impl RuntimeService {
         _req: GetEventsRequest,
     ) -> super::runtime_service::EventStream {
         let rx = self.inner.events.subscribe();
-        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|e| async move {
+        // Exits that happened while the daemon was down were found before anyone could listen:
+        // a subscriber that connects soon after start-up (a kubelet reconnecting) gets them first.
+        let replay: Vec<_> = if self.inner.started.elapsed() < REPLAY_WINDOW {
+            self.inner.replay.lock().unwrap().clone()
+        } else {
+            Vec::new()
+        };
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|e| async move {
             // A subscriber that fell behind skips what it missed; the kubelet relists then.
             e.ok().map(Ok::<_, Status>)
         });
-        Box::pin(stream)
+        Box::pin(futures::stream::iter(replay.into_iter().map(Ok)).chain(live))
     }
 }
 
 impl Inner {
-    /// Broadcast a container event, with its pod's status and its own.
+    /// Broadcast a container event, with its pod's status and its own. An exit that happened
+    /// before this daemon started is also kept for late subscribers.
     pub(super) async fn emit_container(&self, c: &ContainerRecord, kind: ContainerEventType) {
-        if self.events.receiver_count() == 0 {
+        let exited_while_down = kind == ContainerEventType::ContainerStoppedEvent
+            && c.last
+                .as_ref()
+                .is_some_and(|s| s.finished_at < self.started_nanos);
+        if self.events.receiver_count() == 0 && !exited_while_down {
             return;
         }
         let statuses = match &c.last {
             Some(s) => vec![super::container_status::container_status(c, s)],
             None => vec![],
         };
-        self.broadcast(&c.id, &c.pod_id, kind, statuses);
+        let event = self.event(&c.id, &c.pod_id, kind, statuses);
+        if exited_while_down {
+            let mut replay = self.replay.lock().unwrap();
+            if replay.len() < EVENT_BUFFER {
+                replay.push(event.clone());
+            }
+        }
+        let _ = self.events.send(event);
     }
 
     /// Broadcast a sandbox event (its id stands in the container id, as containerd does).
@@ -68,17 +89,26 @@ impl Inner {
         kind: ContainerEventType,
         statuses: Vec<cri::ContainerStatus>,
     ) {
-        let pod_sandbox_status = self
-            .pod(pod_id)
-            .ok()
-            .map(|p| super::sandbox_status::pod_status(&p));
-        let _ = self.events.send(ContainerEventResponse {
+        let _ = self.events.send(self.event(id, pod_id, kind, statuses));
+    }
+
+    fn event(
+        &self,
+        id: &str,
+        pod_id: &str,
+        kind: ContainerEventType,
+        statuses: Vec<cri::ContainerStatus>,
+    ) -> ContainerEventResponse {
+        ContainerEventResponse {
             container_id: id.to_string(),
             container_event_type: kind as i32,
             created_at: now_nanos(),
-            pod_sandbox_status,
+            pod_sandbox_status: self
+                .pod(pod_id)
+                .ok()
+                .map(|p| super::sandbox_status::pod_status(&p)),
             containers_statuses: statuses,
-        });
+        }
     }
 
     /// Record a state the shim reported; a container that just exited is announced once.
@@ -152,7 +182,8 @@ impl Inner {
         let Ok(mut pod) = self.pod(pod_id) else {
             return;
         };
-        if pod.state != PodState::Ready {
+        // Only a shim that is really gone: a reset connection or a slow answer is not that.
+        if pod.state != PodState::Ready || self.shim_alive(pod_id).await {
             return;
         }
         warn!(pod = %pod_id, "the pod's shim died; cleaning up after it");

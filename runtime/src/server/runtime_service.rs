@@ -41,6 +41,10 @@ pub struct Inner {
     pub(super) me: std::sync::Weak<Inner>,
     /// Pods whose shim was found dead, for the task that cleans up after them.
     pub(super) dead_shims: tokio::sync::mpsc::UnboundedSender<String>,
+    pub(super) started: std::time::Instant,
+    pub(super) started_nanos: i64,
+    /// Exits that happened while the daemon was down, for subscribers that connect after start-up.
+    pub(super) replay: Mutex<Vec<cri::ContainerEventResponse>>,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -99,6 +103,9 @@ impl RuntimeService {
                 events,
                 me: me.clone(),
                 dead_shims,
+                started: std::time::Instant::now(),
+                started_nanos: crate::records::now_nanos(),
+                replay: Mutex::default(),
             }),
         };
         let me = Arc::downgrade(&service.inner);
@@ -116,6 +123,21 @@ impl RuntimeService {
     /// Reconcile records with what runs, after a restart (see `Inner::recover`).
     pub async fn recover(&self) {
         self.inner.recover().await
+    }
+}
+
+/// What we know of a container the shim has not reported on.
+fn unknown_state(c: &ContainerRecord) -> ContainerState {
+    ContainerState {
+        id: c.id.clone(),
+        status: ShimStatus::Unknown,
+        pid: 0,
+        created_at: c.created_at,
+        started_at: 0,
+        finished_at: 0,
+        exit_code: 0,
+        oom_killed: false,
+        message: String::new(),
     }
 }
 
@@ -235,7 +257,30 @@ impl Inner {
             .await;
         let state = match asked {
             Ok(Response::State(s)) => s,
-            _ => {
+            // A live shim that never heard of it (a create a crash cut short): nothing runs.
+            Ok(Response::Error {
+                kind: crishim_proto::shim::ErrorKind::NotFound,
+                ..
+            }) => ContainerState {
+                id: c.id.clone(),
+                status: ShimStatus::Exited,
+                pid: 0,
+                created_at: c.created_at,
+                started_at: 0,
+                finished_at: crate::records::now_nanos(),
+                exit_code: 255,
+                oom_killed: false,
+                message:
+                    "the container is unknown to its pod's shim (its creation was interrupted)"
+                        .into(),
+            },
+            // Busy or slow is not dead: keep what we knew.
+            Ok(_)
+            | Err(crate::shim_client::ShimError::Timeout(..))
+            | Err(crate::shim_client::ShimError::Protocol(..)) => {
+                return c.last.clone().unwrap_or_else(|| unknown_state(c));
+            }
+            Err(crate::shim_client::ShimError::Unreachable(..)) => {
                 let recorded = self.state_file(c).or_else(|| c.last.clone());
                 match recorded {
                     Some(s) if s.status == ShimStatus::Exited => s,
@@ -243,17 +288,7 @@ impl Inner {
                         // Its shim is gone without recording an exit: have it cleaned up (in the
                         // background; that takes the pod's lock, which our caller may hold).
                         let _ = self.dead_shims.send(c.pod_id.clone());
-                        let base = other.unwrap_or_else(|| ContainerState {
-                            id: c.id.clone(),
-                            status: ShimStatus::Unknown,
-                            pid: 0,
-                            created_at: c.created_at,
-                            started_at: 0,
-                            finished_at: 0,
-                            exit_code: 0,
-                            oom_killed: false,
-                            message: String::new(),
-                        });
+                        let base = other.unwrap_or_else(|| unknown_state(c));
                         ContainerState {
                             status: ShimStatus::Exited,
                             exit_code: 255,

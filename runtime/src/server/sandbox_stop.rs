@@ -62,6 +62,13 @@ impl Inner {
             std::fs::read_dir(dir.join("runc")).is_ok_and(|mut d| d.next().is_some());
         if !shut_down && has_containers {
             self.cleanup_dead_shim(&dir).await;
+            // A dead shim's containers were re-parented to us, their subreaper: collect them.
+            for c in self.pod_containers(pod_id) {
+                if let Some(pid) = c.last.as_ref().map(|s| s.pid).filter(|p| *p > 0) {
+                    kill_child(pid);
+                    reap(pid).await;
+                }
+            }
         }
         for file in [paths::INFRA_PID, paths::SHIM_PID] {
             if let Some(pid) = std::fs::read_to_string(dir.join(file))
@@ -119,6 +126,15 @@ async fn reap(pid: i32) {
             }
             _ => return,
         }
+    }
+}
+
+/// SIGKILL `pid` only if it is our own unreaped child: such a pid cannot have been reused.
+fn kill_child(pid: i32) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let p = nix::unistd::Pid::from_raw(pid);
+    if let Ok(WaitStatus::StillAlive) = waitpid(p, Some(WaitPidFlag::WNOHANG)) {
+        let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
     }
 }
 
