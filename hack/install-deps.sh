@@ -36,7 +36,8 @@ command -v dpkg >/dev/null 2>&1 || die "dpkg not found: this script supports Deb
 
 installed() {
   # dpkg -s also knows removed packages whose config files remain: require "install ok installed".
-  dpkg -s "$1" 2>/dev/null | grep -q '^Status: install ok installed$'
+  # (dpkg-query, not `dpkg -s | grep -q`: under pipefail, grep quitting early fails the pipe.)
+  [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
 }
 
 missing=()

@@ -1,7 +1,8 @@
 //! Wire protocols spoken by crishim.
 //!
 //! - `cri`: the Kubernetes CRI v1 API (generated tonic/prost bindings from `k8s-cri`).
-//! - `shim`: the daemon ⇄ per-pod shim protocol.
+//! - `shim`: the daemon ⇄ per-pod shim protocol, and `record`: the atomic record files both read.
 
 pub use k8s_cri::v1 as cri;
+pub mod record;
 pub mod shim;

@@ -3,7 +3,7 @@
 //! corrupt them. CRI configs are kept as their protobuf encoding.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine as _;
 use crishim_proto::cri;
@@ -143,16 +143,7 @@ impl RecordDir {
     }
 }
 
-pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_data()?;
-    }
-    std::fs::rename(&tmp, path)
-}
+pub use crishim_proto::record::{now_nanos, write_atomic};
 
 /// In-memory index: records by id, and reserved names so two pods (or two containers of one pod)
 /// never share a CRI name.
@@ -203,12 +194,6 @@ pub fn new_id() -> String {
         let _ = f.read_exact(&mut buf);
     }
     buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn now_nanos() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i64)
 }
 
 #[cfg(test)]

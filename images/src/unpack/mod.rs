@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use tar::EntryType;
 
+pub use sys::openat2;
 pub(crate) use sys::{open_dir, syncfs};
 
 use crate::digest::{Digest, Hasher};

@@ -28,24 +28,23 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// Open a directory beneath `root`: fails with `EXDEV` if resolution would leave `root` through `..`
-/// or an absolute symlink, and with `ELOOP` through magic links.
-pub fn open_dir_beneath(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
+/// openat2(2): open `rel` relative to `dir` with `flags` and `resolve` (`RESOLVE_*`) rules.
+pub fn openat2(dir: &impl AsRawFd, rel: &Path, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
     let path = if rel.as_os_str().is_empty() {
         cstr(b".")?
     } else {
         cstr(rel.as_os_str().as_bytes())?
     };
     let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64,
+        flags: flags as u64,
         mode: 0,
-        resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
     // SAFETY: valid pointers for the duration of the call; the kernel copies `how`.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            root.as_raw_fd(),
+            dir.as_raw_fd(),
             path.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
@@ -56,6 +55,17 @@ pub fn open_dir_beneath(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
     }
     // SAFETY: the kernel returned a fresh descriptor that we now own.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Open a directory beneath `root`: fails with `EXDEV` if resolution would leave `root` through `..`
+/// or an absolute symlink, and with `ELOOP` through magic links.
+pub fn open_dir_beneath(root: &OwnedFd, rel: &Path) -> io::Result<OwnedFd> {
+    openat2(
+        root,
+        rel,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS,
+    )
 }
 
 pub fn open_dir(path: &Path) -> io::Result<OwnedFd> {

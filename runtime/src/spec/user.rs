@@ -6,11 +6,9 @@
 //! /etc/shadow` names the image's shadow file, never the host's.
 
 use std::collections::BTreeSet;
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::num::IntErrorKind;
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::Path;
 
 use crishim_proto::cri;
@@ -281,14 +279,6 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|l| l.split(':').collect())
 }
 
-/// `struct open_how` of openat2(2); libc's is `#[non_exhaustive]`, so it cannot be built here.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
 /// Reads `rel` as if `root` were `/`. `Ok(None)` if it does not exist; a non-regular file (a
 /// FIFO that would block us, a device) or an oversized one is refused.
 pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, SpecError> {
@@ -323,27 +313,8 @@ pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, Spe
 }
 
 fn openat2_in_root(dir: &File, rel: &str) -> io::Result<File> {
-    let path = CString::new(rel).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let how = OpenHow {
-        // O_NONBLOCK: opening a FIFO must not hang; it is refused right after by the type check.
-        flags: (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
-    };
-    // SAFETY: `path` is NUL-terminated and `how` a valid `open_how` of the size passed; both
-    // outlive the call. On success the kernel returns a new descriptor we then own.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a freshly opened descriptor that nothing else owns.
-    Ok(unsafe { File::from_raw_fd(fd as RawFd) })
+    // O_NONBLOCK: opening a FIFO must not hang; it is refused right after by the type check.
+    let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
+    let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    crishim_images::unpack::openat2(dir, Path::new(rel), flags, resolve).map(File::from)
 }
