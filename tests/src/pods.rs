@@ -549,6 +549,29 @@ impl PodEnv {
     }
 }
 
+/// A `/bin/sh -c SCRIPT MARKER` command: `MARKER` becomes `$0`, so the shell is found on the
+/// host by its command line.
+pub fn sh(script: &str, marker: &str) -> Vec<String> {
+    vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        script.to_string(),
+        marker.to_string(),
+    ]
+}
+
+/// A unique marker for a command line, found again on the host with `ps`.
+pub fn marker(what: &str) -> String {
+    format!("crishim-{what}-{}", random_hex(6))
+}
+
+/// A container config running `sh -c script marker`.
+pub fn sh_container(env: &PodEnv, name: &str, script: &str, marker: &str) -> cri::ContainerConfig {
+    let mut c = env.container_config(name, &[]);
+    c.command = sh(script, marker);
+    c
+}
+
 /// A container config: metadata `name`, image `image`, `command`, log path `<name>.log`, label
 /// `crishim-test-container=<name>`.
 pub fn container_config(name: &str, image: &str, command: &[&str]) -> cri::ContainerConfig {

@@ -21,6 +21,7 @@ use crishim_tests::pods::{
     with_descendants, HostProcess, PodEnv, PodTraces, IGNORE_TERM, LOOP_UNTIL_TERM, NS_CONTAINER,
     NS_NODE, NS_POD,
 };
+use crishim_tests::pods::{marker, sh_container};
 use crishim_tests::{busybox_image, random_hex, Daemon, DaemonOptions};
 use tonic::Code;
 
@@ -45,28 +46,6 @@ fn ids(v: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
     v.sort();
     v
-}
-
-/// A `/bin/sh -c SCRIPT MARKER` command: `MARKER` becomes `$0`, so the shell is found on the
-/// host by its command line.
-fn sh(script: &str, marker: &str) -> Vec<String> {
-    vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        script.to_string(),
-        marker.to_string(),
-    ]
-}
-
-fn marker(what: &str) -> String {
-    format!("crishim-{what}-{}", random_hex(6))
-}
-
-/// A container config running `sh -c script marker`.
-fn sh_container(env: &PodEnv, name: &str, script: &str, marker: &str) -> cri::ContainerConfig {
-    let mut c = env.container_config(name, &[]);
-    c.command = sh(script, marker);
-    c
 }
 
 /// The live `crishim-shim start` processes of this daemon (command line holds its state dir).

@@ -18,6 +18,7 @@ use crishim_tests::pods::{
     set_pod_namespaces, wait_for_log_line, with_descendants, HostProcess, PodEnv, PodTraces,
     NS_POD,
 };
+use crishim_tests::pods::{marker, sh_container};
 use crishim_tests::{random_hex, Daemon};
 use tonic::codec::Streaming;
 
@@ -32,28 +33,6 @@ const WAIT: Duration = Duration::from_secs(30);
 /// `sh` script: print a counter to stdout every 100 ms; exit 0 on SIGTERM.
 const COUNTER: &str =
     "trap 'exit 0' TERM; i=0; while true; do echo $i; i=$((i+1)); sleep 0.1; done";
-
-/// A `/bin/sh -c SCRIPT MARKER` command: `MARKER` becomes `$0`, so the shell is found on the
-/// host by its command line.
-fn sh(script: &str, marker: &str) -> Vec<String> {
-    vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        script.to_string(),
-        marker.to_string(),
-    ]
-}
-
-fn marker(what: &str) -> String {
-    format!("crishim-{what}-{}", random_hex(6))
-}
-
-/// A container config running `sh -c script marker`.
-fn sh_container(env: &PodEnv, name: &str, script: &str, marker: &str) -> cri::ContainerConfig {
-    let mut c = env.container_config(name, &[]);
-    c.command = sh(script, marker);
-    c
-}
 
 /// Unix time in nanoseconds, as CRI timestamps are.
 fn now_nanos() -> i64 {
