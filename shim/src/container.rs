@@ -318,10 +318,9 @@ impl Shim {
             c.state.status = Status::Exited;
             c.state.exit_code = code;
             c.state.finished_at = now_nanos();
-            c.state.oom_killed = matches!(
-                status,
-                WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGKILL, _)
-            ) && oom_killed(&c.cgroup);
+            // Any OOM kill in the container's cgroup, as containerd reports it: the killed
+            // process is often a child, and the init then exits with its status.
+            c.state.oom_killed = oom_killed(&c.cgroup);
             let state = c.state.clone();
             self.persist(&state);
             self.exited.notify_waiters();
