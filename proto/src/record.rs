@@ -4,9 +4,16 @@
 use std::io::Write;
 use std::path::Path;
 
+static TMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Write `data` to a temporary file beside `path`, flush it to disk and rename it into place.
+/// Each write has its own temporary name, so concurrent writers of one record never collide: the
+/// last rename wins, whole.
 pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    let n = TMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.{n}.tmp", std::process::id()));
+    let tmp = path.with_file_name(name);
     {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(data)?;
@@ -25,6 +32,30 @@ pub fn now_nanos() -> i64 {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn concurrent_writers_of_one_record_do_not_collide() {
+        let dir = std::env::temp_dir().join(format!("crishim-record-c-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.json");
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        super::write_atomic(&p, format!("writer {i}").as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(String::from_utf8(std::fs::read(&p).unwrap())
+            .unwrap()
+            .starts_with("writer "));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn replaces_whole_files() {
         let dir = std::env::temp_dir().join(format!("crishim-record-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -32,7 +63,11 @@ mod tests {
         super::write_atomic(&p, b"one").unwrap();
         super::write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!p.with_extension("tmp").exists());
+        assert_eq!(
+            std::fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no temporary file is left"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -61,6 +61,11 @@ pub enum Request {
     ReopenLog {
         id: String,
     },
+    /// Change a running container's cgroup limits.
+    Update {
+        id: String,
+        resources: Box<oci_spec::runtime::LinuxResources>,
+    },
     /// Keep the connection open: the shim answers with one `State` line for every container that
     /// has exited (those already exited first), then one per exit as it happens. The connection
     /// ending means the shim is gone.

@@ -9,3 +9,4 @@ pub mod records;
 pub mod server;
 pub mod shim_client;
 pub mod spec;
+pub mod stats;

@@ -283,6 +283,43 @@ impl Shim {
         }
     }
 
+    /// New cgroup limits for a live container (`UpdateContainerResources`).
+    pub fn update(&mut self, id: &str, resources: &oci_spec::runtime::LinuxResources) -> Response {
+        use libcgroups::common::{
+            create_cgroup_manager, CgroupConfig, CgroupManager, ControllerOpt,
+        };
+        let Some(c) = self.containers.get(id) else {
+            return not_found(id);
+        };
+        if c.state.status == Status::Exited {
+            return Response::error(
+                ErrorKind::FailedPrecondition,
+                format!("container {id} has exited"),
+            );
+        }
+        let config = CgroupConfig {
+            cgroup_path: PathBuf::from(&c.cgroup),
+            systemd_cgroup: false,
+            container_name: id.to_string(),
+        };
+        let opt = ControllerOpt {
+            resources,
+            disable_oom_killer: false,
+            oom_score_adj: None,
+            freezer_state: None,
+        };
+        match create_cgroup_manager(config)
+            .map_err(|e| e.to_string())
+            .and_then(|m| m.apply(&opt).map_err(|e| e.to_string()))
+        {
+            Ok(()) => Response::Ok,
+            Err(e) => Response::error(
+                ErrorKind::InvalidArgument,
+                format!("updating resources of {id}: {e}"),
+            ),
+        }
+    }
+
     pub fn reopen_log(&mut self, id: &str) -> Response {
         let Some(c) = self.containers.get(id) else {
             return not_found(id);

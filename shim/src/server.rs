@@ -155,6 +155,7 @@ async fn handle(shim: &Shared, req: Request) -> Response {
         }
         Request::Exec { id, args, timeout } => container::exec(shim, &id, args, timeout).await,
         Request::ReopenLog { id } => shim.borrow_mut().reopen_log(&id),
+        Request::Update { id, resources } => shim.borrow_mut().update(&id, &resources),
         Request::Shutdown | Request::Watch => unreachable!("handled by the connection"),
     }
 }

@@ -65,6 +65,37 @@ async fn limits_reach_the_cgroup_and_going_over_memory_is_oom_killed() {
     assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000");
     assert_eq!(read("cpu", "cpu.shares"), "512");
 
+    // Changed live, while it runs.
+    env.d
+        .runtime_client()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: limited.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota: 25_000,
+                memory_limit_in_bytes: 128 * MIB,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("UpdateContainerResources");
+    assert_eq!(
+        read("memory", "memory.limit_in_bytes"),
+        (128 * MIB).to_string()
+    );
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "25000");
+    let r = env
+        .d
+        .runtime_client()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: "no-such-container".into(),
+            linux: Some(Default::default()),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(r.unwrap_err().code(), tonic::Code::NotFound);
+
     // `tail -n 1` of data without newlines holds it all: far past 32 MiB.
     let mut hog = env.container_config(
         "hog",

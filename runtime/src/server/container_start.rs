@@ -21,25 +21,18 @@ impl RuntimeService {
             .await?
         {
             Response::State(s) => {
-                let mut c = inner.container(&c.id)?;
-                let exited = s.status == crishim_proto::shim::Status::Exited;
-                c.last = Some(s.clone());
-                inner.save_container(&c)?;
+                // Announce the start with the state the shim answered, then record it through the
+                // same merge as the exit watcher: an exit it already recorded is never undone,
+                // and one seen first here is announced (once) after the start.
+                let mut started = inner.container(&c.id)?;
+                started.last = Some(s.clone());
                 inner
                     .emit_container(
-                        &c,
+                        &started,
                         crishim_proto::cri::ContainerEventType::ContainerStartedEvent,
                     )
                     .await;
-                if exited {
-                    // It ran and ended already: the watcher may have been too early to see it.
-                    inner
-                        .emit_container(
-                            &c,
-                            crishim_proto::cri::ContainerEventType::ContainerStoppedEvent,
-                        )
-                        .await;
-                }
+                inner.update_state(&c.id, s).await;
                 Ok(StartContainerResponse {})
             }
             other => Err(unexpected(other)),

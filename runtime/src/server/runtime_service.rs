@@ -480,12 +480,12 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
 
     async fn update_container_resources(
         &self,
-        _r: GrpcRequest<cri::UpdateContainerResourcesRequest>,
+        r: GrpcRequest<cri::UpdateContainerResourcesRequest>,
     ) -> Result<GrpcResponse<cri::UpdateContainerResourcesResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "UpdateContainerResources",
-            " is not implemented yet"
-        )))
+            self.do_update_container_resources(r.into_inner()).await,
+        )
     }
     async fn exec(
         &self,
@@ -516,39 +516,39 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     }
     async fn container_stats(
         &self,
-        _r: GrpcRequest<cri::ContainerStatsRequest>,
+        r: GrpcRequest<cri::ContainerStatsRequest>,
     ) -> Result<GrpcResponse<cri::ContainerStatsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "ContainerStats",
-            " is not implemented yet"
-        )))
+            self.do_container_stats(r.into_inner()).await,
+        )
     }
     async fn list_container_stats(
         &self,
-        _r: GrpcRequest<cri::ListContainerStatsRequest>,
+        r: GrpcRequest<cri::ListContainerStatsRequest>,
     ) -> Result<GrpcResponse<cri::ListContainerStatsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "ListContainerStats",
-            " is not implemented yet"
-        )))
+            self.do_list_container_stats(r.into_inner()).await,
+        )
     }
     async fn pod_sandbox_stats(
         &self,
-        _r: GrpcRequest<cri::PodSandboxStatsRequest>,
+        r: GrpcRequest<cri::PodSandboxStatsRequest>,
     ) -> Result<GrpcResponse<cri::PodSandboxStatsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "PodSandboxStats",
-            " is not implemented yet"
-        )))
+            self.do_pod_sandbox_stats(r.into_inner()).await,
+        )
     }
     async fn list_pod_sandbox_stats(
         &self,
-        _r: GrpcRequest<cri::ListPodSandboxStatsRequest>,
+        r: GrpcRequest<cri::ListPodSandboxStatsRequest>,
     ) -> Result<GrpcResponse<cri::ListPodSandboxStatsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "ListPodSandboxStats",
-            " is not implemented yet"
-        )))
+            self.do_list_pod_sandbox_stats(r.into_inner()).await,
+        )
     }
     async fn checkpoint_container(
         &self,
@@ -561,21 +561,21 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     }
     async fn list_metric_descriptors(
         &self,
-        _r: GrpcRequest<cri::ListMetricDescriptorsRequest>,
+        r: GrpcRequest<cri::ListMetricDescriptorsRequest>,
     ) -> Result<GrpcResponse<cri::ListMetricDescriptorsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "ListMetricDescriptors",
-            " is not implemented yet"
-        )))
+            self.do_list_metric_descriptors(r.into_inner()).await,
+        )
     }
     async fn list_pod_sandbox_metrics(
         &self,
-        _r: GrpcRequest<cri::ListPodSandboxMetricsRequest>,
+        r: GrpcRequest<cri::ListPodSandboxMetricsRequest>,
     ) -> Result<GrpcResponse<cri::ListPodSandboxMetricsResponse>, Status> {
-        Err(Status::unimplemented(concat!(
+        logged(
             "ListPodSandboxMetrics",
-            " is not implemented yet"
-        )))
+            self.do_list_pod_sandbox_metrics(r.into_inner()).await,
+        )
     }
 
     type GetContainerEventsStream = EventStream;

@@ -12,11 +12,12 @@ use crate::cni::{netns, CniError, Dns, PodNetwork, PortMapping};
 use crate::records::PodRecord;
 
 impl Inner {
-    fn netns_path(&self, pod_id: &str) -> PathBuf {
+    /// Where the pod's network namespace is pinned.
+    pub(super) fn netns_path(&self, pod_id: &str) -> PathBuf {
         self.config.state_dir.join("netns").join(pod_id)
     }
 
-    fn pod_network(&self, pod: &PodRecord) -> PodNetwork {
+    fn cni_request(&self, pod: &PodRecord) -> PodNetwork {
         let meta = pod.config.metadata.clone().unwrap_or_default();
         PodNetwork {
             id: pod.id.clone(),
@@ -68,7 +69,7 @@ impl Inner {
         })?;
         let result = self
             .cni
-            .setup(&self.pod_network(pod))
+            .setup(&self.cni_request(pod))
             .await
             .map_err(|e| Status::unknown(format!("setting up the pod network: {e}")))?;
         pod.ips = result.ips.iter().map(|ip| ip.to_string()).collect();
@@ -90,7 +91,7 @@ impl Inner {
         let path = self.netns_path(&pod.id);
         let cached = self.cni.cached_result(&pod.id).ok().flatten().is_some();
         if cached || path.exists() {
-            match self.cni.teardown(&self.pod_network(pod)).await {
+            match self.cni.teardown(&self.cni_request(pod)).await {
                 Ok(()) | Err(CniError::NoConfig(_)) => {}
                 Err(e) => {
                     return Err(Status::unknown(format!(

@@ -98,6 +98,23 @@ pub const ANNOTATION_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namesp
 pub const ANNOTATION_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
 
 /// Builds the OCI runtime spec for one container.
+/// The cgroup limits of `resources` alone, for `UpdateContainerResources` on a running container:
+/// device rules are left as they are.
+pub fn resources(
+    resources: &cri::LinuxContainerResources,
+) -> Result<oci_spec::runtime::LinuxResources, SpecError> {
+    let config = cri::ContainerConfig {
+        linux: Some(cri::LinuxContainerConfig {
+            resources: Some(resources.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut out = resources::build(&config, Vec::new(), &HostFacts::detect())?;
+    out.set_devices(None);
+    Ok(out)
+}
+
 pub fn build(inputs: &SpecInputs<'_>) -> Result<Spec, SpecError> {
     build_with(inputs, &HostFacts::detect())
 }

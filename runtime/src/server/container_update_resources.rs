@@ -1,0 +1,45 @@
+//! `UpdateContainerResources`: new cgroup limits for a running container, applied by its shim and
+//! kept in the container's record.
+
+use crishim_proto::cri::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
+use crishim_proto::shim::Request;
+use tonic::Status;
+
+use super::runtime_service::RuntimeService;
+use crate::spec::{self, SpecError};
+
+impl RuntimeService {
+    pub(super) async fn do_update_container_resources(
+        &self,
+        req: UpdateContainerResourcesRequest,
+    ) -> Result<UpdateContainerResourcesResponse, Status> {
+        let inner = &self.inner;
+        let c = inner.container(&req.container_id)?;
+        let linux = req.linux.ok_or_else(|| {
+            Status::invalid_argument("UpdateContainerResources: linux resources are required")
+        })?;
+        let resources = spec::resources(&linux).map_err(|e| match e {
+            SpecError::Invalid(m) => {
+                Status::invalid_argument(format!("UpdateContainerResources: {m}"))
+            }
+            SpecError::Internal(m) => Status::internal(format!("UpdateContainerResources: {m}")),
+        })?;
+        let _guard = inner.lock(&c.id).await;
+        inner
+            .shim_ok(
+                &c.pod_id,
+                Request::Update {
+                    id: c.id.clone(),
+                    resources: Box::new(resources),
+                },
+            )
+            .await?;
+        let mut c = inner.container(&c.id)?;
+        c.config
+            .linux
+            .get_or_insert_with(Default::default)
+            .resources = Some(linux);
+        inner.save_container(&c)?;
+        Ok(UpdateContainerResourcesResponse {})
+    }
+}
