@@ -40,6 +40,7 @@ impl RuntimeService {
                 config.log_directory
             )));
         }
+        check_sysctls(&config)?;
         let id = new_id();
         let name = pod_name(&meta);
         if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
@@ -70,6 +71,52 @@ impl RuntimeService {
             }
         }
     }
+}
+
+/// Which namespace a sysctl belongs to, as the kernel scopes them (None: not namespaced, so it
+/// would change the whole node).
+fn sysctl_namespace(key: &str) -> Option<&'static str> {
+    let k = key.replace('/', ".");
+    if k.starts_with("net.") {
+        Some("network")
+    } else if k.starts_with("kernel.shm")
+        || k.starts_with("kernel.msg")
+        || k == "kernel.sem"
+        || k.starts_with("fs.mqueue.")
+    {
+        Some("IPC")
+    } else if k == "kernel.hostname" || k == "kernel.domainname" {
+        Some("UTS")
+    } else {
+        None
+    }
+}
+
+/// A pod may set only sysctls of namespaces it owns: never one of the node's.
+fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Status> {
+    let linux = config.linux.clone().unwrap_or_default();
+    let ns = linux
+        .security_context
+        .as_ref()
+        .and_then(|s| s.namespace_options.as_ref());
+    let host_net = mode(ns, |o| o.network) == NamespaceMode::Node;
+    let host_ipc = mode(ns, |o| o.ipc) == NamespaceMode::Node;
+    for key in linux.sysctls.keys() {
+        let refuse = match sysctl_namespace(key) {
+            None => Some("it is not namespaced and would change the node"),
+            Some("network") | Some("UTS") if host_net => {
+                Some("the pod shares the node's network and UTS namespaces")
+            }
+            Some("IPC") if host_ipc => Some("the pod shares the node's IPC namespace"),
+            Some(_) => None,
+        };
+        if let Some(why) = refuse {
+            return Err(Status::invalid_argument(format!(
+                "RunPodSandbox: sysctl {key:?} is refused: {why}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn mode(
@@ -269,6 +316,55 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pod_with(
+        sysctls: &[(&str, &str)],
+        network: NamespaceMode,
+        ipc: NamespaceMode,
+    ) -> cri::PodSandboxConfig {
+        cri::PodSandboxConfig {
+            linux: Some(cri::LinuxPodSandboxConfig {
+                sysctls: sysctls
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: network as i32,
+                        ipc: ipc as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sysctls_only_in_namespaces_the_pod_owns() {
+        use NamespaceMode::{Node, Pod};
+        let ok = [
+            ("net.ipv4.ip_forward", "1"),
+            ("kernel.shmmax", "1"),
+            ("fs.mqueue.msg_max", "9"),
+        ];
+        assert!(check_sysctls(&pod_with(&ok, Pod, Pod)).is_ok());
+        let e = check_sysctls(&pod_with(&[("net.core.somaxconn", "1024")], Node, Pod)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().contains("net.core.somaxconn"),
+            "{}",
+            e.message()
+        );
+        assert!(check_sysctls(&pod_with(&[("kernel.msgmax", "1")], Pod, Node)).is_err());
+        assert!(check_sysctls(&pod_with(&[("vm.swappiness", "1")], Pod, Pod)).is_err());
+        assert!(
+            check_sysctls(&pod_with(&[("kernel/shmmax", "1")], Pod, Pod)).is_ok(),
+            "slash form"
+        );
+    }
 
     #[test]
     fn resolv_conf_from_dns_config() {
