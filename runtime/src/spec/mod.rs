@@ -98,6 +98,13 @@ pub const ANNOTATION_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namesp
 pub const ANNOTATION_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
 
 /// Builds the OCI runtime spec for one container.
+/// `noNewPrivileges` as libcontainer needs it: absent unless set. libcontainer installs a seccomp
+/// filter early, while still privileged, only when the field is absent; an explicit `false` takes
+/// the late path, after capabilities are dropped, where loading the filter fails with EPERM.
+fn no_new_privileges(set: bool) -> Option<bool> {
+    set.then_some(true)
+}
+
 /// The cgroup limits of `resources` alone, for `UpdateContainerResources` on a running container:
 /// device rules are left as they are.
 pub fn resources(
@@ -149,7 +156,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
         )?)
         .set_capabilities(Some(security::linux_capabilities(capabilities)))
         .set_rlimits(Some(process::rlimits(host.nofile_hard)))
-        .set_no_new_privileges(Some(sc.is_some_and(|sc| sc.no_new_privs)))
+        .set_no_new_privileges(no_new_privileges(sc.is_some_and(|sc| sc.no_new_privs)))
         .set_oom_score_adj(resources::oom_score_adj(config, inputs.min_oom_score_adj));
 
     let (masked_paths, readonly_paths) = security::masked_and_readonly_paths(sc, privileged);
