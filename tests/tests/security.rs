@@ -527,6 +527,15 @@ async fn apparmor_and_selinux_options_are_accepted() {
     })
     .await;
     assert_eq!(env.d.exec_ok(&id, &["echo", "ok"]).await.trim(), "ok");
+    let log = env.d.log_text();
+    assert!(
+        log.contains("AppArmor options accepted and ignored"),
+        "no log line for AppArmor"
+    );
+    assert!(
+        log.contains("SELinux options accepted and ignored"),
+        "no log line for SELinux"
+    );
     finish(env, &pod, traces).await;
 }
 

@@ -183,6 +183,7 @@ impl Inner {
             SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
             SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
         })?;
+        note_ignored_lsm_options(id, &record.config);
         if self.wants_init(pod, &record.config) {
             self.add_init(&mut spec)?;
         }
@@ -319,6 +320,28 @@ impl Inner {
         let _ = std::fs::remove_dir_all(&bundle);
         let _ = self.container_records.remove(id);
         self.index.lock().unwrap().containers.remove(id);
+    }
+}
+
+/// AppArmor and SELinux options are accepted but not applied (the nodes crishim targets have
+/// neither enforcing); say so once per container, so nobody believes they took effect.
+fn note_ignored_lsm_options(id: &str, config: &cri::ContainerConfig) {
+    let Some(sc) = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+    else {
+        return;
+    };
+    #[allow(deprecated)]
+    let apparmor = sc.apparmor.is_some() || !sc.apparmor_profile.is_empty();
+    if apparmor {
+        let host = std::path::Path::new("/sys/kernel/security/apparmor").exists();
+        info!(container = %id, host_has_apparmor = host, "AppArmor options accepted and ignored: crishim does not apply AppArmor profiles");
+    }
+    if sc.selinux_options.is_some() {
+        let host = std::path::Path::new("/sys/fs/selinux/enforce").exists();
+        info!(container = %id, host_has_selinux = host, "SELinux options accepted and ignored: crishim does not apply SELinux labels");
     }
 }
 
