@@ -3,8 +3,6 @@
 //! container, and the disk use of its writable layer. As in containerd, only running containers
 //! are listed.
 
-use std::sync::LazyLock;
-
 use crishim_proto::cri::{
     self, ContainerStatsRequest, ContainerStatsResponse, ListContainerStatsRequest,
     ListContainerStatsResponse, UInt64Value,
@@ -15,12 +13,9 @@ use tracing::debug;
 
 use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{now_nanos, ContainerRecord};
-use crate::stats::{self, Cgroups, CpuRates, DiskUsage, Memory};
+use crate::stats::{self, Cgroups, DiskUsage, Memory};
 
-/// The previous CPU sample of each container (by id) and pod (`pod/<id>`), for the rates.
-pub(super) static CPU_RATES: LazyLock<CpuRates> = LazyLock::new(CpuRates::default);
-
-/// The key of a pod in [`CPU_RATES`].
+/// The key of a pod in `Inner::cpu_rates`.
 pub(super) fn pod_rate_key(pod_id: &str) -> String {
     format!("pod/{pod_id}")
 }
@@ -38,14 +33,6 @@ pub(super) struct Reading {
 
 pub(super) fn value(v: u64) -> Option<UInt64Value> {
     Some(UInt64Value { value: v })
-}
-
-pub(super) fn cpu_usage(key: &str, at: i64, usage: u64) -> cri::CpuUsage {
-    cri::CpuUsage {
-        timestamp: at,
-        usage_core_nano_seconds: value(usage),
-        usage_nano_cores: value(CPU_RATES.rate(key, at, usage)),
-    }
 }
 
 pub(super) fn memory_usage(at: i64, m: &Memory) -> cri::MemoryUsage {
@@ -167,6 +154,15 @@ impl Inner {
     }
 
     /// The CRI form of a reading (which also takes the container's next CPU-rate sample).
+    /// Cumulative CPU time, and the rate since this container's or pod's previous sample.
+    pub(super) fn cpu_usage(&self, key: &str, at: i64, usage: u64) -> cri::CpuUsage {
+        cri::CpuUsage {
+            timestamp: at,
+            usage_core_nano_seconds: value(usage),
+            usage_nano_cores: value(self.cpu_rates.rate(key, at, usage)),
+        }
+    }
+
     pub(super) fn container_stats(&self, c: &ContainerRecord, r: &Reading) -> cri::ContainerStats {
         cri::ContainerStats {
             attributes: Some(cri::ContainerAttributes {
@@ -175,7 +171,7 @@ impl Inner {
                 labels: c.config.labels.clone(),
                 annotations: c.config.annotations.clone(),
             }),
-            cpu: r.cpu.map(|u| cpu_usage(&c.id, r.at, u)),
+            cpu: r.cpu.map(|u| self.cpu_usage(&c.id, r.at, u)),
             memory: r.memory.as_ref().map(|m| memory_usage(r.at, m)),
             writable_layer: r.disk.map(|d| cri::FilesystemUsage {
                 timestamp: r.at,
@@ -192,7 +188,7 @@ impl Inner {
     /// Drop the CPU samples of containers and pods that no longer exist.
     pub(super) fn forget_gone_rates(&self) {
         let index = self.index.lock().unwrap();
-        CPU_RATES.retain(|k| match k.strip_prefix("pod/") {
+        self.cpu_rates.retain(|k| match k.strip_prefix("pod/") {
             Some(pod) => index.pods.contains_key(pod),
             None => index.containers.contains_key(k),
         });

@@ -45,6 +45,8 @@ pub struct Inner {
     pub(super) started_nanos: i64,
     /// Exits that happened while the daemon was down, for subscribers that connect after start-up.
     pub(super) replay: Mutex<Vec<cri::ContainerEventResponse>>,
+    /// The previous CPU sample of each container (by id) and pod (`pod/<id>`), for CPU rates.
+    pub(super) cpu_rates: crate::stats::CpuRates,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -106,6 +108,7 @@ impl RuntimeService {
                 started: std::time::Instant::now(),
                 started_nanos: crate::records::now_nanos(),
                 replay: Mutex::default(),
+                cpu_rates: Default::default(),
             }),
         };
         let me = Arc::downgrade(&service.inner);

@@ -16,7 +16,7 @@ use crishim_proto::shim::Status as ShimStatus;
 use std::os::unix::fs::MetadataExt;
 use tonic::Status;
 
-use super::container_stats::{cpu_usage, known, memory_usage, pod_rate_key, value, Reading};
+use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
 use super::runtime_service::{Inner, RuntimeService};
 use super::sandbox_run::DEFAULT_CGROUP_PARENT;
 use crate::records::{now_nanos, PodRecord, PodState};
@@ -125,7 +125,7 @@ impl Inner {
         // The rate is the sum of theirs (a rate of the summed counter would jump whenever a
         // container starts or goes).
         linux.cpu = match own_cpu {
-            Some(u) => Some(cpu_usage(&pod_rate_key(&pod.id), at, u)),
+            Some(u) => Some(self.cpu_usage(&pod_rate_key(&pod.id), at, u)),
             None => readings
                 .iter()
                 .map(|r| r.cpu)
