@@ -119,6 +119,21 @@ impl RecordDir {
         }
     }
 
+    /// Remove the temporary files of writes that a crash cut short. Only at start-up, when no
+    /// write of this process is under way.
+    pub fn remove_temporaries(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "tmp") {
+                tracing::info!(path = %p.display(), "removing the temporary file of a cut-short write");
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+
     /// Every readable record; unreadable ones are reported and skipped, never fatal.
     pub fn load_all<T: for<'de> Deserialize<'de>>(&self) -> Vec<T> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
@@ -232,6 +247,20 @@ mod tests {
         assert_eq!(back[0].config.hostname, "h");
         assert_eq!(back[0].config.labels["a"], "b");
         assert_eq!(rec.id.len(), 64);
+    }
+
+    #[test]
+    fn temporaries_of_cut_short_writes_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let rd = RecordDir::new(dir.path().to_path_buf()).unwrap();
+        std::fs::write(dir.path().join("a.json"), b"{}").unwrap();
+        std::fs::write(dir.path().join("a.json.123.4.tmp"), b"{").unwrap();
+        rd.remove_temporaries();
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("a.json")]);
     }
 
     #[test]

@@ -229,6 +229,7 @@ pub async fn connect_unix(socket: &Path) -> Result<Channel> {
 impl Daemon {
     /// Write the config, start `crishim serve --config`, wait for the socket and connect.
     pub async fn start(opts: DaemonOptions) -> Result<Daemon> {
+        remember_panics();
         let dir = tempfile::Builder::new()
             .prefix("crishim-daemon-")
             .tempdir()?;
@@ -419,8 +420,36 @@ impl Drop for Daemon {
                 self.dir.path().display(),
                 tail(&self.log_text(), 12000)
             );
+            // CI shows the end of the output: repeat why the test failed after the log.
+            if let Some(msg) = LAST_PANIC.with(|p| p.borrow_mut().take()) {
+                eprintln!("---- the test failed with ----\n{msg}");
+            }
         }
     }
+}
+
+thread_local! {
+    /// This thread's latest panic, for [`Daemon`]'s drop to repeat after the daemon's log.
+    static LAST_PANIC: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Keep each panic's location and message in [`LAST_PANIC`], then report it as before.
+fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let msg = info
+                .payload()
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            let at = info.location().map(|l| l.to_string()).unwrap_or_default();
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{at}: {msg}")));
+            previous(info);
+        }));
+    });
 }
 
 /// Run `crishim serve --config FILE` with `opts` (in a fresh temporary directory) when it is

@@ -57,6 +57,8 @@ impl RuntimeService {
     pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
         let pod_records = RecordDir::new(config.root_dir.join("records/pods"))?;
         let container_records = RecordDir::new(config.root_dir.join("records/containers"))?;
+        pod_records.remove_temporaries();
+        container_records.remove_temporaries();
         let mut index = Index::default();
         for p in pod_records.load_all::<PodRecord>() {
             if let Some(m) = &p.config.metadata {
