@@ -1,6 +1,7 @@
 //! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
 
 pub mod authority;
+pub mod bundle;
 pub mod cgroups;
 pub mod cni;
 pub mod config;
@@ -10,3 +11,4 @@ pub mod server;
 pub mod shim_client;
 pub mod spec;
 pub mod stats;
+pub mod workflow;

@@ -33,6 +33,11 @@ enum Command {
         #[arg(long)]
         log_level: Option<String>,
     },
+    /// Run a Kubernetes Pod manifest as a workflow: init containers, then main containers and
+    /// sidecars; stop the sidecars when the main work is done, collect exit codes and outputs.
+    Run(crishim_runtime::workflow::RunArgs),
+    /// Run plain OCI bundles, like runc.
+    Bundle(crishim_runtime::bundle::BundleArgs),
 }
 
 fn main() -> Result<()> {
@@ -57,6 +62,8 @@ fn main() -> Result<()> {
                 .build()?
                 .block_on(crishim_runtime::daemon::serve(cfg))
         }
+        Command::Run(args) => std::process::exit(crishim_runtime::workflow::main(args)?),
+        Command::Bundle(args) => std::process::exit(crishim_runtime::bundle::main(args)?),
     }
 }
 
