@@ -34,6 +34,8 @@ pub struct Shim {
     /// libcontainer's state root.
     pub lc_root: PathBuf,
     pub infra_pid: i32,
+    /// Run by `crishim bundle run`: the shim lives exactly as long as its one container.
+    pub foreground: bool,
     pub containers: HashMap<String, Ctr>,
     /// Exec'd processes waiting for their exit status, by pid.
     pub exec_waiters: HashMap<i32, tokio::sync::oneshot::Sender<WaitStatus>>,
@@ -45,6 +47,20 @@ pub struct Shim {
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
+
+/// Where a new container's stdio goes.
+pub enum Stdio<'a> {
+    /// Pipes (or the pty, with a tty) copied into a CRI log file (none for an empty path); with
+    /// `stdin`, a pipe held open for it.
+    Log {
+        path: &'a Path,
+        stdin: bool,
+        tty: bool,
+    },
+    /// The shim's own stdin, stdout and stderr (`crishim bundle run`); with a tty, the pty, whose
+    /// master the caller relays to its own stdio.
+    Inherit { tty: bool },
+}
 
 fn internal(what: &str, e: impl std::fmt::Display) -> Response {
     Response::error(ErrorKind::Internal, format!("{what}: {e}"))
@@ -72,6 +88,7 @@ impl Shim {
             lc_root: dir.join("runc"),
             dir,
             infra_pid,
+            foreground: false,
             containers: HashMap::new(),
             exec_waiters: HashMap::new(),
             exited: Rc::new(tokio::sync::Notify::new()),
@@ -96,28 +113,38 @@ impl Shim {
         }
     }
 
+    /// Create a container (it does not run yet). With [`Stdio::Inherit`] and a tty, the pty's
+    /// master is returned for the caller to relay.
     pub fn create(
         &mut self,
         id: &str,
         bundle: &Path,
-        log_path: &Path,
-        stdin: bool,
-        tty: bool,
-    ) -> Response {
+        stdio: Stdio<'_>,
+    ) -> Result<Option<OwnedFd>, Response> {
         if self.containers.contains_key(id) {
-            return Response::error(
+            return Err(Response::error(
                 ErrorKind::AlreadyExists,
                 format!("container {id:?} already exists"),
-            );
+            ));
         }
         let cgroup = cgroups_path(bundle).unwrap_or_default();
+        let (log_path, stdin, tty) = match stdio {
+            Stdio::Log { path, stdin, tty } => (path, stdin, tty),
+            // No log file: the container writes to the shim's own stdout and stderr.
+            Stdio::Inherit { tty } => (Path::new(""), false, tty),
+        };
         let log = match LogSink::new(log_path.to_path_buf()) {
             Ok(l) => Rc::new(l),
-            Err(e) => return internal(&format!("opening log file {}", log_path.display()), e),
+            Err(e) => {
+                return Err(internal(
+                    &format!("opening log file {}", log_path.display()),
+                    e,
+                ))
+            }
         };
         let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
         // With a tty the container's stdio is the pty, whose master libcontainer sends us over a
-        // console socket; otherwise three pipes.
+        // console socket; otherwise three pipes, or nothing to do when the container inherits ours.
         let console = if tty {
             let name = format!("{id}.console");
             let path = self.dir.join(&name);
@@ -131,14 +158,15 @@ impl Shim {
                     builder = builder.with_console_socket(Some(&path));
                     Some((l, path))
                 }
-                Err(e) => return internal("binding the console socket", e),
+                Err(e) => return Err(internal("binding the console socket", e)),
             }
         } else {
             None
         };
+        let inherit = matches!(stdio, Stdio::Inherit { .. });
         let mut outputs = Vec::new();
         let mut stdin_w = None;
-        if console.is_none() {
+        if console.is_none() && !inherit {
             let pipes = (|| -> nix::Result<_> {
                 let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
                 let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
@@ -151,7 +179,7 @@ impl Shim {
             })();
             let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
                 Ok(p) => p,
-                Err(e) => return internal("creating stdio pipes", e),
+                Err(e) => return Err(internal("creating stdio pipes", e)),
             };
             builder = builder.with_stdout(out_w).with_stderr(err_w);
             if let Some((r, w)) = inp {
@@ -180,16 +208,18 @@ impl Shim {
                     let _ = c.delete(true);
                 }
                 let _ = std::fs::remove_dir_all(self.lc_root.join(id));
-                return Response::error(
+                return Err(Response::error(
                     ErrorKind::FailedPrecondition,
                     format!("creating container {id}: {e}"),
-                );
+                ));
             }
         };
+        let mut relay = None;
         if let Some((listener, path)) = console {
             let master = receive_pty(&listener);
             let _ = std::fs::remove_file(&path);
             match master {
+                Ok(fd) if inherit => relay = Some(fd),
                 Ok(fd) => match nix::unistd::dup(fd.as_raw_fd()) {
                     // One end for the log, one kept for stdin.
                     Ok(dup) => {
@@ -221,14 +251,14 @@ impl Shim {
         self.containers.insert(
             id.to_string(),
             Ctr {
-                state: state.clone(),
+                state,
                 bundle: bundle.to_path_buf(),
                 cgroup,
                 log,
                 _stdin: stdin_w,
             },
         );
-        Response::State(state)
+        Ok(relay)
     }
 
     pub fn start(&mut self, id: &str) -> Response {

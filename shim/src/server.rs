@@ -2,7 +2,7 @@
 
 use std::cell::RefCell;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -10,19 +10,45 @@ use crishim_proto::shim::{paths, ErrorKind, InfraSpec, Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::container::{self, Shared, Shim};
+use crate::container::{self, Shared, Shim, Stdio};
 use crate::record::write_atomic;
 
 /// Requests are small; refuse anything absurd before buffering it.
 const MAX_REQUEST: usize = 1 << 20;
 
 /// Run the shim. `ready` is written `ok` and closed once requests can be served; on an error before
-/// that, the caller reports it through `ready` instead.
+/// that, the caller reports it through `ready` instead. Without `infra` (a bundle's shim) there is
+/// no infra process: the bundle's own config says which namespaces its container gets.
 pub fn serve(
     dir: PathBuf,
-    infra: InfraSpec,
+    infra: Option<InfraSpec>,
     ready: &mut Option<std::fs::File>,
 ) -> Result<(), String> {
+    become_subreaper()?;
+    let infra_pid = match &infra {
+        Some(spec) => {
+            let pid = crate::infra::spawn(spec)?;
+            write_atomic(&dir.join(paths::INFRA_PID), pid.to_string().as_bytes())
+                .map_err(|e| format!("recording infra pid: {e}"))?;
+            pid
+        }
+        None => 0,
+    };
+    let rt = runtime()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let listener = listen(&dir)?;
+        let shim: Shared = Rc::new(RefCell::new(Shim::new(dir, infra_pid)));
+        tokio::task::spawn_local(crate::reaper::run(shim.clone()));
+        if let Some(mut r) = ready.take() {
+            let _ = r.write_all(b"ok\n");
+        }
+        accept(listener, shim).await
+    })
+}
+
+/// Adopt every orphan of our containers, so that we reap them.
+pub fn become_subreaper() -> Result<(), String> {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         return Err(format!(
@@ -30,38 +56,36 @@ pub fn serve(
             std::io::Error::last_os_error()
         ));
     }
-    let infra_pid = crate::infra::spawn(&infra)?;
-    write_atomic(
-        &dir.join(paths::INFRA_PID),
-        infra_pid.to_string().as_bytes(),
-    )
-    .map_err(|e| format!("recording infra pid: {e}"))?;
-    let rt = tokio::runtime::Builder::new_current_thread()
+    Ok(())
+}
+
+/// The shim's event loop: one thread, as libcontainer forks.
+pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("starting runtime: {e}"))?;
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async move {
-        let sock = dir.join(paths::SOCKET);
-        let _ = std::fs::remove_file(&sock);
-        let (_dirfd, short) = paths::short_socket_path(&dir, paths::SOCKET)
-            .map_err(|e| format!("opening {}: {e}", dir.display()))?;
-        let listener =
-            UnixListener::bind(&short).map_err(|e| format!("binding {}: {e}", sock.display()))?;
-        let shim: Shared = Rc::new(RefCell::new(Shim::new(dir, infra_pid)));
-        tokio::task::spawn_local(crate::reaper::run(shim.clone()));
-        if let Some(mut r) = ready.take() {
-            let _ = r.write_all(b"ok\n");
-        }
-        loop {
-            match listener.accept().await {
-                Ok((conn, _)) => {
-                    tokio::task::spawn_local(connection(shim.clone(), conn));
-                }
-                Err(e) => eprintln!("crishim-shim: accept: {e}"),
+        .map_err(|e| format!("starting runtime: {e}"))
+}
+
+/// Bind the request socket in `dir`. Call within the runtime.
+pub fn listen(dir: &Path) -> Result<UnixListener, String> {
+    let sock = dir.join(paths::SOCKET);
+    let _ = std::fs::remove_file(&sock);
+    let (_dirfd, short) = paths::short_socket_path(dir, paths::SOCKET)
+        .map_err(|e| format!("opening {}: {e}", dir.display()))?;
+    UnixListener::bind(&short).map_err(|e| format!("binding {}: {e}", sock.display()))
+}
+
+/// Serve requests, one task per connection, for as long as the shim lives.
+pub async fn accept(listener: UnixListener, shim: Shared) -> ! {
+    loop {
+        match listener.accept().await {
+            Ok((conn, _)) => {
+                tokio::task::spawn_local(connection(shim.clone(), conn));
             }
+            Err(e) => eprintln!("crishim-shim: accept: {e}"),
         }
-    })
+    }
 }
 
 async fn connection(shim: Shared, conn: UnixStream) {
@@ -91,7 +115,8 @@ async fn connection(shim: Shared, conn: UnixStream) {
     out.push(b'\n');
     let _ = w.write_all(&out).await;
     let _ = w.shutdown().await;
-    if exit {
+    // A foreground shim ends with its container, restoring the caller's terminal on the way.
+    if exit && !shim.borrow().foreground {
         let dir = shim.borrow().dir.clone();
         let _ = std::fs::remove_file(dir.join(paths::SOCKET));
         std::process::exit(0);
@@ -132,9 +157,16 @@ async fn handle(shim: &Shared, req: Request) -> Response {
             stdin,
             tty,
         } => {
-            let r = shim
-                .borrow_mut()
-                .create(&id, &bundle, &log_path, stdin, tty);
+            let stdio = Stdio::Log {
+                path: &log_path,
+                stdin,
+                tty,
+            };
+            let created = shim.borrow_mut().create(&id, &bundle, stdio);
+            let r = match created {
+                Ok(_) => shim.borrow().state(&id),
+                Err(e) => e,
+            };
             // The container's init may already be a zombie; reap before answering.
             crate::reaper::reap(shim);
             r

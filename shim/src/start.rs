@@ -1,5 +1,6 @@
 //! Daemonize: fork, detach into a new session, and report readiness to the parent through a pipe, so
 //! the daemon's spawn returns only once the shim can take requests (or with the reason it cannot).
+//! A pod's shim gets `--infra`; a detached bundle's (`crishim bundle create`) does not.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -22,10 +23,11 @@ pub fn run(args: &[String]) -> ! {
     let Some(dir) = dir else {
         fail("--dir is required")
     };
+    // A bundle's shim has no infra process.
     let infra = match infra {
-        Some(Ok(i)) => i,
+        Some(Ok(i)) => Some(i),
         Some(Err(e)) => fail(&format!("--infra: {e}")),
-        None => fail("--infra is required"),
+        None => None,
     };
     if let Err(e) = std::fs::create_dir_all(&dir) {
         fail(&format!("creating {}: {e}", dir.display()));
