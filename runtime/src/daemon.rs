@@ -24,7 +24,16 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// The kubelet's own CRI message limit.
 const MAX_MESSAGE: usize = 16 << 20;
 
+/// Serve until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<()> {
+    serve_until(config, shutdown()).await
+}
+
+/// Serve until `stop` completes (`crishim run` serves in process this way).
+pub async fn serve_until(
+    config: Config,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<()> {
     // Shims daemonize; as their subreaper we collect them when they exit instead of leaving zombies
     // to an init that may not reap. They outlive us all the same: on our exit they move to init.
     // SAFETY: prctl with integer arguments.
@@ -60,7 +69,7 @@ pub async fn serve(config: Config) -> Result<()> {
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFix::new)),
             async {
-                shutdown().await;
+                stop.await;
                 let _ = stopping_tx.send(());
             },
         );

@@ -5,6 +5,7 @@ pub mod bundle;
 pub mod cgroups;
 pub mod cni;
 pub mod config;
+pub mod cri_client;
 pub mod daemon;
 pub mod records;
 pub mod server;

@@ -40,8 +40,15 @@ enum Command {
     Bundle(crishim_runtime::bundle::BundleArgs),
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    // One line, with the causes: `crishim: <what failed>: <why>`.
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("crishim: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Serve {
             config,

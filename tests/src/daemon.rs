@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use crishim_proto::cri::image_service_client::ImageServiceClient;
 use crishim_proto::cri::runtime_service_client::RuntimeServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::registry::tail;
 
@@ -211,19 +211,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A tonic channel over a unix socket.
 pub async fn connect_unix(socket: &Path) -> Result<Channel> {
-    let path = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .timeout(RPC_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await?;
-    Ok(channel)
+    Ok(crishim_runtime::cri_client::connect_unix(socket, RPC_TIMEOUT).await?)
 }
 
 impl Daemon {

@@ -25,7 +25,7 @@ mod process;
 mod resources;
 mod seccomp;
 mod security;
-mod user;
+pub(crate) mod user;
 
 #[cfg(test)]
 mod tests;

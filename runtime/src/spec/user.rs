@@ -312,7 +312,7 @@ pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, Spe
     Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
-fn openat2_in_root(dir: &File, rel: &str) -> io::Result<File> {
+pub(crate) fn openat2_in_root(dir: &File, rel: &str) -> io::Result<File> {
     // O_NONBLOCK: opening a FIFO must not hang; it is refused right after by the type check.
     let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
     let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
