@@ -1,0 +1,383 @@
+//! `crishim-bench`: crishim and containerd side by side, through the same CRI client, with the
+//! same CNI config and the same images from a local registry. `hack/bench.sh` builds and runs it.
+
+mod client;
+mod containerd;
+mod host;
+mod measure;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{anyhow, ensure, Context, Result};
+use clap::{Parser, ValueEnum};
+use crishim_tests::{busybox_image, Compression, Daemon, DaemonOptions, Image, Registry};
+use serde::Serialize;
+
+use client::Cri;
+use host::Sweeper;
+use measure::{Plan, Results, Target, BUSYBOX, PAUSE_ARG};
+
+/// containerd's sandbox image: busybox-static running `sleep`, standing in for pause.
+const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.6";
+const CNI_BIN: &str = "/usr/lib/cni";
+const POD_SUBNET: &str = "10.95.0.0/16";
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "crishim and containerd side by side: pod start, burst, ExecSync, stop, \
+memory per pod, cold pull. Needs root; hack/bench.sh builds everything and runs this."
+)]
+struct Args {
+    /// Pods started one at a time (and again in the burst).
+    #[arg(long, default_value_t = 50)]
+    pods: usize,
+    /// Pods in flight at once in the burst.
+    #[arg(long, default_value_t = 10)]
+    concurrency: usize,
+    /// ExecSync calls (`echo`), over the running pods in turn.
+    #[arg(long, default_value_t = 100)]
+    execs: usize,
+    /// Cold pulls, each of a freshly generated image.
+    #[arg(long, default_value_t = 5)]
+    pull_rounds: usize,
+    #[arg(long, default_value_t = 5)]
+    pull_layers: usize,
+    /// Random (incompressible) bytes per layer, in MiB.
+    #[arg(long, default_value_t = 10)]
+    pull_layer_mib: usize,
+    /// Where the raw samples go, as JSON.
+    #[arg(long, default_value = "target/bench/results.json")]
+    output: PathBuf,
+    /// Measure one runtime only.
+    #[arg(long, value_enum)]
+    only: Option<Runtime>,
+    /// The crishim daemon (default: `crishim` next to this binary).
+    #[arg(long)]
+    crishim_bin: Option<PathBuf>,
+    /// RUST_LOG for the crishim daemon (containerd logs at its default, info).
+    #[arg(long, default_value = "info")]
+    crishim_log: String,
+    /// Keep each runtime's log here (they are removed with their temporary directories).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Runtime {
+    Crishim,
+    Containerd,
+}
+
+fn main() -> ExitCode {
+    match real_main(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("crishim-bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(args: Args) -> Result<()> {
+    let crishim_bin = match &args.crishim_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?.with_file_name("crishim"),
+    };
+    ensure!(
+        crishim_bin.is_file(),
+        "{} not found: build it with `cargo build --release -p crishim-runtime -p crishim-shim` \
+         or pass --crishim-bin",
+        crishim_bin.display()
+    );
+    // crishim_tests::Daemon finds the daemon through CRISHIM_BIN; set before any thread exists.
+    std::env::set_var("CRISHIM_BIN", &crishim_bin);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        // On a signal the bench future is dropped here, and its guards clean up.
+        tokio::select! {
+            r = bench(&args) => r,
+            s = interrupted() => Err(anyhow!("interrupted by {}; cleaned up", s?)),
+        }
+    })
+}
+
+async fn interrupted() -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut hup = signal(SignalKind::hangup())?;
+    Ok(tokio::select! {
+        _ = int.recv() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
+    })
+}
+
+/// What both runtime runs share.
+struct Env {
+    registry: Registry,
+    cni_dir: PathBuf,
+    bridge: String,
+    plan: Plan,
+    crishim_log: String,
+    log_dir: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Machine {
+    cores: usize,
+    kernel: String,
+    loadavg_before: [f64; 3],
+    loadavg_after: [f64; 3],
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    machine: Machine,
+    plan: &'a Plan,
+    summary: Vec<report::Row>,
+    crishim: Option<Results>,
+    containerd: Option<Results>,
+}
+
+async fn bench(args: &Args) -> Result<()> {
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "crishim-bench needs root (namespaces, mounts, cgroups, CNI)"
+    );
+    ensure!(
+        args.pods > 0 && args.concurrency > 0,
+        "--pods and --concurrency must be at least 1"
+    );
+    let plan = Plan {
+        pods: args.pods,
+        concurrency: args.concurrency,
+        execs: args.execs,
+        pull_rounds: args.pull_rounds,
+        pull_layers: args.pull_layers,
+        pull_layer_mib: args.pull_layer_mib,
+    };
+    let loadavg_before = host::loadavg();
+    let cores = host::cores();
+    println!(
+        "machine: {cores} cores, load average {} (before)",
+        fmt_load(loadavg_before)
+    );
+
+    let shared = tempfile::Builder::new()
+        .prefix("crishim-bench-")
+        .tempdir()?;
+    let registry = Registry::start(Default::default())
+        .await
+        .context("starting docker-registry")?;
+    registry
+        .push("library/busybox", "latest", &busybox_image())
+        .await?;
+    registry.push("pause", "3.6", &pause_image()).await?;
+    let cni_dir = shared.path().join("cni");
+    let bridge = format!("cbench{}", crishim_tests::random_hex(3));
+    host::write_cni_conf(&cni_dir, &bridge, POD_SUBNET, &shared.path().join("ipam"))?;
+    let env = Env {
+        registry,
+        cni_dir,
+        bridge,
+        plan: plan.clone(),
+        crishim_log: args.crishim_log.clone(),
+        log_dir: args.log_dir.clone(),
+    };
+    if let Some(d) = &env.log_dir {
+        std::fs::create_dir_all(d)?;
+    }
+
+    let crishim = match args.only {
+        Some(Runtime::Containerd) => None,
+        _ => Some(run_crishim(&env).await.context("crishim")?),
+    };
+    let containerd = match args.only {
+        Some(Runtime::Crishim) => None,
+        _ => Some(run_containerd(&env).await.context("containerd")?),
+    };
+
+    let loadavg_after = host::loadavg();
+    let summary = report::rows(crishim.as_ref(), containerd.as_ref());
+    for (name, r) in [("crishim", &crishim), ("containerd", &containerd)] {
+        if let Some(r) = r {
+            println!("{name}: {}", r.version);
+        }
+    }
+    println!(
+        "{} pods serial, burst {} at a time, {} ExecSync, {} cold pulls of {} x {} MiB\n",
+        plan.pods,
+        plan.concurrency,
+        plan.execs,
+        plan.pull_rounds,
+        plan.pull_layers,
+        plan.pull_layer_mib
+    );
+    print!("{}", report::table(&summary));
+    println!(
+        "\nmachine: {cores} cores, load average {} (after)",
+        fmt_load(loadavg_after)
+    );
+
+    let report = Report {
+        machine: Machine {
+            cores,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            loadavg_before,
+            loadavg_after,
+        },
+        plan: &plan,
+        summary,
+        crishim,
+        containerd,
+    };
+    if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.output, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.output.display()))?;
+    println!("raw samples: {}", args.output.display());
+    Ok(())
+}
+
+fn fmt_load(l: [f64; 3]) -> String {
+    format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+}
+
+fn progress(runtime: &str, msg: &str) {
+    eprintln!("[{runtime}] {msg}");
+}
+
+/// busybox-static running `sleep PAUSE_ARG`. Its layer differs from the workload's (one more
+/// file), so its pages are its own, as a real pause binary's would be.
+fn pause_image() -> Image {
+    let layer = crishim_tests::image::busybox_entries()
+        .file("pause-stand-in", "crishim-bench\n", 0o644)
+        .build(Compression::Gzip);
+    Image::new(vec![layer]).cmd(&["/bin/sleep", PAUSE_ARG])
+}
+
+fn toml_str(p: &Path) -> String {
+    serde_json::to_string(&p.to_string_lossy()).expect("string to json")
+}
+
+fn save_log(env: &Env, name: &str, text: &str) {
+    if let Some(d) = &env.log_dir {
+        let path = d.join(format!("{name}.log"));
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("writing {}: {e}", path.display());
+        }
+    }
+}
+
+async fn run_crishim(env: &Env) -> Result<Results> {
+    let say = |m: &str| progress("crishim", m);
+    say("starting crishim serve");
+    let mirror = env.registry.url();
+    let opts = DaemonOptions::new()
+        .mirror("docker.io", &[&mirror])
+        .mirror("registry.k8s.io", &[&mirror])
+        .extra_toml(&format!(
+            "[cni]\nconf_dir = {}\nbin_dirs = [{}]\n",
+            toml_str(&env.cni_dir),
+            toml_str(Path::new(CNI_BIN))
+        ))
+        .env("RUST_LOG", &env.crishim_log);
+    let daemon = Daemon::start(opts)
+        .await
+        .context("starting crishim serve")?;
+    let sweeper = Sweeper {
+        dirs: vec![daemon.dir().to_path_buf()],
+        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
+        bridge: env.bridge.clone(),
+        containerd_address: None,
+        empty_dirs: Vec::new(),
+    };
+    let result = async {
+        let cri = Cri::connect(daemon.socket()).await?;
+        cri.wait_ready(Duration::from_secs(30)).await?;
+        say("pulling busybox");
+        cri.pull(BUSYBOX).await?;
+        let target = Target {
+            cri,
+            daemon_pid: daemon.pid().context("daemon pid")? as i32,
+            dirs: sweeper.dirs.clone(),
+            cgroup_top: sweeper.cgroup_top.clone(),
+            run_dir: daemon.dir().to_path_buf(),
+            registry: &env.registry,
+        };
+        measure::run(&target, &env.plan, &say).await
+    }
+    .await;
+    let log = daemon.log_text();
+    save_log(env, "crishim", &log);
+    // The daemon first (SIGTERM), then whatever it left.
+    drop(daemon);
+    drop(sweeper);
+    result.map_err(|e| e.context(format!("crishim's log ends:\n{}", host::tail(&log, 4000))))
+}
+
+async fn run_containerd(env: &Env) -> Result<Results> {
+    let say = |m: &str| progress("containerd", m);
+    say("starting containerd");
+    let dir = tempfile::Builder::new()
+        .prefix("crishim-bench-containerd-")
+        .tempdir()?;
+    let mirror = env.registry.url();
+    let cfg = containerd::Config {
+        dir: dir.path(),
+        mirror: &mirror,
+        cni_conf_dir: &env.cni_dir,
+        cni_bin_dir: Path::new(CNI_BIN),
+        sandbox_image: PAUSE_IMAGE,
+    };
+    // containerd's shims put their sockets in /run/containerd/s whatever the config says.
+    let run_dir = Path::new("/run/containerd");
+    let empty_dirs = if run_dir.exists() {
+        Vec::new()
+    } else {
+        vec![run_dir.join("s"), run_dir.to_path_buf()]
+    };
+    let sweeper = Sweeper {
+        dirs: vec![dir.path().to_path_buf()],
+        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
+        bridge: env.bridge.clone(),
+        containerd_address: Some(cfg.socket().to_string_lossy().into_owned()),
+        empty_dirs,
+    };
+    let ctd = containerd::Containerd::start(&cfg).await?;
+    let result = async {
+        let cri = Cri::connect(&ctd.socket).await?;
+        cri.wait_ready(Duration::from_secs(30)).await?;
+        say("pulling busybox and the pause stand-in");
+        cri.pull(PAUSE_IMAGE).await?;
+        cri.pull(BUSYBOX).await?;
+        let target = Target {
+            cri,
+            daemon_pid: ctd.pid(),
+            dirs: sweeper.dirs.clone(),
+            cgroup_top: sweeper.cgroup_top.clone(),
+            run_dir: dir.path().to_path_buf(),
+            registry: &env.registry,
+        };
+        measure::run(&target, &env.plan, &say).await
+    }
+    .await;
+    let log = ctd.log_tail();
+    if let Some(d) = &env.log_dir {
+        let _ = std::fs::copy(dir.path().join("containerd.log"), d.join("containerd.log"));
+    }
+    drop(ctd);
+    drop(sweeper);
+    drop(dir);
+    result.map_err(|e| e.context(format!("containerd's log ends:\n{log}")))
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# crishim and containerd side by side, through the same CRI client, CNI config and images (from a
+# local docker-registry): pod start, burst, ExecSync, stop + remove, memory per pod, cold pull.
+# Prints a table (crishim, containerd, ratio) and writes the raw samples as JSON.
+#
+#   hack/bench.sh                      # 50 pods, burst 10 at a time, 5 cold pulls
+#   hack/bench.sh --pods 10            # a quick run; --help lists every option
+#
+# Needs root. Installs containerd, runc and the rest with hack/install-deps.sh when missing, and
+# builds crishim in release mode (the figures mean little for a debug build).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+[ "$(id -u)" -eq 0 ] || { echo "bench: run as root (pods need namespaces, mounts, cgroups)" >&2; exit 1; }
+
+./hack/install-deps.sh
+
+echo "+ cargo build --release -p crishim-runtime -p crishim-shim -p crishim-bench" >&2
+cargo build --release -p crishim-runtime -p crishim-shim -p crishim-bench
+
+bin="${CARGO_TARGET_DIR:-$PWD/target}/release"
+exec "$bin/crishim-bench" --crishim-bin "$bin/crishim" "$@"
