@@ -548,6 +548,45 @@ fn delete_force_kills_a_running_container() {
 }
 
 #[test]
+fn a_container_whose_shim_died_is_reported_and_deleted() {
+    let env = BundleEnv::new();
+    let id = unique_id("orphaned");
+    let bundle = env.bundle("orphaned", run_args(&["sleep", "1000"]));
+    env.ok(&["create", bundle.to_str().unwrap(), "--id", &id]);
+    env.ok(&["start", &id]);
+    let pid = env.state(&id)["pid"].as_i64().unwrap() as i32;
+    let shim: i32 = std::fs::read_to_string(env.state_dir(&id).join("shim.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shim),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for(|| {
+        !host_processes()
+            .iter()
+            .any(|p| p.pid == shim && !p.is_zombie())
+    });
+
+    // The container outlives its shim: still running, and deleted only by force.
+    let state = env.state(&id);
+    assert_eq!(
+        (state["status"].as_str(), state["pid"].as_i64()),
+        (Some("running"), Some(pid.into()))
+    );
+    let e = env.refused(&["delete", &id]);
+    assert!(e.contains("is running"), "{e}");
+    env.ok(&["delete", "--force", &id]);
+    assert!(!host_processes()
+        .iter()
+        .any(|p| p.pid == pid && !p.is_zombie()));
+    env.assert_nothing_left(&id, &bundle);
+}
+
+#[test]
 fn bad_input_is_refused_and_leaves_nothing() {
     let env = BundleEnv::new();
     let bundles = env.root.path().join("bundles");

@@ -121,13 +121,8 @@ pub async fn start(env: &Env, id: &str) -> Result<(), BundleError> {
 
 pub async fn state(env: &Env, id: &str) -> Result<OciState, BundleError> {
     let (dir, record) = env.store.load(id)?;
-    // A shim that is gone runs nothing any more.
-    let shim = match container_state(&dir, id).await {
-        Ok(s) => Some(s),
-        Err(BundleError::Unreachable(_)) => None,
-        Err(e) => return Err(e),
-    };
-    Ok(OciState::new(&record, shim.as_ref()))
+    let current = current_state(&dir, id).await?;
+    Ok(OciState::new(&record, current.as_ref()))
 }
 
 pub async fn kill(env: &Env, id: &str, signal: i32, all: bool) -> Result<(), BundleError> {
@@ -155,7 +150,7 @@ pub async fn kill(env: &Env, id: &str, signal: i32, all: bool) -> Result<(), Bun
 /// (it is killed first); a shim that died is cleaned up after.
 pub async fn delete(env: &Env, id: &str, force: bool) -> Result<(), BundleError> {
     let (dir, _) = env.store.load(id)?;
-    if let Ok(s) = container_state(&dir, id).await {
+    if let Ok(Some(s)) = current_state(&dir, id).await {
         if s.status == Status::Running && !force {
             return Err(BundleError::WrongStatus {
                 id: id.into(),
@@ -219,6 +214,26 @@ async fn teardown(env: &Env, dir: &Path) -> Result<(), BundleError> {
     }
 }
 
+/// What the shim reports; when the shim is gone, its last record, with the process checked: a
+/// container can outlive its shim. `None` when there is neither.
+async fn current_state(dir: &Path, id: &str) -> Result<Option<ContainerState>, BundleError> {
+    match container_state(dir, id).await {
+        Ok(s) => Ok(Some(s)),
+        Err(BundleError::Unreachable(_)) => Ok(last_record(dir, id)),
+        Err(e) => Err(e),
+    }
+}
+
+fn last_record(dir: &Path, id: &str) -> Option<ContainerState> {
+    let raw = std::fs::read(dir.join(paths::state_file(id))).ok()?;
+    let mut state: ContainerState = serde_json::from_slice(&raw).ok()?;
+    let alive = state.pid > 0 && process_state(state.pid).is_some_and(|s| s != 'Z');
+    if !alive {
+        state.status = Status::Exited;
+    }
+    Some(state)
+}
+
 async fn container_state(dir: &Path, id: &str) -> Result<ContainerState, BundleError> {
     match call(dir, &Request::State { id: id.into() }, CALL_TIMEOUT).await? {
         Response::State(s) => Ok(s),
@@ -246,14 +261,18 @@ fn read_pid(dir: &Path) -> Option<i32> {
         .ok()
 }
 
+/// The state letter of a process (`R`, `S`, `Z`…); `None` when there is no such process.
+fn process_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
 /// `pid` is alive (not a zombie) and is the shim of `dir`: pids get reused.
 fn is_shim_of(pid: i32, dir: &Path) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Some(state) = process_state(pid) else {
         return false;
     };
-    let zombie = stat
-        .rfind(')')
-        .is_some_and(|i| stat[i + 1..].trim_start().starts_with('Z'));
+    let zombie = state == 'Z';
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     // A whole argument, so that `bundles/a` does not match `bundles/ab`.
     let mut needle = dir.as_os_str().as_encoded_bytes().to_vec();

@@ -24,8 +24,8 @@ pub struct OciState {
 }
 
 impl OciState {
-    /// From the record and what the shim reports; `None` when the shim is gone, which leaves
-    /// nothing running.
+    /// From the record and what the shim reports (or last recorded); `None`: nothing is known,
+    /// so nothing runs.
     pub fn new(record: &BundleRecord, shim: Option<&ContainerState>) -> OciState {
         let (status, pid) = match shim {
             Some(s) => match s.status {
