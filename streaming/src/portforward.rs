@@ -1,0 +1,205 @@
+//! PortForward: `portforward.k8s.io` over SPDY (a data and an error stream per port and request)
+//! and the WebSocket channel protocol (channels 2n and 2n+1 for the n-th port).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::backend::Backend;
+use crate::remotecommand::{ws_decode, ws_message};
+use crate::spdy::{self, Connection, Role, StreamWriter};
+
+pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
+pub const WS_PROTOCOLS: &[&str] = &[
+    "v4.channel.k8s.io",
+    "portforward.k8s.io",
+    "channel.k8s.io",
+    "base64.channel.k8s.io",
+];
+
+/// Copy between a TCP connection and a stream's channels until both directions are done.
+async fn splice(
+    tcp: tokio::net::TcpStream,
+    mut from_client: mpsc::Receiver<Bytes>,
+    to_client: impl Fn(Bytes) -> futures::future::BoxFuture<'static, bool> + Send + 'static,
+) {
+    let (mut r, mut w) = tcp.into_split();
+    let up = async move {
+        while let Some(b) = from_client.recv().await {
+            if w.write_all(&b).await.is_err() {
+                return;
+            }
+        }
+        let _ = w.shutdown().await;
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if !to_client(Bytes::copy_from_slice(&buf[..n])).await {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::join!(up, down);
+}
+
+pub async fn serve_spdy<IO>(io: IO, pod: String, ports: Vec<u16>, backend: Arc<dyn Backend>)
+where
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let mut conn = Connection::new(io, Role::Server);
+    // Streams by request id, until both of a pair are there.
+    let mut half: HashMap<String, (Option<spdy::Stream>, Option<spdy::Stream>)> = HashMap::new();
+    while let Some(s) = conn.accept().await {
+        let id = spdy::header(&s.headers, "requestID")
+            .unwrap_or_default()
+            .to_string();
+        let kind = spdy::header(&s.headers, "streamType").unwrap_or_default();
+        let entry = half.entry(id.clone()).or_default();
+        match kind {
+            "data" => entry.0 = Some(s),
+            "error" => entry.1 = Some(s),
+            _ => {
+                let _ = s.tx.reset().await;
+                continue;
+            }
+        }
+        if let (Some(_), Some(_)) = entry {
+            let (Some(data), Some(error)) = half.remove(&id).unwrap_or_default() else {
+                continue;
+            };
+            tokio::spawn(forward_pair(
+                data,
+                error,
+                pod.clone(),
+                ports.clone(),
+                backend.clone(),
+            ));
+        }
+    }
+}
+
+async fn forward_pair(
+    data: spdy::Stream,
+    error: spdy::Stream,
+    pod: String,
+    allowed: Vec<u16>,
+    backend: Arc<dyn Backend>,
+) {
+    let port_text = spdy::header(&data.headers, "port").unwrap_or_default();
+    let fail = |msg: String, error: StreamWriter, data: StreamWriter| async move {
+        let _ = error.write(msg.as_bytes()).await;
+        let _ = error.close().await;
+        let _ = data.close().await;
+    };
+    let port = match port_text.parse::<u16>() {
+        Ok(p) if p > 0 && (allowed.is_empty() || allowed.contains(&p)) => p,
+        _ => {
+            return fail(
+                format!("port {port_text:?} is not a port this request may forward"),
+                error.tx,
+                data.tx,
+            )
+            .await
+        }
+    };
+    match backend.port_forward(pod.clone(), port).await {
+        Ok(tcp) => {
+            let tx = data.tx.clone();
+            splice(tcp, data.rx, move |b| {
+                let tx = tx.clone();
+                Box::pin(async move { tx.write(&b).await.is_ok() })
+            })
+            .await;
+            let _ = data.tx.close().await;
+            let _ = error.tx.close().await;
+        }
+        Err(e) => {
+            fail(
+                format!("error forwarding port {port} to pod {pod}: {e}"),
+                error.tx,
+                data.tx,
+            )
+            .await
+        }
+    }
+}
+
+pub async fn serve_ws<IO>(
+    ws: WebSocketStream<IO>,
+    protocol: String,
+    pod: String,
+    ports: Vec<u16>,
+    backend: Arc<dyn Backend>,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut source) = ws.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(16);
+    let proto = protocol.clone();
+    let writer = tokio::spawn(async move {
+        while let Some((ch, data)) = out_rx.recv().await {
+            if sink.send(ws_message(&proto, ch, &data)).await.is_err() {
+                break;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut inputs = Vec::new();
+    let mut tasks = Vec::new();
+    for (i, port) in ports.iter().copied().enumerate() {
+        let (data_ch, err_ch) = ((2 * i) as u8, (2 * i + 1) as u8);
+        // Each channel starts with its port, little-endian, as the kubelet's server does.
+        for ch in [data_ch, err_ch] {
+            let _ = out_tx
+                .send((ch, Bytes::copy_from_slice(&port.to_le_bytes())))
+                .await;
+        }
+        let (in_tx, in_rx) = mpsc::channel::<Bytes>(16);
+        inputs.push(in_tx);
+        let out = out_tx.clone();
+        let backend = backend.clone();
+        let pod = pod.clone();
+        tasks.push(tokio::spawn(async move {
+            match backend.port_forward(pod.clone(), port).await {
+                Ok(tcp) => {
+                    splice(tcp, in_rx, move |b| {
+                        let out = out.clone();
+                        Box::pin(async move { out.send((data_ch, b)).await.is_ok() })
+                    })
+                    .await
+                }
+                Err(e) => {
+                    let msg = format!("error forwarding port {port} to pod {pod}: {e}");
+                    let _ = out.send((err_ch, Bytes::from(msg))).await;
+                }
+            }
+        }));
+    }
+    drop(out_tx);
+    while let Some(Ok(msg)) = source.next().await {
+        if msg.is_close() {
+            break;
+        }
+        if let Some((ch, data)) = ws_decode(msg) {
+            if let Some(tx) = inputs.get((ch / 2) as usize).filter(|_| ch % 2 == 0) {
+                let _ = tx.send(data).await;
+            }
+        }
+    }
+    drop(inputs);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let _ = writer.await;
+}

@@ -1,0 +1,451 @@
+//! The streaming HTTP server: one-time URLs for Exec, Attach and PortForward, upgraded to SPDY/3.1
+//! or WebSocket when the client connects.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use bytes::Bytes;
+use crishim_proto::cri;
+use http::{header, HeaderMap, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::backend::Backend;
+use crate::remotecommand::{self, Opts};
+use crate::{portforward, StreamingError};
+
+/// The kubelet's cap on URLs handed out and not yet used.
+const MAX_IN_FLIGHT: usize = 1000;
+const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where to listen; port 0 picks one. The URLs name the address actually bound.
+    pub address: SocketAddr,
+    /// How long a URL stays usable (one minute in the kubelet).
+    pub token_ttl: Duration,
+    /// Serve HTTPS with this certificate chain and key (PEM files).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            address: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token_ttl: Duration::from_secs(60),
+            tls: None,
+        }
+    }
+}
+
+enum Pending {
+    Exec(cri::ExecRequest),
+    Attach(cri::AttachRequest),
+    PortForward(cri::PortForwardRequest),
+}
+
+struct Tokens {
+    ttl: Duration,
+    map: Mutex<HashMap<String, (Pending, Instant)>>,
+}
+
+impl Tokens {
+    fn insert(&self, p: Pending) -> Result<String, StreamingError> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        map.retain(|_, (_, at)| now.duration_since(*at) < self.ttl);
+        if map.len() >= MAX_IN_FLIGHT {
+            return Err(StreamingError::TooManyInFlight);
+        }
+        let mut raw = [0u8; 12];
+        getrandom(&mut raw);
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+        map.insert(token.clone(), (p, now));
+        Ok(token)
+    }
+
+    /// The request behind `token`, once: a used or expired token is gone.
+    fn take(&self, token: &str) -> Option<Pending> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let (p, at) = map.remove(token)?;
+        (at.elapsed() < self.ttl).then_some(p)
+    }
+}
+
+fn getrandom(buf: &mut [u8]) {
+    use std::io::Read;
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(buf);
+    }
+}
+
+/// A running streaming server.
+pub struct Server {
+    base_url: String,
+    tokens: Arc<Tokens>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Server {
+    pub async fn start(config: Config, backend: Arc<dyn Backend>) -> Result<Self, StreamingError> {
+        let listener = TcpListener::bind(config.address)
+            .await
+            .map_err(|e| StreamingError::Bind(config.address, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| StreamingError::Bind(config.address, e))?;
+        let tls = match &config.tls {
+            Some((cert, key)) => Some(crate::tls::acceptor(cert, key)?),
+            None => None,
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let tokens = Arc::new(Tokens {
+            ttl: config.token_ttl,
+            map: Mutex::new(HashMap::new()),
+        });
+        let state = Arc::new(State {
+            tokens: tokens.clone(),
+            backend,
+        });
+        let task = tokio::spawn(accept_loop(listener, tls, state));
+        Ok(Server {
+            base_url: format!("{scheme}://{addr}"),
+            tokens,
+            task,
+        })
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    pub fn exec_url(&self, req: cri::ExecRequest) -> Result<String, StreamingError> {
+        let t = self.tokens.insert(Pending::Exec(req))?;
+        Ok(format!("{}/exec/{t}", self.base_url))
+    }
+
+    pub fn attach_url(&self, req: cri::AttachRequest) -> Result<String, StreamingError> {
+        let t = self.tokens.insert(Pending::Attach(req))?;
+        Ok(format!("{}/attach/{t}", self.base_url))
+    }
+
+    pub fn port_forward_url(&self, req: cri::PortForwardRequest) -> Result<String, StreamingError> {
+        let t = self.tokens.insert(Pending::PortForward(req))?;
+        Ok(format!("{}/portforward/{t}", self.base_url))
+    }
+}
+
+struct State {
+    tokens: Arc<Tokens>,
+    backend: Arc<dyn Backend>,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<State>,
+) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let state = state.clone();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(req, state)) }
+            });
+            let http = hyper::server::conn::http1::Builder::new();
+            let result = match tls {
+                Some(acceptor) => match acceptor.accept(tcp).await {
+                    Ok(stream) => {
+                        http.serve_connection(TokioIo::new(stream), service)
+                            .with_upgrades()
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "TLS handshake");
+                        return;
+                    }
+                },
+                None => {
+                    http.serve_connection(TokioIo::new(tcp), service)
+                        .with_upgrades()
+                        .await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "streaming connection");
+            }
+        });
+    }
+}
+
+fn plain(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(format!("{msg}\n"))));
+    *r.status_mut() = status;
+    r
+}
+
+/// Every value of a header, comma lists split.
+fn header_values(h: &HeaderMap, name: &str) -> Vec<String> {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+/// The first protocol the client offers that we speak; the default when it offers none.
+fn negotiate(offered: &[String], ours: &[&str], default: &str) -> Option<String> {
+    if offered.is_empty() {
+        return Some(default.to_string());
+    }
+    offered.iter().find(|o| ours.contains(&o.as_str())).cloned()
+}
+
+fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().trim_matches('/').to_string();
+    let Some((kind, token)) = path.split_once('/') else {
+        return plain(StatusCode::NOT_FOUND, "not found");
+    };
+    let Some(pending) = state.tokens.take(token) else {
+        return plain(
+            StatusCode::NOT_FOUND,
+            "unknown or expired token: ask the runtime for a new URL",
+        );
+    };
+    if !matches!(
+        (kind, &pending),
+        ("exec", Pending::Exec(_))
+            | ("attach", Pending::Attach(_))
+            | ("portforward", Pending::PortForward(_))
+    ) {
+        return plain(StatusCode::NOT_FOUND, "the token is not for this endpoint");
+    }
+    let upgrade = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let is_pf = matches!(pending, Pending::PortForward(_));
+    let ws = upgrade == "websocket";
+    let (offered, ours, default): (Vec<String>, &[&str], &str) = if ws {
+        let ours = if is_pf {
+            portforward::WS_PROTOCOLS
+        } else {
+            remotecommand::WS_PROTOCOLS
+        };
+        (
+            header_values(req.headers(), "sec-websocket-protocol"),
+            ours,
+            "channel.k8s.io",
+        )
+    } else if upgrade.starts_with("spdy/3") {
+        let (ours, default): (&[&str], &str) = if is_pf {
+            (&[portforward::SPDY_PROTOCOL], portforward::SPDY_PROTOCOL)
+        } else {
+            (remotecommand::SPDY_PROTOCOLS, "channel.k8s.io")
+        };
+        (
+            header_values(req.headers(), "x-stream-protocol-version"),
+            ours,
+            default,
+        )
+    } else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "this endpoint needs an Upgrade to SPDY/3.1 or websocket",
+        );
+    };
+    let Some(protocol) = negotiate(&offered, ours, default) else {
+        return plain(
+            StatusCode::FORBIDDEN,
+            &format!("none of the offered protocols {offered:?} is supported; supported: {ours:?}"),
+        );
+    };
+    let mut resp = Response::new(Full::new(Bytes::new()));
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = resp.headers_mut();
+    h.insert(header::CONNECTION, "Upgrade".parse().unwrap());
+    if ws {
+        let key = req
+            .headers()
+            .get("sec-websocket-key")
+            .map(|k| k.as_bytes().to_vec())
+            .unwrap_or_default();
+        if key.is_empty() {
+            return plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+        }
+        use sha1::Digest;
+        let mut sha = sha1::Sha1::new();
+        sha.update(&key);
+        sha.update(WS_GUID.as_bytes());
+        let accept = base64::engine::general_purpose::STANDARD.encode(sha.finalize());
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        h.insert("sec-websocket-accept", accept.parse().unwrap());
+        if !offered.is_empty() {
+            h.insert("sec-websocket-protocol", protocol.parse().unwrap());
+        }
+    } else {
+        h.insert(header::UPGRADE, "SPDY/3.1".parse().unwrap());
+        h.insert("x-stream-protocol-version", protocol.parse().unwrap());
+    }
+    let query = req.uri().query().unwrap_or_default().to_string();
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(req).await {
+            Ok(u) => TokioIo::new(u),
+            Err(e) => {
+                tracing::debug!(error = %e, "upgrading a streaming connection");
+                return;
+            }
+        };
+        serve(
+            upgraded,
+            ws,
+            protocol,
+            pending,
+            &query,
+            state.backend.clone(),
+        )
+        .await;
+    });
+    resp
+}
+
+async fn serve<IO>(
+    io: IO,
+    ws: bool,
+    protocol: String,
+    pending: Pending,
+    query: &str,
+    backend: Arc<dyn Backend>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let run_and_opts = |p: Pending| -> Option<(remotecommand::Run, Opts)> {
+        let b = backend.clone();
+        match p {
+            Pending::Exec(r) => {
+                let opts = Opts {
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    tty: r.tty,
+                };
+                Some((Box::new(move |io| b.exec(r, io)), opts))
+            }
+            Pending::Attach(r) => {
+                let opts = Opts {
+                    stdin: r.stdin,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    tty: r.tty,
+                };
+                Some((Box::new(move |io| b.attach(r, io)), opts))
+            }
+            Pending::PortForward(_) => None,
+        }
+    };
+    match pending {
+        Pending::PortForward(r) => {
+            let mut ports: Vec<u16> = r
+                .port
+                .iter()
+                .filter_map(|p| u16::try_from(*p).ok())
+                .collect();
+            // WebSocket clients name their ports in the query (`?ports=80,8080` or `port=80`).
+            let asked: Vec<u16> = query
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .filter(|(k, _)| *k == "ports" || *k == "port")
+                .flat_map(|(_, v)| {
+                    v.split(',')
+                        .filter_map(|p| p.parse().ok())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            if ws {
+                if !asked.is_empty() {
+                    ports = asked;
+                }
+                let stream = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                    io,
+                    tokio_tungstenite::tungstenite::protocol::Role::Server,
+                    None,
+                )
+                .await;
+                portforward::serve_ws(stream, protocol, r.pod_sandbox_id, ports, backend).await
+            } else {
+                portforward::serve_spdy(io, r.pod_sandbox_id, ports, backend).await
+            }
+        }
+        p => {
+            let Some((run, opts)) = run_and_opts(p) else {
+                return;
+            };
+            if ws {
+                let stream = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                    io,
+                    tokio_tungstenite::tungstenite::protocol::Role::Server,
+                    None,
+                )
+                .await;
+                remotecommand::serve_ws(stream, protocol, opts, run).await
+            } else {
+                remotecommand::serve_spdy(io, &protocol, opts, run).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_one_time_and_expire() {
+        let t = Tokens {
+            ttl: Duration::from_millis(50),
+            map: Mutex::new(HashMap::new()),
+        };
+        let a = t.insert(Pending::Exec(Default::default())).unwrap();
+        assert!(t.take(&a).is_some());
+        assert!(t.take(&a).is_none(), "a token works once");
+        let b = t.insert(Pending::Exec(Default::default())).unwrap();
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(t.take(&b).is_none(), "an expired token is refused");
+    }
+
+    #[test]
+    fn protocols_are_negotiated_in_the_clients_order() {
+        let offered = vec!["v5.channel.k8s.io".to_string(), "v4.channel.k8s.io".into()];
+        assert_eq!(
+            negotiate(&offered, remotecommand::SPDY_PROTOCOLS, "channel.k8s.io").as_deref(),
+            Some("v4.channel.k8s.io")
+        );
+        assert_eq!(
+            negotiate(&[], remotecommand::SPDY_PROTOCOLS, "channel.k8s.io").as_deref(),
+            Some("channel.k8s.io")
+        );
+        assert_eq!(
+            negotiate(&["v9".into()], remotecommand::SPDY_PROTOCOLS, "x"),
+            None
+        );
+    }
+}
