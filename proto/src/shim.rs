@@ -58,6 +58,22 @@ pub enum Request {
         /// Seconds; 0 = no timeout.
         timeout: u64,
     },
+    /// Run a process in a running container with its stdio on this connection: after an `Ok`
+    /// line, both sides speak [`frames`]. The process is killed if the connection drops.
+    ExecStream {
+        id: String,
+        args: Vec<String>,
+        tty: bool,
+        stdin: bool,
+    },
+    /// Connect to a running container's stdio: after an `Ok` line, output frames go out and
+    /// stdin frames come in. `close_stdin` closes the container's stdin when the caller's ends
+    /// (CRI `stdin_once`).
+    Attach {
+        id: String,
+        stdin: bool,
+        close_stdin: bool,
+    },
     ReopenLog {
         id: String,
     },
@@ -70,7 +86,8 @@ pub enum Request {
     /// has exited (those already exited first), then one per exit as it happens. The connection
     /// ending means the shim is gone.
     Watch,
-    /// Kill every container and the infra process, then exit.
+    /// Kill every container and the infra process, then exit. (The foreground shim of
+    /// `crishim bundle run` exits once its container is deleted, restoring its caller's terminal.)
     Shutdown,
 }
 
@@ -142,6 +159,36 @@ impl Response {
 }
 
 /// Files the shim keeps in its pod state directory.
+/// The framing of [`Request::ExecStream`] and [`Request::Attach`] connections: a kind byte, a
+/// big-endian u32 length, the payload.
+pub mod frames {
+    pub const STDIN: u8 = 0;
+    pub const STDOUT: u8 = 1;
+    pub const STDERR: u8 = 2;
+    /// The process exited: an i32 exit code, big-endian.
+    pub const EXIT: u8 = 3;
+    /// A terminal size: u16 width, u16 height, big-endian.
+    pub const RESIZE: u8 = 4;
+    /// The caller's stdin ended.
+    pub const STDIN_EOF: u8 = 5;
+    pub const HEADER: usize = 5;
+    /// Frames are split to at most this much payload.
+    pub const MAX_PAYLOAD: usize = 64 * 1024;
+
+    pub fn encode(kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut f = Vec::with_capacity(HEADER + payload.len());
+        f.push(kind);
+        f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// (kind, payload length) of a header.
+    pub fn decode_header(h: [u8; HEADER]) -> (u8, usize) {
+        (h[0], u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize)
+    }
+}
+
 pub mod paths {
     use std::os::fd::{AsRawFd, OwnedFd};
     use std::path::{Path, PathBuf};

@@ -409,7 +409,7 @@ fn orphans_are_reaped_while_the_container_runs() {
     let id = unique_id("orphans");
     // Without a pid namespace the orphans' reaper is the shim (a subreaper), not the container's
     // init. Each subshell exits at once, leaving its `sleep` an orphan.
-    let script = "for i in $(seq 100); do (sleep 1 &); done; echo forked; sleep 5";
+    let script = "for i in $(seq 100); do (sleep 2 &); done; echo forked; sleep 8";
     let bundle = env.bundle("orphans", |c| {
         run_args(&["sh", "-c", script])(c);
         without_namespace(c, "pid");
@@ -424,20 +424,20 @@ fn orphans_are_reaped_while_the_container_runs() {
     let shim = child.pid();
     let mut stdout = child.0.as_mut().unwrap().stdout.take().unwrap();
     read_until(&mut stdout, &mut Vec::new(), "forked\n");
-    let children = |p: &HostProcess| p.ppid == shim && p.command().starts_with("sleep 1");
+    let children = |p: &HostProcess| p.ppid == shim && p.command().starts_with("sleep 2");
     let adopted = host_processes().iter().filter(|p| children(p)).count();
     assert!(
         adopted >= 50,
         "only {adopted} of the 100 orphans were the shim's children"
     );
 
-    // The orphans exit after a second; the shim must reap them while the container still runs.
-    let deadline = Instant::now() + Duration::from_secs(4);
+    // The orphans exit after 2 s; the shim must reap them while the container still runs.
+    let deadline = Instant::now() + Duration::from_secs(6);
     let mut left;
     loop {
         left = host_processes()
             .into_iter()
-            .filter(|p| p.ppid == shim && (p.is_zombie() || p.command().starts_with("sleep 1")))
+            .filter(|p| p.ppid == shim && (p.is_zombie() || p.command().starts_with("sleep 2")))
             .count();
         if left == 0 || Instant::now() > deadline {
             break;
