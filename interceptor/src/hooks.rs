@@ -1,0 +1,774 @@
+//! The hooked CUDA driver API entry points. Each forwards to the real function (see
+//! [`crate::real`]); with a memory limit in force, allocations are reserved in the shared ledger
+//! first and refused with `CUDA_ERROR_OUT_OF_MEMORY` past the limit, frees give their share back,
+//! and the memory queries report the limit. Kernel launches go through the core limiter.
+//!
+//! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
+//! (`nvml.h`) documents, and they are meant to be called from C only.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::cuda::*;
+use crate::limiter::Bucket;
+use crate::real::{Lib, Slot};
+use crate::state::{lock, mode, Limited, Mode};
+
+/// The real functions behind the hooks.
+pub mod slots {
+    use super::{Lib, Slot};
+
+    pub static CU_INIT: Slot = Slot::new(Lib::Cuda, c"cuInit");
+    pub static CU_MEM_ALLOC: Slot = Slot::new(Lib::Cuda, c"cuMemAlloc");
+    pub static CU_MEM_ALLOC_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAlloc_v2");
+    pub static CU_MEM_ALLOC_PITCH: Slot = Slot::new(Lib::Cuda, c"cuMemAllocPitch");
+    pub static CU_MEM_ALLOC_PITCH_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAllocPitch_v2");
+    pub static CU_MEM_ALLOC_MANAGED: Slot = Slot::new(Lib::Cuda, c"cuMemAllocManaged");
+    pub static CU_MEM_ALLOC_MANAGED_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAllocManaged_v2");
+    pub static CU_MEM_ALLOC_ASYNC: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync");
+    pub static CU_MEM_ALLOC_ASYNC_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_v2");
+    pub static CU_MEM_ALLOC_ASYNC_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_ptsz");
+    pub static CU_MEM_CREATE: Slot = Slot::new(Lib::Cuda, c"cuMemCreate");
+    pub static CU_MEM_RELEASE: Slot = Slot::new(Lib::Cuda, c"cuMemRelease");
+    pub static CU_MEM_FREE: Slot = Slot::new(Lib::Cuda, c"cuMemFree");
+    pub static CU_MEM_FREE_V2: Slot = Slot::new(Lib::Cuda, c"cuMemFree_v2");
+    pub static CU_MEM_FREE_ASYNC: Slot = Slot::new(Lib::Cuda, c"cuMemFreeAsync");
+    pub static CU_MEM_FREE_ASYNC_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuMemFreeAsync_ptsz");
+    pub static CU_MEM_GET_INFO: Slot = Slot::new(Lib::Cuda, c"cuMemGetInfo");
+    pub static CU_MEM_GET_INFO_V2: Slot = Slot::new(Lib::Cuda, c"cuMemGetInfo_v2");
+    pub static CU_DEVICE_TOTAL_MEM: Slot = Slot::new(Lib::Cuda, c"cuDeviceTotalMem");
+    pub static CU_DEVICE_TOTAL_MEM_V2: Slot = Slot::new(Lib::Cuda, c"cuDeviceTotalMem_v2");
+    pub static CU_GET_PROC_ADDRESS: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress");
+    pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress_v2");
+    pub static CU_LAUNCH_KERNEL: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernel");
+    pub static CU_LAUNCH_KERNEL_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernel_ptsz");
+    pub static CU_LAUNCH_KERNEL_EX: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernelEx");
+    pub static CU_LAUNCH_KERNEL_EX_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernelEx_ptsz");
+    // Not hooked; what the hooks need to know the current device.
+    pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
+    pub static CU_DEVICE_GET_UUID: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid");
+    pub static CU_DEVICE_GET_UUID_V2: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid_v2");
+}
+
+/// The real function behind `$slot` as `$ty`, or return `CUDA_ERROR_NOT_FOUND` when the driver
+/// lacks it.
+macro_rules! real {
+    ($slot:expr, $ty:ty) => {
+        // SAFETY: $ty is the C signature of the slot's symbol, as declared in cuda.h.
+        match unsafe { $slot.get::<$ty>() } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
+/// Which device an allocation lands on.
+#[derive(Clone, Copy)]
+enum On {
+    /// The current context's.
+    Current,
+    Ordinal(CUdevice),
+}
+
+fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
+    let dev = match on {
+        On::Ordinal(d) => d,
+        On::Current => {
+            type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+            // SAFETY: cuCtxGetDevice(CUdevice *device).
+            let Some(f) = (unsafe { slots::CU_CTX_GET_DEVICE.get::<F>() }) else {
+                return Err(CUDA_ERROR_NOT_FOUND);
+            };
+            let mut d = 0;
+            // SAFETY: `d` outlives the call.
+            let r = unsafe { f(&mut d) };
+            if r != CUDA_SUCCESS {
+                return Err(r);
+            }
+            d
+        }
+    };
+    if let Some(u) = lock(&l.uuids).get(&dev) {
+        return Ok(*u);
+    }
+    type G = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
+    // SAFETY: cuDeviceGetUuid[_v2](CUuuid *uuid, CUdevice dev).
+    let f = unsafe {
+        slots::CU_DEVICE_GET_UUID_V2
+            .get::<G>()
+            .or_else(|| slots::CU_DEVICE_GET_UUID.get::<G>())
+    }
+    .ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let mut u = CUuuid::default();
+    // SAFETY: `u` outlives the call.
+    let r = unsafe { f(&mut u, dev) };
+    if r != CUDA_SUCCESS {
+        return Err(r);
+    }
+    lock(&l.uuids).insert(dev, u);
+    Ok(u)
+}
+
+/// Reserve `size` bytes on the device, make the allocation with `call`, and remember it under
+/// the key `key` returns (device pointer or handle) so its free gives the share back.
+fn allocate(
+    size: u64,
+    on: On,
+    call: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
+) -> CUresult {
+    let l = match mode() {
+        Mode::Broken(_) => return CUDA_ERROR_NOT_PERMITTED,
+        Mode::PassThrough => return call(),
+        Mode::Limited(l) => l,
+    };
+    let Some(limit) = l.config.memory_limit_bytes else {
+        return call();
+    };
+    // Without a device the driver would refuse too; never allocate unaccounted.
+    let uuid = match device_uuid(l, on) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    match lock(&l.ledger).reserve(&uuid, size, limit) {
+        Ok(true) => {}
+        Ok(false) => {
+            crate::debug(format_args!(
+                "refusing {size} bytes on {}: over the {limit}-byte limit",
+                format_uuid(&uuid)
+            ));
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        Err(e) => {
+            crate::warn(format_args!(
+                "accounting failed, refusing the allocation: {e}"
+            ));
+            return CUDA_ERROR_NOT_PERMITTED;
+        }
+    }
+    let r = call();
+    if r == CUDA_SUCCESS {
+        lock(&l.allocations).insert(key(), (uuid, size));
+    } else {
+        let _ = lock(&l.ledger).release(&uuid, size);
+    }
+    r
+}
+
+/// Free with `call`; on success give the allocation's share back.
+fn free(key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let l = match mode() {
+        Mode::Broken(_) => return CUDA_ERROR_NOT_PERMITTED,
+        Mode::PassThrough => return call(),
+        Mode::Limited(l) => l,
+    };
+    let r = call();
+    if r == CUDA_SUCCESS {
+        if let Some((uuid, size)) = lock(&l.allocations).remove(&key) {
+            if let Err(e) = lock(&l.ledger).release(&uuid, size) {
+                crate::warn(format_args!("accounting failed on free: {e}"));
+            }
+        }
+    }
+    r
+}
+
+/// (free, total) of the current device as the container may see them: the limit is the total.
+fn limited_info(free: u64, total: u64) -> (u64, u64) {
+    let Mode::Limited(l) = mode() else {
+        return (free, total);
+    };
+    let Some(limit) = l.config.memory_limit_bytes else {
+        return (free, total);
+    };
+    let Ok(uuid) = device_uuid(l, On::Current) else {
+        return (free, total);
+    };
+    let used = lock(&l.ledger).used(&uuid).unwrap_or(0);
+    let total = total.min(limit);
+    (free.min(total.saturating_sub(used)), total)
+}
+
+fn refused() -> Option<CUresult> {
+    matches!(mode(), Mode::Broken(_)).then_some(CUDA_ERROR_NOT_PERMITTED)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuInit(flags: u32) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    let f = real!(slots::CU_INIT, unsafe extern "C" fn(u32) -> CUresult);
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { f(flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptrV1, bytesize: u32) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptrV1, u32) -> CUresult;
+    let f = real!(slots::CU_MEM_ALLOC, F);
+    // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
+    allocate(
+        u64::from(bytesize),
+        On::Current,
+        || unsafe { f(dptr, bytesize) },
+        || unsafe { u64::from(*dptr) },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+    let f = real!(slots::CU_MEM_ALLOC_V2, F);
+    // SAFETY: as in cuMemAlloc.
+    allocate(
+        bytesize as u64,
+        On::Current,
+        || unsafe { f(dptr, bytesize) },
+        || unsafe { *dptr },
+    )
+}
+
+/// Pitched allocations: reserve width × height first; the pitch (≥ width) is only known after
+/// the driver answers, so the difference is reserved then, or the allocation undone.
+fn allocate_pitched(
+    width: u64,
+    height: u64,
+    call: impl FnOnce() -> CUresult,
+    result: impl Fn() -> (u64, u64),
+    undo: impl FnOnce(),
+) -> CUresult {
+    let asked = width.saturating_mul(height);
+    let r = allocate(asked, On::Current, call, || result().0);
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    let (ptr, pitch) = result();
+    let extra = pitch.saturating_mul(height).saturating_sub(asked);
+    let Mode::Limited(l) = mode() else {
+        return r;
+    };
+    let (Some(limit), Some((uuid, _))) = (
+        l.config.memory_limit_bytes,
+        lock(&l.allocations).get(&ptr).copied(),
+    ) else {
+        return r;
+    };
+    if extra == 0 {
+        return r;
+    }
+    if matches!(lock(&l.ledger).reserve(&uuid, extra, limit), Ok(true)) {
+        if let Some(a) = lock(&l.allocations).get_mut(&ptr) {
+            a.1 += extra;
+        }
+        return r;
+    }
+    undo();
+    if let Some((uuid, size)) = lock(&l.allocations).remove(&ptr) {
+        let _ = lock(&l.ledger).release(&uuid, size);
+    }
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut CUdeviceptrV1,
+    pitch: *mut u32,
+    width: u32,
+    height: u32,
+    element_size: u32,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptrV1, *mut u32, u32, u32, u32) -> CUresult;
+    let f = real!(slots::CU_MEM_ALLOC_PITCH, F);
+    // SAFETY: forwarding the caller's arguments; the outputs are read only after success.
+    allocate_pitched(
+        width.into(),
+        height.into(),
+        || unsafe { f(dptr, pitch, width, height, element_size) },
+        || unsafe { (u64::from(*dptr), u64::from(*pitch)) },
+        || unsafe {
+            if let Some(free) = slots::CU_MEM_FREE.get::<unsafe extern "C" fn(u32) -> CUresult>() {
+                free(*dptr);
+            }
+        },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: u32,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, u32) -> CUresult;
+    let f = real!(slots::CU_MEM_ALLOC_PITCH_V2, F);
+    // SAFETY: as in cuMemAllocPitch.
+    allocate_pitched(
+        width as u64,
+        height as u64,
+        || unsafe { f(dptr, pitch, width, height, element_size) },
+        || unsafe { (*dptr, *pitch as u64) },
+        || unsafe {
+            if let Some(free) = slots::CU_MEM_FREE_V2.get::<unsafe extern "C" fn(u64) -> CUresult>()
+            {
+                free(*dptr);
+            }
+        },
+    )
+}
+
+type AllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, u32) -> CUresult;
+
+fn alloc_managed(slot: &Slot, dptr: *mut CUdeviceptr, bytesize: usize, flags: u32) -> CUresult {
+    let f = real!(slot, AllocManaged);
+    // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
+    allocate(
+        bytesize as u64,
+        On::Current,
+        || unsafe { f(dptr, bytesize, flags) },
+        || unsafe { *dptr },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: u32,
+) -> CUresult {
+    alloc_managed(&slots::CU_MEM_ALLOC_MANAGED, dptr, bytesize, flags)
+}
+
+/// The CUDA driver has no `_v2` of this entry point; the name is hooked all the same, should a
+/// driver ever export it.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged_v2(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: u32,
+) -> CUresult {
+    alloc_managed(&slots::CU_MEM_ALLOC_MANAGED_V2, dptr, bytesize, flags)
+}
+
+type AllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+
+fn alloc_async(slot: &Slot, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+    let f = real!(slot, AllocAsync);
+    // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
+    allocate(
+        bytesize as u64,
+        On::Current,
+        || unsafe { f(dptr, bytesize, stream) },
+        || unsafe { *dptr },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(&slots::CU_MEM_ALLOC_ASYNC, dptr, bytesize, stream)
+}
+
+/// As [`cuMemAllocManaged_v2`]: no such driver entry point today.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_v2(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(&slots::CU_MEM_ALLOC_ASYNC_V2, dptr, bytesize, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(&slots::CU_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationPropHead,
+    flags: u64,
+) -> CUresult {
+    type F = unsafe extern "C" fn(
+        *mut CUmemGenericAllocationHandle,
+        usize,
+        *const CUmemAllocationPropHead,
+        u64,
+    ) -> CUresult;
+    let f = real!(slots::CU_MEM_CREATE, F);
+    // SAFETY: `prop` is the caller's (null is the driver's to refuse).
+    let location = unsafe { prop.as_ref() }.map(|p| p.location);
+    let call = || unsafe { f(handle, size, prop, flags) };
+    match location {
+        // Host memory is not the GPU's to limit.
+        Some(loc) if loc.typ == CU_MEM_LOCATION_TYPE_DEVICE => {
+            // SAFETY: `handle` is read only after success.
+            allocate(size as u64, On::Ordinal(loc.id), call, || unsafe {
+                *handle
+            })
+        }
+        _ => match refused() {
+            Some(r) => r,
+            None => call(),
+        },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    let f = real!(slots::CU_MEM_RELEASE, unsafe extern "C" fn(u64) -> CUresult);
+    // SAFETY: forwarding the caller's argument.
+    free(handle, || unsafe { f(handle) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptrV1) -> CUresult {
+    let f = real!(slots::CU_MEM_FREE, unsafe extern "C" fn(u32) -> CUresult);
+    // SAFETY: forwarding the caller's argument.
+    free(dptr.into(), || unsafe { f(dptr) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let f = real!(slots::CU_MEM_FREE_V2, unsafe extern "C" fn(u64) -> CUresult);
+    // SAFETY: forwarding the caller's argument.
+    free(dptr, || unsafe { f(dptr) })
+}
+
+type FreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    let f = real!(slots::CU_MEM_FREE_ASYNC, FreeAsync);
+    // SAFETY: forwarding the caller's arguments.
+    free(dptr, || unsafe { f(dptr, stream) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    let f = real!(slots::CU_MEM_FREE_ASYNC_PTSZ, FreeAsync);
+    // SAFETY: forwarding the caller's arguments.
+    free(dptr, || unsafe { f(dptr, stream) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    let f = real!(
+        slots::CU_MEM_GET_INFO,
+        unsafe extern "C" fn(*mut u32, *mut u32) -> CUresult
+    );
+    // SAFETY: forwarding the caller's pointers, which the driver filled on success.
+    unsafe {
+        let r = f(free, total);
+        if r == CUDA_SUCCESS && !free.is_null() && !total.is_null() {
+            let (fr, t) = limited_info((*free).into(), (*total).into());
+            *free = fr as u32;
+            *total = t as u32;
+        }
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+    let f = real!(slots::CU_MEM_GET_INFO_V2, F);
+    // SAFETY: as in cuMemGetInfo.
+    unsafe {
+        let r = f(free, total);
+        if r == CUDA_SUCCESS && !free.is_null() && !total.is_null() {
+            let (fr, t) = limited_info(*free as u64, *total as u64);
+            *free = fr as usize;
+            *total = t as usize;
+        }
+        r
+    }
+}
+
+fn limit_total(total: u64) -> u64 {
+    match mode() {
+        Mode::Limited(l) => l.config.memory_limit_bytes.map_or(total, |m| total.min(m)),
+        _ => total,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    let f = real!(
+        slots::CU_DEVICE_TOTAL_MEM,
+        unsafe extern "C" fn(*mut u32, CUdevice) -> CUresult
+    );
+    // SAFETY: forwarding the caller's arguments; `bytes` was filled on success.
+    unsafe {
+        let r = f(bytes, dev);
+        if r == CUDA_SUCCESS && !bytes.is_null() {
+            *bytes = limit_total((*bytes).into()) as u32;
+        }
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+    let f = real!(slots::CU_DEVICE_TOTAL_MEM_V2, F);
+    // SAFETY: as in cuDeviceTotalMem.
+    unsafe {
+        let r = f(bytes, dev);
+        if r == CUDA_SUCCESS && !bytes.is_null() {
+            *bytes = limit_total(*bytes as u64) as usize;
+        }
+        r
+    }
+}
+
+/// Replace what the real `cuGetProcAddress` returned for `symbol` by our hook for it.
+///
+/// # Safety
+/// `symbol` is a C string (or null) and `pfn` the caller's output pointer (or null).
+unsafe fn redirect(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
+    if symbol.is_null() || pfn.is_null() {
+        return;
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        let name = CStr::from_ptr(symbol);
+        if let Some(hook) = crate::table::redirect(name, *pfn, version, flags) {
+            *pfn = hook;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult;
+    let f = real!(slots::CU_GET_PROC_ADDRESS, F);
+    // SAFETY: forwarding the caller's arguments; `pfn` was filled on success.
+    unsafe {
+        let r = f(symbol, pfn, cuda_version, flags);
+        if r == CUDA_SUCCESS {
+            redirect(symbol, pfn, cuda_version, flags);
+        }
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    symbol_status: *mut i32,
+) -> CUresult {
+    if let Some(r) = refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult;
+    let f = real!(slots::CU_GET_PROC_ADDRESS_V2, F);
+    // SAFETY: as in cuGetProcAddress.
+    unsafe {
+        let r = f(symbol, pfn, cuda_version, flags, symbol_status);
+        if r == CUDA_SUCCESS {
+            redirect(symbol, pfn, cuda_version, flags);
+        }
+        r
+    }
+}
+
+/// The core limiter's bucket, shared by the process's threads.
+static BUCKET: Mutex<Option<Bucket>> = Mutex::new(None);
+
+/// Wait for the tokens a launch of `blocks` blocks costs, when a core limit is in force.
+fn throttle(blocks: u64) -> Option<CUresult> {
+    let l = match mode() {
+        Mode::Broken(_) => return Some(CUDA_ERROR_NOT_PERMITTED),
+        Mode::PassThrough => return None,
+        Mode::Limited(l) => l,
+    };
+    let percent = l.config.core_percent.filter(|p| *p < 100)?;
+    crate::nvml::ensure_watcher(l, percent, &BUCKET);
+    let wait = {
+        let mut b = lock(&BUCKET);
+        let now = Instant::now();
+        b.get_or_insert_with(|| Bucket::new(now)).take(blocks, now)
+    };
+    if !wait.is_zero() {
+        std::thread::sleep(wait);
+    }
+    None
+}
+
+fn blocks(x: u32, y: u32, z: u32) -> u64 {
+    u64::from(x) * u64::from(y) * u64::from(z)
+}
+
+type LaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    slot: &Slot,
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let real = real!(slot, LaunchKernel);
+    if let Some(r) = throttle(blocks(grid.0, grid.1, grid.2)) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe {
+        real(
+            f, grid.0, grid.1, grid.2, block.0, block.1, block.2, shared, stream, params, extra,
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let slot = &slots::CU_LAUNCH_KERNEL;
+    launch(
+        slot,
+        f,
+        (gx, gy, gz),
+        (bx, by, bz),
+        shared,
+        stream,
+        params,
+        extra,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let slot = &slots::CU_LAUNCH_KERNEL_PTSZ;
+    launch(
+        slot,
+        f,
+        (gx, gy, gz),
+        (bx, by, bz),
+        shared,
+        stream,
+        params,
+        extra,
+    )
+}
+
+type LaunchKernelEx = unsafe extern "C" fn(
+    *const CUlaunchConfigHead,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+fn launch_ex(
+    slot: &Slot,
+    config: *const CUlaunchConfigHead,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let real = real!(slot, LaunchKernelEx);
+    // SAFETY: `config` is the caller's (null is the driver's to refuse).
+    let cost =
+        unsafe { config.as_ref() }.map_or(1, |c| blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
+    if let Some(r) = throttle(cost) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe { real(config, f, params, extra) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfigHead,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    launch_ex(&slots::CU_LAUNCH_KERNEL_EX, config, f, params, extra)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfigHead,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    launch_ex(&slots::CU_LAUNCH_KERNEL_EX_PTSZ, config, f, params, extra)
+}

@@ -1,0 +1,240 @@
+//! Every hooked name: its real function's slot and our hook. `dlsym` and `cuGetProcAddress` use
+//! it to hand out hooks in place of the driver's functions.
+
+use std::ffi::{c_void, CStr};
+use std::sync::OnceLock;
+
+use crate::cuda::{CUDA_VERSION_V2_API, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+use crate::hooks::{self, slots as cu};
+use crate::nvml::{self, slots as nv};
+use crate::real::{Lib, Slot};
+
+pub struct Entry {
+    pub slot: &'static Slot,
+    /// The hook's address.
+    pub hook: usize,
+}
+
+impl Entry {
+    pub fn name(&self) -> &'static CStr {
+        self.slot.name
+    }
+}
+
+pub fn entries() -> &'static [Entry] {
+    static TABLE: OnceLock<Vec<Entry>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let e = |slot: &'static Slot, hook: usize| Entry { slot, hook };
+        vec![
+            e(&cu::CU_INIT, hooks::cuInit as *const () as usize),
+            e(&cu::CU_MEM_ALLOC, hooks::cuMemAlloc as *const () as usize),
+            e(
+                &cu::CU_MEM_ALLOC_V2,
+                hooks::cuMemAlloc_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_PITCH,
+                hooks::cuMemAllocPitch as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_PITCH_V2,
+                hooks::cuMemAllocPitch_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_MANAGED,
+                hooks::cuMemAllocManaged as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_MANAGED_V2,
+                hooks::cuMemAllocManaged_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_ASYNC,
+                hooks::cuMemAllocAsync as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_ASYNC_V2,
+                hooks::cuMemAllocAsync_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_ASYNC_PTSZ,
+                hooks::cuMemAllocAsync_ptsz as *const () as usize,
+            ),
+            e(&cu::CU_MEM_CREATE, hooks::cuMemCreate as *const () as usize),
+            e(
+                &cu::CU_MEM_RELEASE,
+                hooks::cuMemRelease as *const () as usize,
+            ),
+            e(&cu::CU_MEM_FREE, hooks::cuMemFree as *const () as usize),
+            e(
+                &cu::CU_MEM_FREE_V2,
+                hooks::cuMemFree_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_FREE_ASYNC,
+                hooks::cuMemFreeAsync as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_FREE_ASYNC_PTSZ,
+                hooks::cuMemFreeAsync_ptsz as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_GET_INFO,
+                hooks::cuMemGetInfo as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_GET_INFO_V2,
+                hooks::cuMemGetInfo_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_DEVICE_TOTAL_MEM,
+                hooks::cuDeviceTotalMem as *const () as usize,
+            ),
+            e(
+                &cu::CU_DEVICE_TOTAL_MEM_V2,
+                hooks::cuDeviceTotalMem_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_GET_PROC_ADDRESS,
+                hooks::cuGetProcAddress as *const () as usize,
+            ),
+            e(
+                &cu::CU_GET_PROC_ADDRESS_V2,
+                hooks::cuGetProcAddress_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_LAUNCH_KERNEL,
+                hooks::cuLaunchKernel as *const () as usize,
+            ),
+            e(
+                &cu::CU_LAUNCH_KERNEL_PTSZ,
+                hooks::cuLaunchKernel_ptsz as *const () as usize,
+            ),
+            e(
+                &cu::CU_LAUNCH_KERNEL_EX,
+                hooks::cuLaunchKernelEx as *const () as usize,
+            ),
+            e(
+                &cu::CU_LAUNCH_KERNEL_EX_PTSZ,
+                hooks::cuLaunchKernelEx_ptsz as *const () as usize,
+            ),
+            e(
+                &nv::GET_MEMORY_INFO,
+                nvml::nvmlDeviceGetMemoryInfo as *const () as usize,
+            ),
+            e(
+                &nv::GET_MEMORY_INFO_V2,
+                nvml::nvmlDeviceGetMemoryInfo_v2 as *const () as usize,
+            ),
+        ]
+    })
+}
+
+/// The entry hooking `name`, if any.
+pub fn find(name: &CStr) -> Option<&'static Entry> {
+    let b = name.to_bytes();
+    // Most lookups are for other names: skip the scan for them.
+    if !(b.starts_with(b"cu") || b.starts_with(b"nvml")) {
+        return None;
+    }
+    entries().iter().find(|e| e.name() == name)
+}
+
+/// Un-suffixed names that mean their `_v2` entry point from CUDA 3.2 on.
+const V2_SINCE_3020: &[&str] = &[
+    "cuMemAlloc",
+    "cuMemAllocPitch",
+    "cuMemFree",
+    "cuMemGetInfo",
+    "cuDeviceTotalMem",
+];
+
+/// What `cuGetProcAddress(symbol, …, version, flags)` should hand out instead of the driver's
+/// `found`: the hook for the entry point `found` is (by address), or else the hook for the
+/// variant the driver's rules select for that name and version (per-thread-stream `_ptsz`,
+/// `_v2`). `None`: not hooked, keep the driver's.
+pub fn redirect(
+    symbol: &CStr,
+    found: *mut c_void,
+    version: i32,
+    flags: u64,
+) -> Option<*mut c_void> {
+    if found.is_null() {
+        return None;
+    }
+    let cuda = || entries().iter().filter(|e| e.slot.lib == Lib::Cuda);
+    if let Some(e) = cuda().find(|e| e.slot.addr() == Some(found as usize)) {
+        return Some(e.hook as *mut c_void);
+    }
+    let base = symbol.to_str().ok()?;
+    let mut candidates = Vec::new();
+    if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 {
+        candidates.push(format!("{base}_ptsz"));
+    }
+    if (version >= CUDA_VERSION_V2_API && V2_SINCE_3020.contains(&base))
+        || (version >= 12000 && base == "cuGetProcAddress")
+    {
+        candidates.push(format!("{base}_v2"));
+    }
+    candidates.push(base.to_string());
+    candidates.iter().find_map(|c| {
+        cuda()
+            .find(|e| e.name().to_bytes() == c.as_bytes())
+            .map(|e| e.hook as *mut c_void)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let mut names: Vec<_> = entries().iter().map(|e| e.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), entries().len());
+        assert_eq!(
+            find(c"cuMemAlloc_v2").map(|e| e.hook),
+            Some(hooks::cuMemAlloc_v2 as *const () as usize)
+        );
+        assert!(find(c"cuCtxCreate").is_none());
+        assert!(find(c"malloc").is_none());
+    }
+
+    #[test]
+    fn unknown_pointers_map_by_name_and_version() {
+        // No real driver here: every slot is missing, so only the name rules apply.
+        let p = 0x1000 as *mut c_void;
+        let hook = |name: &CStr, version, flags| redirect(name, p, version, flags);
+        assert_eq!(
+            hook(c"cuMemAlloc", 12000, 0),
+            Some(hooks::cuMemAlloc_v2 as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuMemAlloc", 3000, 0),
+            Some(hooks::cuMemAlloc as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(
+                c"cuMemAllocAsync",
+                12000,
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+            ),
+            Some(hooks::cuMemAllocAsync_ptsz as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGetProcAddress", 12000, 0),
+            Some(hooks::cuGetProcAddress_v2 as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGetProcAddress", 11030, 0),
+            Some(hooks::cuGetProcAddress as *const () as *mut c_void)
+        );
+        assert_eq!(hook(c"cuCtxCreate", 12000, 0), None);
+        assert_eq!(
+            redirect(c"cuMemAlloc", std::ptr::null_mut(), 12000, 0),
+            None
+        );
+    }
+}
