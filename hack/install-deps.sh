@@ -20,9 +20,12 @@ PACKAGES=(
   containernetworking-plugins
   iptables
   libseccomp-dev
-  # Build: protoc for generated gRPC code, pkg-config for native libraries.
+  # Build: protoc for generated gRPC code, pkg-config for native libraries; a C compiler, which
+  # also builds the fake GPU driver and the test program of the GPU tests.
   protobuf-compiler
   pkg-config
+  gcc
+  libc6-dev
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

@@ -53,6 +53,9 @@ pub struct Config {
     pub init_binary: Option<PathBuf>,
     #[serde(default)]
     pub cni: CniConfig,
+    /// `[gpu]`: GPU discovery and injection (see `crate::gpu`).
+    #[serde(default)]
+    pub gpu: crate::gpu::GpuConfig,
 }
 
 /// `[cni]`: where network configs and plugin binaries are found.
@@ -104,6 +107,7 @@ impl Default for Config {
             init: false,
             init_binary: None,
             cni: CniConfig::default(),
+            gpu: crate::gpu::GpuConfig::default(),
         }
     }
 }
@@ -150,6 +154,7 @@ impl Config {
                 ));
             }
         }
+        self.gpu.validate()?;
         self.registry.validate()
     }
 }

@@ -7,6 +7,7 @@ pub mod cni;
 pub mod config;
 pub mod cri_client;
 pub mod daemon;
+pub mod gpu;
 pub mod records;
 pub mod server;
 pub mod shim_client;

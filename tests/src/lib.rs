@@ -13,6 +13,7 @@ pub mod cri;
 pub mod daemon;
 pub mod fixtures;
 pub mod fsutil;
+pub mod gpu;
 pub mod image;
 pub mod pods;
 pub mod registry;

@@ -187,6 +187,21 @@ impl Inner {
         if self.wants_init(pod, &record.config) {
             self.add_init(&mut spec)?;
         }
+        let image_env = image_config
+            .config()
+            .as_ref()
+            .and_then(|c| c.env().clone())
+            .unwrap_or_default();
+        self.gpu.apply(
+            &crate::gpu::Target {
+                container_id: id,
+                config: &record.config,
+                pod: &pod.config,
+                image_env: &image_env,
+                rootfs: &rootfs,
+            },
+            &mut spec,
+        )?;
         let mut annotations = spec.annotations().clone().unwrap_or_default();
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
@@ -318,6 +333,7 @@ impl Inner {
             warn!(container = %id, error = %e, "removing the writable layer");
         }
         let _ = std::fs::remove_dir_all(&bundle);
+        self.gpu.release(id);
         let _ = self.container_records.remove(id);
         self.index.lock().unwrap().containers.remove(id);
     }

@@ -47,6 +47,8 @@ pub struct Inner {
     pub(super) replay: Mutex<Vec<cri::ContainerEventResponse>>,
     /// The previous CPU sample of each container (by id) and pod (`pod/<id>`), for CPU rates.
     pub(super) cpu_rates: crate::stats::CpuRates,
+    /// The node's GPUs and driver mirror, for GPU requests at CreateContainer.
+    pub(super) gpu: crate::gpu::Gpus,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -92,6 +94,7 @@ impl RuntimeService {
             config.root_dir.join("cni-cache"),
         ));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let gpu = crate::gpu::Gpus::new(&config.gpu, &config.state_dir);
         let service = RuntimeService {
             inner: Arc::new_cyclic(|me| Inner {
                 config,
@@ -111,6 +114,7 @@ impl RuntimeService {
                 started_nanos: crate::records::now_nanos(),
                 replay: Mutex::default(),
                 cpu_rates: Default::default(),
+                gpu,
             }),
         };
         let me = Arc::downgrade(&service.inner);

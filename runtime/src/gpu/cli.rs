@@ -1,0 +1,201 @@
+//! `crishim gpu list`: the node's GPUs and the containers holding them (from the daemon's
+//! per-container GPU records under `state_dir`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::container::{grants, Grant};
+use super::discover::{discover, Gpu};
+use super::{containers_dir, libraries, probe};
+use crate::config::Config;
+
+#[derive(Args)]
+pub struct GpuArgs {
+    #[command(subcommand)]
+    command: GpuCommand,
+}
+
+#[derive(Subcommand)]
+enum GpuCommand {
+    /// List the GPUs (index, UUID, minor, bus id, memory) and the containers holding them.
+    List {
+        /// Config file (TOML). Default: /etc/crishim/config.toml, if present.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The daemon's volatile state directory (overrides `state_dir`).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every device's memory as JSON, through the NVML library given (used by the daemon,
+    /// which keeps the driver out of its own process).
+    #[command(hide = true)]
+    Probe { nvml: PathBuf },
+}
+
+#[derive(Serialize)]
+struct Listing {
+    gpus: Vec<Entry>,
+    /// Containers with the driver but no GPU (`NVIDIA_VISIBLE_DEVICES=none`).
+    driver_only: Vec<Grant>,
+}
+
+#[derive(Serialize)]
+struct Entry {
+    #[serde(flatten)]
+    gpu: Gpu,
+    containers: Vec<Grant>,
+}
+
+pub fn main(args: GpuArgs) -> Result<i32> {
+    match args.command {
+        GpuCommand::List {
+            config,
+            state_dir,
+            json,
+        } => {
+            let mut cfg = Config::load(config.as_deref())?;
+            cfg.state_dir = state_dir.unwrap_or(cfg.state_dir);
+            let listing = list(&cfg)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&listing)?);
+            } else {
+                print!("{}", table(&listing, &cfg));
+            }
+            Ok(0)
+        }
+        GpuCommand::Probe { nvml } => {
+            let found = probe::probe(&nvml).map_err(anyhow::Error::msg)?;
+            println!("{}", serde_json::to_string(&found)?);
+            Ok(0)
+        }
+    }
+}
+
+fn list(cfg: &Config) -> Result<Listing> {
+    let g = &cfg.gpu;
+    let mut inventory = discover(&g.device_root, &g.proc_root).context("discovering GPUs")?;
+    let nvml = libraries::locate(&g.driver_root)
+        .ok()
+        .flatten()
+        .and_then(|d| {
+            d.files
+                .into_iter()
+                .find(|f| f.soname.as_deref() == Some("libnvidia-ml.so.1"))
+        });
+    if let (Some(nvml), false) = (nvml, inventory.gpus.is_empty()) {
+        let sizes = probe::memory_by_uuid(&nvml.source);
+        for gpu in &mut inventory.gpus {
+            gpu.memory = sizes.get(&gpu.uuid).copied();
+        }
+    }
+    let held = grants(&containers_dir(&cfg.state_dir));
+    let gpus = inventory
+        .gpus
+        .into_iter()
+        .map(|gpu| Entry {
+            containers: held
+                .iter()
+                .filter(|h| h.uuids.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)))
+                .cloned()
+                .collect(),
+            gpu,
+        })
+        .collect();
+    let driver_only = held.into_iter().filter(|h| h.uuids.is_empty()).collect();
+    Ok(Listing { gpus, driver_only })
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+fn holder(h: &Grant) -> String {
+    let mut s = format!(
+        "{} ({}/{}/{}",
+        &h.container_id[..h.container_id.len().min(12)],
+        h.pod_namespace,
+        h.pod_name,
+        h.container_name
+    );
+    if let Some(m) = h.memory_limit_bytes {
+        let _ = write!(s, ", memory {}", mib(m));
+    }
+    if let Some(c) = h.core_percent {
+        let _ = write!(s, ", cores {c}%");
+    }
+    s.push(')');
+    s
+}
+
+fn table(l: &Listing, cfg: &Config) -> String {
+    if l.gpus.is_empty() {
+        return format!(
+            "no GPUs found (device_root {}, proc_root {})\n",
+            cfg.gpu.device_root.display(),
+            cfg.gpu.proc_root.display()
+        );
+    }
+    let rows: Vec<[String; 7]> = l
+        .gpus
+        .iter()
+        .map(|e| {
+            let holders: Vec<String> = e.containers.iter().map(holder).collect();
+            [
+                e.gpu.index.to_string(),
+                e.gpu.uuid.clone(),
+                e.gpu.minor.to_string(),
+                e.gpu.bus_id.clone(),
+                e.gpu.model.clone(),
+                e.gpu.memory.map_or("-".into(), mib),
+                if holders.is_empty() {
+                    "-".into()
+                } else {
+                    holders.join(", ")
+                },
+            ]
+        })
+        .collect();
+    let header = [
+        "INDEX",
+        "UUID",
+        "MINOR",
+        "BUS ID",
+        "MODEL",
+        "MEMORY",
+        "CONTAINERS",
+    ];
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{c:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    for h in &l.driver_only {
+        let _ = writeln!(out, "driver only (no GPU): {}", holder(h));
+    }
+    out
+}

@@ -1,0 +1,164 @@
+//! `[gpu]` in config.toml. The key names are a contract; every key is optional.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The interceptor's file name: next to the `crishim` binary unless `interceptor` says otherwise.
+pub const INTERCEPTOR_NAME: &str = "libcrishim_vgpu.so";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuConfig {
+    /// Where `nvidia[0-9]*`, `nvidiactl`, `nvidia-uvm`… are found.
+    #[serde(default = "default_device_root")]
+    pub device_root: PathBuf,
+    /// Where `driver/nvidia/gpus/*/information` is found.
+    #[serde(default = "default_proc_root")]
+    pub proc_root: PathBuf,
+    /// The root the driver's libraries and binaries are installed under (`etc/ld.so.cache`).
+    #[serde(default = "default_driver_root")]
+    pub driver_root: PathBuf,
+    /// The mirror of the driver files that containers get (`origin/`, `shared/`).
+    #[serde(default = "default_vdriver_dir")]
+    pub vdriver_dir: PathBuf,
+    /// The interceptor library; default: [`INTERCEPTOR_NAME`] next to the `crishim` binary.
+    #[serde(default)]
+    pub interceptor: Option<PathBuf>,
+    #[serde(default)]
+    pub inject: InjectMode,
+    /// Where CDI specs are read from, in increasing priority.
+    #[serde(default = "default_cdi_spec_dirs")]
+    pub cdi_spec_dirs: Vec<PathBuf>,
+}
+
+/// How the interceptor is put between applications and the driver.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InjectMode {
+    /// A generated `/etc/ld.so.preload` names it.
+    #[default]
+    Preload,
+    /// The `shared/` mirror, whose `libcuda.so.1` and `libnvidia-ml.so.1` load it.
+    Replace,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            device_root: default_device_root(),
+            proc_root: default_proc_root(),
+            driver_root: default_driver_root(),
+            vdriver_dir: default_vdriver_dir(),
+            interceptor: None,
+            inject: InjectMode::default(),
+            cdi_spec_dirs: default_cdi_spec_dirs(),
+        }
+    }
+}
+
+fn default_device_root() -> PathBuf {
+    "/dev".into()
+}
+fn default_proc_root() -> PathBuf {
+    "/proc".into()
+}
+fn default_driver_root() -> PathBuf {
+    "/".into()
+}
+fn default_vdriver_dir() -> PathBuf {
+    "/var/lib/crishim/gpu/vdriver".into()
+}
+fn default_cdi_spec_dirs() -> Vec<PathBuf> {
+    vec!["/etc/cdi".into(), "/var/run/cdi".into()]
+}
+
+impl GpuConfig {
+    /// Every path must be absolute.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut paths = vec![
+            ("gpu.device_root", &self.device_root),
+            ("gpu.proc_root", &self.proc_root),
+            ("gpu.driver_root", &self.driver_root),
+            ("gpu.vdriver_dir", &self.vdriver_dir),
+        ];
+        if let Some(i) = &self.interceptor {
+            paths.push(("gpu.interceptor", i));
+        }
+        paths.extend(self.cdi_spec_dirs.iter().map(|d| ("gpu.cdi_spec_dirs", d)));
+        for (key, p) in paths {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "{key} must be an absolute path, got {:?}",
+                    p.display().to_string()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The interceptor library's path.
+    pub fn interceptor_path(&self) -> PathBuf {
+        self.interceptor.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.parent().map(|d| d.join(INTERCEPTOR_NAME)))
+                .unwrap_or_else(|| PathBuf::from("/usr/local/bin").join(INTERCEPTOR_NAME))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::path::Path;
+
+    fn parse(s: &str) -> Result<Config, String> {
+        Config::parse(s, Path::new("test.toml")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_is_optional_with_the_documented_defaults() {
+        let g = parse("").unwrap().gpu;
+        assert_eq!(g.device_root, Path::new("/dev"));
+        assert_eq!(g.proc_root, Path::new("/proc"));
+        assert_eq!(g.driver_root, Path::new("/"));
+        assert_eq!(g.vdriver_dir, Path::new("/var/lib/crishim/gpu/vdriver"));
+        assert_eq!(g.inject, InjectMode::Preload);
+        assert_eq!(
+            g.cdi_spec_dirs,
+            [Path::new("/etc/cdi"), Path::new("/var/run/cdi")]
+        );
+        assert!(g.interceptor_path().ends_with(INTERCEPTOR_NAME));
+    }
+
+    #[test]
+    fn every_key_parses_and_mistakes_are_named() {
+        let g = parse(
+            r#"
+[gpu]
+device_root = "/d"
+proc_root = "/p"
+driver_root = "/run/nvidia/driver"
+vdriver_dir = "/v"
+interceptor = "/opt/libcrishim_vgpu.so"
+inject = "replace"
+cdi_spec_dirs = ["/c"]
+"#,
+        )
+        .unwrap()
+        .gpu;
+        assert_eq!(g.inject, InjectMode::Replace);
+        assert_eq!(g.interceptor_path(), Path::new("/opt/libcrishim_vgpu.so"));
+        let e = parse("[gpu]\ndevice_rot = \"/d\"").unwrap_err();
+        assert!(e.contains("device_rot"), "{e}");
+        let e = parse("[gpu]\ninject = \"both\"").unwrap_err();
+        assert!(e.contains("both"), "{e}");
+        let e = parse("[gpu]\nvdriver_dir = \"v\"").unwrap_err();
+        assert!(
+            e.contains("gpu.vdriver_dir must be an absolute path"),
+            "{e}"
+        );
+    }
+}

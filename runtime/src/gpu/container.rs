@@ -1,0 +1,202 @@
+//! A GPU container's host directory, `<state_dir>/gpu/containers/<id>/`, removed with the
+//! container:
+//!
+//! ```text
+//! grant.json       what it holds (read by `crishim gpu list`)
+//! config.json      the interceptor's config       → /etc/crishim/vgpu/config.json (ro)
+//! shared/usage     the accounting file            → /etc/crishim/vgpu/shared (rw)
+//! ld.so.preload    preload mode only              → /etc/ld.so.preload (ro)
+//! ```
+
+use std::io;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::libraries::Capability;
+use super::GpuError;
+
+/// Where the files appear in the container.
+pub const VGPU_DIR: &str = "/etc/crishim/vgpu";
+pub const CONFIG_PATH: &str = "/etc/crishim/vgpu/config.json";
+pub const SHARED_DIR: &str = "/etc/crishim/vgpu/shared";
+pub const ACCOUNTING_FILE: &str = "/etc/crishim/vgpu/shared/usage";
+pub const PRELOAD_PATH: &str = "/etc/ld.so.preload";
+
+/// What a container holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub container_id: String,
+    pub container_name: String,
+    pub pod_name: String,
+    pub pod_namespace: String,
+    pub pod_uid: String,
+    /// The granted GPUs' UUIDs (none for `NVIDIA_VISIBLE_DEVICES=none`).
+    pub uuids: Vec<String>,
+    pub memory_limit_bytes: Option<u64>,
+    pub core_percent: Option<u32>,
+    pub capabilities: Vec<Capability>,
+}
+
+/// The interceptor's config; the reader is `interceptor/src/config.rs` (same fields, same
+/// meaning).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VgpuConfig {
+    pub version: u32,
+    pub container_id: String,
+    pub pod_uid: String,
+    pub device_uuids: Vec<String>,
+    pub memory_limit_bytes: Option<u64>,
+    pub core_percent: Option<u32>,
+    pub libcuda: PathBuf,
+    pub libnvidia_ml: Option<PathBuf>,
+    pub accounting_file: PathBuf,
+}
+
+pub const VGPU_CONFIG_VERSION: u32 = 1;
+
+/// A container's directory.
+pub struct ContainerDir {
+    pub path: PathBuf,
+}
+
+impl ContainerDir {
+    pub fn create(path: PathBuf) -> Result<ContainerDir, GpuError> {
+        std::fs::create_dir_all(&path)
+            .map_err(|e| GpuError::io(format!("creating {}", path.display()), e))?;
+        Ok(ContainerDir { path })
+    }
+
+    pub fn write_grant(&self, g: &Grant) -> Result<(), GpuError> {
+        self.write_json("grant.json", g)
+    }
+
+    pub fn write_config(&self, c: &VgpuConfig) -> Result<PathBuf, GpuError> {
+        self.write_json("config.json", c)?;
+        Ok(self.path.join("config.json"))
+    }
+
+    /// The accounting directory with an empty `usage` every container user may write: the
+    /// container's processes may run as any uid.
+    pub fn create_accounting(&self) -> Result<PathBuf, GpuError> {
+        let dir = self.path.join("shared");
+        let file = dir.join("usage");
+        let step = |what: &str, r: io::Result<()>| {
+            r.map_err(|e| GpuError::io(format!("{what} {}", file.display()), e))
+        };
+        step("creating", std::fs::create_dir_all(&dir))?;
+        step(
+            "creating",
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&file)
+                .map(drop),
+        )?;
+        step(
+            "chmod",
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)),
+        )?;
+        Ok(dir)
+    }
+
+    /// `/etc/ld.so.preload` naming `interceptor` first, then what the image's own file names.
+    pub fn write_preload(
+        &self,
+        interceptor: &str,
+        image_preload: Option<&str>,
+    ) -> Result<PathBuf, GpuError> {
+        let mut text = format!("{interceptor}\n");
+        if let Some(own) = image_preload {
+            for line in own.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                if line != interceptor {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+        }
+        let path = self.path.join("ld.so.preload");
+        std::fs::write(&path, text)
+            .map_err(|e| GpuError::io(format!("writing {}", path.display()), e))?;
+        Ok(path)
+    }
+
+    fn write_json(&self, name: &str, value: &impl Serialize) -> Result<(), GpuError> {
+        let path = self.path.join(name);
+        let json =
+            serde_json::to_vec_pretty(value).map_err(|e| GpuError::Internal(e.to_string()))?;
+        crishim_proto::record::write_atomic(&path, &json)
+            .map_err(|e| GpuError::io(format!("writing {}", path.display()), e))?;
+        // Readable by the container's users whatever their uid.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| GpuError::io(format!("chmod {}", path.display()), e))
+    }
+}
+
+/// Every grant under `containers_dir` (skipping unreadable ones).
+pub fn grants(containers_dir: &Path) -> Vec<Grant> {
+    let Ok(entries) = std::fs::read_dir(containers_dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Grant> = entries
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("grant.json")).ok())
+        .filter_map(|b| serde_json::from_slice(&b).ok())
+        .collect();
+    out.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preload_names_the_interceptor_first_and_keeps_the_images_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = ContainerDir::create(dir.path().join("c")).unwrap();
+        let p = d
+            .write_preload(
+                "/etc/crishim/vgpu/libcrishim_vgpu.so",
+                Some("/lib/libmine.so\n\n"),
+            )
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(p).unwrap(),
+            "/etc/crishim/vgpu/libcrishim_vgpu.so\n/lib/libmine.so\n"
+        );
+    }
+
+    #[test]
+    fn grants_are_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = Grant {
+            container_id: "c1".into(),
+            container_name: "n".into(),
+            pod_name: "p".into(),
+            pod_namespace: "ns".into(),
+            pod_uid: "u".into(),
+            uuids: vec!["GPU-1".into()],
+            memory_limit_bytes: Some(1),
+            core_percent: None,
+            capabilities: vec![Capability::Compute],
+        };
+        ContainerDir::create(dir.path().join("c1"))
+            .unwrap()
+            .write_grant(&g)
+            .unwrap();
+        std::fs::create_dir_all(dir.path().join("broken")).unwrap();
+        assert_eq!(grants(dir.path()), vec![g]);
+        let usage = ContainerDir::create(dir.path().join("c1"))
+            .unwrap()
+            .create_accounting()
+            .unwrap()
+            .join("usage");
+        assert_eq!(
+            std::fs::metadata(usage).unwrap().permissions().mode() & 0o777,
+            0o666
+        );
+    }
+}

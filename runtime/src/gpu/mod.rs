@@ -1,0 +1,488 @@
+//! GPUs: discovery, the driver mirror, and what a GPU container gets at `CreateContainer`.
+//!
+//! - `discover`: GPUs from `device_root` and `proc_root`;
+//! - `ldcache`, `libraries`, `elf`: the driver's files under `driver_root`, by capability;
+//! - `mirror`: `vdriver_dir` (`origin/`, `shared/`, capability views);
+//! - `probe`: device memory sizes through NVML, in a child process;
+//! - `request`: what a container asks for; `cdi`: CDI devices; `compat`: can the image load
+//!   the interceptor;
+//! - `inject`: the spec edits; `container`: the per-container host directory;
+//! - `cli`: `crishim gpu list`.
+//!
+//! A container that asks for nothing gets nothing: its spec is left exactly as it was.
+
+pub mod cdi;
+pub mod cli;
+pub mod compat;
+pub mod config;
+pub mod container;
+pub mod discover;
+pub mod elf;
+pub mod inject;
+pub mod ldcache;
+pub mod libraries;
+pub mod mirror;
+pub mod probe;
+pub mod request;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crishim_proto::cri;
+use oci_spec::runtime::{LinuxDeviceType, Spec};
+use tracing::{info, warn};
+
+pub use config::{GpuConfig, InjectMode};
+use container::{ContainerDir, Grant, VgpuConfig};
+use discover::{Gpu as Device, Inventory, NVIDIA_MAJOR};
+use libraries::Capability;
+use mirror::{Mirror, Tree};
+use request::{Ident, Limits, Request};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// A bad request; `InvalidArgument`.
+    #[error("{0}")]
+    Invalid(String),
+    /// The node cannot serve it (no driver, no interceptor); `FailedPrecondition`.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+impl GpuError {
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        GpuError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+impl From<GpuError> for tonic::Status {
+    fn from(e: GpuError) -> Self {
+        let msg = format!("CreateContainer: {e}");
+        match e {
+            GpuError::Invalid(_) => tonic::Status::invalid_argument(msg),
+            GpuError::Unavailable(_) => tonic::Status::failed_precondition(msg),
+            GpuError::Internal(_) | GpuError::Io { .. } => tonic::Status::internal(msg),
+        }
+    }
+}
+
+/// The container a request is applied for.
+pub struct Target<'a> {
+    pub container_id: &'a str,
+    pub config: &'a cri::ContainerConfig,
+    pub pod: &'a cri::PodSandboxConfig,
+    /// The image config's `Env`.
+    pub image_env: &'a [String],
+    /// The mounted root filesystem (its own `/etc/ld.so.preload` is kept).
+    pub rootfs: &'a Path,
+}
+
+/// The node's GPUs and driver, and what containers get of them.
+pub struct Gpus {
+    config: GpuConfig,
+    inventory: Inventory,
+    mirror: Option<Mirror>,
+    interceptor: PathBuf,
+    containers_dir: PathBuf,
+    /// Device memory by UUID, probed through NVML on first need (it can take seconds).
+    memory: std::sync::OnceLock<std::collections::HashMap<String, u64>>,
+}
+
+/// Host directory of the per-container GPU directories, under the daemon's state dir.
+pub fn containers_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("gpu/containers")
+}
+
+impl Gpus {
+    /// Discover GPUs and build the driver mirror. Never fails: a node whose GPUs cannot be used
+    /// still runs every other container (why is logged, and GPU requests are refused with it).
+    pub fn new(config: &GpuConfig, state_dir: &Path) -> Gpus {
+        let inventory =
+            discover::discover(&config.device_root, &config.proc_root).unwrap_or_else(|e| {
+                warn!(error = %e, "GPU discovery failed; no GPUs will be offered");
+                Inventory::default()
+            });
+        let interceptor = config.interceptor_path();
+        let mirror = match libraries::locate(&config.driver_root) {
+            Ok(Some(driver)) => Mirror::build(&config.vdriver_dir, driver, &interceptor)
+                .map_err(|e| warn!(error = %e, "building the GPU driver mirror failed"))
+                .ok(),
+            Ok(None) => None,
+            Err(e) => {
+                warn!(error = %e, driver_root = %config.driver_root.display(), "finding the GPU driver failed");
+                None
+            }
+        };
+        if let Some(m) = &mirror {
+            info!(gpus = inventory.gpus.len(), driver = %m.driver.version, "GPUs ready");
+        } else if !inventory.gpus.is_empty() {
+            warn!(gpus = inventory.gpus.len(), driver_root = %config.driver_root.display(), "GPUs found but no driver libraries (libcuda) under driver_root");
+        }
+        Gpus {
+            config: config.clone(),
+            inventory,
+            mirror,
+            interceptor,
+            containers_dir: containers_dir(state_dir),
+            memory: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// A GPU's memory in bytes, if NVML (the mirror's) can tell.
+    fn memory_of(&self, gpu: &Device) -> Option<u64> {
+        gpu.memory.or_else(|| {
+            self.memory
+                .get_or_init(|| {
+                    let nvml = self
+                        .config
+                        .vdriver_dir
+                        .join("origin/lib64/libnvidia-ml.so.1");
+                    if self.mirror.is_some() && nvml.exists() {
+                        probe::memory_by_uuid(&nvml)
+                    } else {
+                        Default::default()
+                    }
+                })
+                .get(&gpu.uuid)
+                .copied()
+        })
+    }
+
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    fn container_dir(&self, id: &str) -> PathBuf {
+        self.containers_dir.join(id)
+    }
+
+    /// Remove a container's GPU directory. Idempotent.
+    pub fn release(&self, container_id: &str) {
+        let dir = self.container_dir(container_id);
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                warn!(container = %container_id, error = %e, dir = %dir.display(), "removing the GPU directory")
+            }
+            _ => {}
+        }
+    }
+
+    /// Give the container what it asks for. `Ok(None)`: it asks for nothing, and `spec` is
+    /// untouched. On error the caller undoes the create (and [`Self::release`]s).
+    pub fn apply(&self, t: &Target<'_>, spec: &mut Spec) -> Result<Option<Grant>, GpuError> {
+        let req = request::parse(t.config, t.image_env)?;
+        let mut granted: Vec<&Device> = Vec::new();
+        if !req.cdi.is_empty() {
+            cdi::apply(&self.config.cdi_spec_dirs, &req.cdi, spec)?;
+            // What the CDI devices grant: the GPU nodes they added.
+            let devices = spec.linux().as_ref().and_then(|l| l.devices().clone());
+            for d in devices.unwrap_or_default() {
+                let minor = u32::try_from(d.minor()).unwrap_or(u32::MAX);
+                if d.typ() == LinuxDeviceType::C && d.major() == i64::from(NVIDIA_MAJOR) {
+                    granted.extend(self.inventory.by_minor(minor));
+                }
+            }
+        }
+        if !req.wants_driver() && granted.is_empty() {
+            if let Some(key) = request::container_limit_key(t.config) {
+                return Err(GpuError::Invalid(format!(
+                    "{key} is set but the container requests no GPU"
+                )));
+            }
+            return Ok(None);
+        }
+        granted.extend(self.resolve(&req)?);
+        granted.sort_by_key(|g| g.index);
+        granted.dedup_by_key(|g| g.index);
+        let capabilities = req.capabilities()?;
+        let limits = request::limits(t.config, t.pod)?;
+        self.check_limits(&limits, &granted)?;
+        let mirror = self.mirror.as_ref().ok_or_else(|| {
+            GpuError::Unavailable(format!(
+                "GPUs requested but no NVIDIA driver libraries (libcuda) were found under driver_root {}",
+                self.config.driver_root.display()
+            ))
+        })?;
+        let limited = limits.any();
+        let tree = if limited && self.config.inject == InjectMode::Replace {
+            Tree::Shared
+        } else {
+            Tree::Origin
+        };
+        if limited && !self.interceptor.is_file() {
+            return Err(GpuError::Unavailable(format!(
+                "GPU limits requested but the interceptor {} does not exist",
+                self.interceptor.display()
+            )));
+        }
+        if limited {
+            compat::check_image(t.rootfs, &self.interceptor)?;
+        }
+        if tree == Tree::Shared && !mirror.has_shared {
+            return Err(GpuError::Unavailable(
+                "inject = \"replace\" but the driver mirror has no shared/ tree (the interceptor was missing at start-up; restart crishim)".into(),
+            ));
+        }
+        let grant = self.grant(t, &capabilities, &limits, &granted);
+        let dir = ContainerDir::create(self.container_dir(t.container_id))?;
+        dir.write_grant(&grant)?;
+
+        // Devices: the GPUs, and the control nodes whenever there is one.
+        for g in &granted {
+            inject::add_device(spec, &self.inventory.node(g)?)?;
+        }
+        if !granted.is_empty() {
+            for n in &self.inventory.control {
+                inject::add_device(spec, n)?;
+            }
+        }
+        // The driver, read-only.
+        let view = mirror.view(&capabilities, tree)?;
+        inject::add_bind(spec, &view.join("lib64"), mirror::CONTAINER_LIB, false)?;
+        inject::add_bind(spec, &view.join("bin"), mirror::CONTAINER_BIN, false)?;
+        if tree == Tree::Shared {
+            let origin = mirror.view(&capabilities, Tree::Origin)?;
+            inject::add_bind(
+                spec,
+                &origin.join("lib64"),
+                mirror::CONTAINER_ORIGIN_LIB,
+                false,
+            )?;
+        }
+        // Env: the driver's directories first, never replacing the image's or the request's.
+        let request_env = |key: &str| {
+            t.config
+                .envs
+                .iter()
+                .rev()
+                .find(|kv| kv.key == key)
+                .map(|kv| kv.value.clone())
+        };
+        let image_ld = request::image_value(t.image_env, "LD_LIBRARY_PATH");
+        let request_ld = request_env("LD_LIBRARY_PATH");
+        inject::set_env(
+            spec,
+            "LD_LIBRARY_PATH",
+            &inject::path_list(
+                mirror::CONTAINER_LIB,
+                &[image_ld.as_deref(), request_ld.as_deref()],
+            ),
+        );
+        let path = inject::env_value(spec, "PATH").unwrap_or_default();
+        let mut parts: Vec<&str> = path.split(':').filter(|p| !p.is_empty()).collect();
+        if !parts.contains(&mirror::CONTAINER_BIN) {
+            parts.push(mirror::CONTAINER_BIN);
+        }
+        inject::set_env(spec, "PATH", &parts.join(":"));
+        let visible = if grant.uuids.is_empty() {
+            "none".to_string()
+        } else {
+            grant.uuids.join(",")
+        };
+        inject::set_env(spec, request::ENV_VISIBLE_DEVICES, &visible);
+        let caps: Vec<&str> = capabilities.iter().map(|c| c.name()).collect();
+        inject::set_env(spec, request::ENV_DRIVER_CAPABILITIES, &caps.join(","));
+        if limited {
+            self.limit(t, &capabilities, &grant, &dir, tree, spec)?;
+        }
+        info!(container = %t.container_id, gpus = ?grant.uuids, memory = ?grant.memory_limit_bytes, cores = ?grant.core_percent, "GPU access granted");
+        Ok(Some(grant))
+    }
+
+    /// The GPUs the request names (CDI aside).
+    fn resolve(&self, req: &Request) -> Result<Vec<&Device>, GpuError> {
+        let known = || {
+            let list: Vec<String> = self
+                .inventory
+                .gpus
+                .iter()
+                .map(|g| format!("{} {}", g.index, g.uuid))
+                .collect();
+            if list.is_empty() {
+                "this node has no GPUs".to_string()
+            } else {
+                format!("this node has {}", list.join(", "))
+            }
+        };
+        let mut out = Vec::new();
+        if req.all {
+            if self.inventory.gpus.is_empty() {
+                return Err(GpuError::Unavailable(format!(
+                    "{}=all but no GPUs were found under {}",
+                    request::ENV_VISIBLE_DEVICES,
+                    self.config.device_root.display()
+                )));
+            }
+            out.extend(self.inventory.gpus.iter());
+        }
+        for ident in &req.named {
+            let g = match ident {
+                Ident::Index(i) => self.inventory.by_index(*i),
+                Ident::Uuid(u) => self.inventory.by_uuid(u),
+            };
+            out.push(g.ok_or_else(|| {
+                let what = match ident {
+                    Ident::Index(i) => format!("GPU index {i}"),
+                    Ident::Uuid(u) => format!("GPU UUID {u:?}"),
+                };
+                GpuError::Invalid(format!(
+                    "{}: unknown {what} ({})",
+                    request::ENV_VISIBLE_DEVICES,
+                    known()
+                ))
+            })?);
+        }
+        for (path, minor) in &req.nodes {
+            out.push(self.inventory.by_minor(*minor).ok_or_else(|| {
+                GpuError::Invalid(format!(
+                    "device {path:?} is NVIDIA GPU node {NVIDIA_MAJOR}:{minor}, but no GPU with minor {minor} was discovered ({})",
+                    known()
+                ))
+            })?);
+        }
+        Ok(out)
+    }
+
+    fn check_limits(&self, limits: &Limits, granted: &[&Device]) -> Result<(), GpuError> {
+        if !limits.any() {
+            return Ok(());
+        }
+        if granted.is_empty() {
+            let key = limits
+                .memory
+                .as_ref()
+                .map(|l| l.key)
+                .or(limits.cores.as_ref().map(|l| l.key))
+                .unwrap_or_default();
+            return Err(GpuError::Invalid(format!(
+                "{key} limits a GPU, but the container is granted none"
+            )));
+        }
+        if let Some(m) = &limits.memory {
+            for g in granted {
+                if let Some(total) = self.memory_of(g).filter(|t| m.value > *t) {
+                    return Err(GpuError::Invalid(format!(
+                        "{} {:?} ({} bytes) is larger than GPU {} ({}: {total} bytes)",
+                        m.key, m.text, m.value, g.index, g.uuid
+                    )));
+                }
+            }
+        }
+        if let Some(c) = &limits.cores {
+            if c.value > 100 {
+                return Err(GpuError::Invalid(format!(
+                    "{} {:?} is larger than one GPU (100)",
+                    c.key, c.text
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn grant(
+        &self,
+        t: &Target<'_>,
+        capabilities: &BTreeSet<Capability>,
+        limits: &Limits,
+        granted: &[&Device],
+    ) -> Grant {
+        let meta = t.pod.metadata.clone().unwrap_or_default();
+        Grant {
+            container_id: t.container_id.to_string(),
+            container_name: t
+                .config
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            pod_name: meta.name,
+            pod_namespace: meta.namespace,
+            pod_uid: meta.uid,
+            uuids: granted.iter().map(|g| g.uuid.clone()).collect(),
+            memory_limit_bytes: limits.memory.as_ref().map(|l| l.value),
+            // 100% of a GPU is no limit at all.
+            core_percent: limits.cores.as_ref().map(|l| l.value).filter(|p| *p < 100),
+            capabilities: capabilities.iter().copied().collect(),
+        }
+    }
+
+    /// The limits: config and accounting files, env, the interceptor.
+    fn limit(
+        &self,
+        t: &Target<'_>,
+        capabilities: &BTreeSet<Capability>,
+        grant: &Grant,
+        dir: &ContainerDir,
+        tree: Tree,
+        spec: &mut Spec,
+    ) -> Result<(), GpuError> {
+        let real_lib = match tree {
+            Tree::Shared => mirror::CONTAINER_ORIGIN_LIB,
+            Tree::Origin => mirror::CONTAINER_LIB,
+        };
+        let has = |c: Capability| capabilities.contains(&c);
+        let config = dir.write_config(&VgpuConfig {
+            version: container::VGPU_CONFIG_VERSION,
+            container_id: t.container_id.to_string(),
+            pod_uid: grant.pod_uid.clone(),
+            device_uuids: grant.uuids.clone(),
+            memory_limit_bytes: grant.memory_limit_bytes,
+            core_percent: grant.core_percent,
+            libcuda: format!("{real_lib}/libcuda.so.1").into(),
+            libnvidia_ml: has(Capability::Utility)
+                .then(|| format!("{real_lib}/libnvidia-ml.so.1").into()),
+            accounting_file: container::ACCOUNTING_FILE.into(),
+        })?;
+        inject::add_bind(spec, &config, container::CONFIG_PATH, false)?;
+        let shared = dir.create_accounting()?;
+        inject::add_bind(spec, &shared, container::SHARED_DIR, true)?;
+        if let Some(m) = grant.memory_limit_bytes {
+            inject::set_env(spec, "CRISHIM_VGPU_MEMORY_LIMIT", &m.to_string());
+        }
+        if let Some(c) = grant.core_percent {
+            inject::set_env(spec, "CRISHIM_VGPU_CORE_LIMIT", &c.to_string());
+        }
+        if self.config.inject == InjectMode::Preload {
+            let inside = format!("{}/{}", container::VGPU_DIR, config::INTERCEPTOR_NAME);
+            let own = read_in_rootfs(t.rootfs, "etc/ld.so.preload")?;
+            let preload = dir.write_preload(&inside, own.as_deref())?;
+            inject::add_bind(spec, &self.interceptor, &inside, false)?;
+            inject::add_bind(spec, &preload, container::PRELOAD_PATH, false)?;
+        }
+        Ok(())
+    }
+}
+
+/// A file of the image, resolved inside the root filesystem (never through a link out of it).
+fn read_in_rootfs(rootfs: &Path, rel: &str) -> Result<Option<String>, GpuError> {
+    use std::io::Read as _;
+    let what = || format!("reading /{rel} of the image");
+    let dir = match std::fs::File::open(rootfs) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(GpuError::io(what(), e)),
+    };
+    match crate::spec::user::openat2_in_root(&dir, rel) {
+        Ok(mut f) => {
+            let mut s = String::new();
+            f.read_to_string(&mut s)
+                .map_err(|e| GpuError::io(what(), e))?;
+            Ok(Some(s))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(GpuError::io(what(), e)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

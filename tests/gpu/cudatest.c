@@ -1,0 +1,166 @@
+/*
+ * crishim's GPU test program. Runs in a container and uses the driver the way a CUDA
+ * application (or the CUDA runtime) does: dlopen("libcuda.so.1"), dlsym on that handle, and
+ * cuGetProcAddress for the rest. Every result is printed as "<what> <values...>" lines.
+ *
+ *   cudatest info                   devices, UUIDs, cuMemGetInfo (both ways), cuDeviceTotalMem
+ *   cudatest alloc MIB...           one allocation each, alternating dlsym'd cuMemAlloc_v2 and
+ *                                   cuGetProcAddress("cuMemAlloc"); prints each result code
+ *   cudatest hold MIB SECONDS       allocate, print "hold <rc>", sleep
+ *   cudatest cycle MIB N            allocate and free N times
+ *   cudatest create MIB             cuMemCreate on device 0, then cuMemRelease
+ *   cudatest passthrough            a function and a data symbol the interceptor does not hook
+ *   cudatest nvml                   nvmlDeviceGetMemoryInfo of device 0
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32; unsigned char flags[8]; } Prop;
+
+static void *cuda;
+static CUresult (*getproc)(const char *, void **, int, unsigned long long);
+
+static void *sym(const char *name) {
+    void *p = dlsym(cuda, name);
+    if (!p) {
+        printf("missing %s\n", name);
+        exit(12);
+    }
+    return p;
+}
+
+static void *proc(const char *name) {
+    void *p = NULL;
+    CUresult r = getproc(name, &p, 12040, 0);
+    if (r != 0 || !p) {
+        printf("getproc %s %d\n", name, r);
+        exit(13);
+    }
+    return p;
+}
+
+static void start(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!cuda) {
+        printf("dlopen %s\n", dlerror());
+        exit(10);
+    }
+    getproc = dlsym(cuda, "cuGetProcAddress");
+    if (!getproc) {
+        printf("missing cuGetProcAddress\n");
+        exit(12);
+    }
+    CUresult (*init)(unsigned) = sym("cuInit");
+    CUresult r = init(0);
+    if (r != 0) {
+        printf("init %d\n", r);
+        exit(11);
+    }
+    CUresult (*get)(int *, int) = sym("cuDeviceGet");
+    CUresult (*ctx)(void **, unsigned, int) = sym("cuCtxCreate_v2");
+    int dev = 0;
+    void *c = NULL;
+    if ((r = get(&dev, 0)) != 0 || (r = ctx(&c, 0, dev)) != 0) {
+        printf("context %d\n", r);
+        exit(14);
+    }
+}
+
+static CUresult alloc(int mib, int via_proc) {
+    CUresult (*f)(CUdeviceptr *, size_t) = via_proc ? proc("cuMemAlloc") : sym("cuMemAlloc_v2");
+    CUdeviceptr p = 0;
+    return f(&p, (size_t)mib << 20);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: cudatest info|alloc|hold|cycle|create|passthrough|nvml ...\n");
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "nvml") == 0) {
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!nvml) { printf("dlopen %s\n", dlerror()); return 10; }
+        int (*init)(void) = dlsym(nvml, "nvmlInit_v2");
+        int (*byidx)(unsigned, void **) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+        int (*mem)(void *, unsigned long long *) = dlsym(nvml, "nvmlDeviceGetMemoryInfo");
+        void *d = NULL;
+        unsigned long long m[3] = {0, 0, 0};
+        int r = init();
+        if (r == 0) r = byidx(0, &d);
+        if (r == 0) r = mem(d, m);
+        printf("nvml %d total %llu free %llu used %llu\n", r, m[0], m[1], m[2]);
+        return 0;
+    }
+    start();
+    if (strcmp(cmd, "info") == 0) {
+        CUresult (*count)(int *) = sym("cuDeviceGetCount");
+        CUresult (*uuid)(unsigned char *, int) = sym("cuDeviceGetUuid");
+        CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
+        CUresult (*pinfo)(size_t *, size_t *) = proc("cuMemGetInfo");
+        CUresult (*total)(size_t *, int) = sym("cuDeviceTotalMem_v2");
+        int n = 0;
+        count(&n);
+        printf("devices %d\n", n);
+        for (int i = 0; i < n; i++) {
+            unsigned char u[16];
+            uuid(u, i);
+            printf("device %d GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n", i,
+                   u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                   u[14], u[15]);
+        }
+        size_t f = 0, t = 0;
+        CUresult r = info(&f, &t);
+        printf("meminfo %d %zu %zu\n", r, f, t);
+        r = pinfo(&f, &t);
+        printf("procaddr-meminfo %d %zu %zu\n", r, f, t);
+        r = total(&t, 0);
+        printf("totalmem %d %zu\n", r, t);
+    } else if (strcmp(cmd, "alloc") == 0) {
+        for (int i = 2; i < argc; i++) {
+            int mib = atoi(argv[i]);
+            int via_proc = (i % 2) == 1;
+            printf("alloc %d %s %d\n", mib, via_proc ? "procaddr" : "direct", alloc(mib, via_proc));
+        }
+    } else if (strcmp(cmd, "hold") == 0 && argc == 4) {
+        printf("hold %d\n", alloc(atoi(argv[2]), 0));
+        sleep((unsigned)atoi(argv[3]));
+    } else if (strcmp(cmd, "cycle") == 0 && argc == 4) {
+        CUresult (*alloc_v2)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+        CUresult (*free_v2)(CUdeviceptr) = proc("cuMemFree");
+        int bad = 0;
+        for (int i = 0; i < atoi(argv[3]); i++) {
+            CUdeviceptr p = 0;
+            if (alloc_v2(&p, (size_t)atoi(argv[2]) << 20) != 0 || free_v2(p) != 0) bad++;
+        }
+        printf("cycle failures %d\n", bad);
+    } else if (strcmp(cmd, "create") == 0 && argc == 3) {
+        CUresult (*create)(unsigned long long *, size_t, const Prop *, unsigned long long) = sym("cuMemCreate");
+        CUresult (*release)(unsigned long long) = proc("cuMemRelease");
+        Prop prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1;
+        prop.location.type = 1;
+        prop.location.id = 0;
+        unsigned long long h = 0;
+        CUresult r = create(&h, (size_t)atoi(argv[2]) << 20, &prop, 0);
+        printf("create %d\n", r);
+        if (r == 0) printf("release %d\n", release(h));
+    } else if (strcmp(cmd, "passthrough") == 0) {
+        int (*identify)(void) = sym("cuFakeIdentify");
+        int (*pidentify)(void) = proc("cuFakeIdentify");
+        int *data = sym("cuFakeData");
+        printf("identify %x %x data %x\n", identify(), pidentify(), *data);
+    } else {
+        fprintf(stderr, "cudatest: unknown command %s\n", cmd);
+        return 2;
+    }
+    return 0;
+}

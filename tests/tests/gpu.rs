@@ -1,0 +1,658 @@
+//! GPUs on a fake node (see `crishim_tests::gpu`): every request form, what the container sees
+//! of it, the interceptor enforcing memory limits across processes in both injection modes,
+//! bad requests, and `crishim gpu list`. Everything is checked from inside busybox containers
+//! or through the daemon's socket; every test ends with a leak check.
+
+use std::collections::BTreeMap;
+
+use crishim_proto::cri;
+use crishim_tests::gpu::{self, gpu_image_once, lines, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH};
+use crishim_tests::pods::{
+    assert_no_leaks, container_config, marker, sh, PodEnv, PodTraces, LOOP_UNTIL_TERM,
+};
+
+/// ExecSync: (exit code, stdout, stderr).
+async fn exec(env: &PodEnv, id: &str, cmd: &[&str]) -> (i32, String, String) {
+    let r = env
+        .d
+        .exec_sync(id, cmd, 60)
+        .await
+        .unwrap_or_else(|e| panic!("ExecSync {cmd:?}: {e:?}"));
+    (
+        r.exit_code,
+        String::from_utf8_lossy(&r.stdout).into_owned(),
+        String::from_utf8_lossy(&r.stderr).into_owned(),
+    )
+}
+
+async fn sh_ok(env: &PodEnv, id: &str, script: &str) -> String {
+    let (code, out, err) = exec(env, id, &["/bin/sh", "-c", script]).await;
+    assert_eq!(
+        code, 0,
+        "{script}: exit {code}, stdout {out:?}, stderr {err:?}"
+    );
+    out
+}
+
+/// A long-running `sh` container named `name` of `image`, after `f` adjusted it.
+fn config(
+    image: &str,
+    name: &str,
+    f: impl FnOnce(&mut cri::ContainerConfig),
+) -> cri::ContainerConfig {
+    let mut c = container_config(name, image, &[]);
+    c.command = sh(LOOP_UNTIL_TERM, &marker(name));
+    f(&mut c);
+    c
+}
+
+fn set_env(c: &mut cri::ContainerConfig, key: &str, value: &str) {
+    c.envs.push(cri::KeyValue {
+        key: key.into(),
+        value: value.into(),
+    });
+}
+
+fn annotate(c: &mut cri::ContainerConfig, key: &str, value: &str) {
+    c.annotations.insert(key.into(), value.into());
+}
+
+/// The container's NVIDIA device nodes: name → (major, minor).
+async fn nodes(env: &PodEnv, id: &str) -> BTreeMap<String, (u32, u32)> {
+    let out = sh_ok(
+        env,
+        id,
+        "for f in /dev/nvidia*; do [ -e \"$f\" ] && stat -c '%n %t %T' \"$f\"; done; true",
+    )
+    .await;
+    out.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let hex = |s: &str| u32::from_str_radix(s, 16).unwrap();
+            (f[0].to_string(), (hex(f[1]), hex(f[2])))
+        })
+        .collect()
+}
+
+fn expect_nodes(gpus: &[u32]) -> BTreeMap<String, (u32, u32)> {
+    let mut m: BTreeMap<String, (u32, u32)> = gpus
+        .iter()
+        .map(|g| (format!("/dev/nvidia{g}"), (195, *g)))
+        .collect();
+    if !gpus.is_empty() {
+        m.insert("/dev/nvidiactl".into(), (195, 255));
+        m.insert("/dev/nvidia-uvm".into(), (gpu::UVM_MAJOR as u32, 0));
+        m.insert("/dev/nvidia-uvm-tools".into(), (gpu::UVM_MAJOR as u32, 1));
+    }
+    m
+}
+
+async fn env_of(env: &PodEnv, id: &str, key: &str) -> Option<String> {
+    let out = sh_ok(env, id, "env").await;
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
+}
+
+async fn finish(env: PodEnv, pod: &str, mut traces: PodTraces) {
+    traces.capture(&env.d).await;
+    env.d.stop_pod(pod).await.unwrap();
+    env.d.remove_pod(pod).await.unwrap();
+    assert_no_leaks(&env.d, &traces).await;
+    let gpu_dirs = env.d.state_dir().join("gpu/containers");
+    let left = crishim_tests::fsutil::dir_entries(&gpu_dirs);
+    assert!(
+        left.is_empty(),
+        "GPU directories left in {}: {left:?}",
+        gpu_dirs.display()
+    );
+    env.stop();
+}
+
+const CDI_SPEC: &str = r#"cdiVersion: "0.6.0"
+kind: "crishim.test/gpu"
+devices:
+  - name: "first"
+    containerEdits:
+      env: ["FROM_CDI=first"]
+      deviceNodes:
+        - path: "/dev/nvidia0"
+          hostPath: "DEV/nvidia0"
+  - name: "second"
+    containerEdits:
+      env: ["FROM_CDI=second"]
+      deviceNodes:
+        - path: "/dev/nvidia1"
+          hostPath: "DEV/nvidia1"
+"#;
+
+#[tokio::test]
+async fn every_request_form_gets_its_gpus_the_driver_and_the_env() {
+    let node = FakeNode::new();
+    node.write_cdi(
+        "gpu.yaml",
+        &CDI_SPEC.replace("DEV", &node.device_root().to_string_lossy()),
+    );
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let gpu_image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let busybox = env.image();
+    let cfg = env.pod_config("gpus");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+
+    // (name, image, adjust, GPUs it must get)
+    type Adjust = Box<dyn FnOnce(&mut cri::ContainerConfig)>;
+    let g0 = node.gpu_node(0).to_string_lossy().into_owned();
+    let cases: Vec<(&str, &str, Adjust, Vec<u32>)> = vec![
+        ("plain", &busybox, Box::new(|_| {}), vec![]),
+        (
+            "by-index",
+            &gpu_image,
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "1");
+                set_env(c, "LD_LIBRARY_PATH", "/opt/req");
+            }),
+            vec![1],
+        ),
+        (
+            "by-uuid",
+            &busybox,
+            Box::new(|c| set_env(c, "NVIDIA_VISIBLE_DEVICES", &uuid(0))),
+            vec![0],
+        ),
+        (
+            "all",
+            &busybox,
+            Box::new(|c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "all")),
+            vec![0, 1],
+        ),
+        (
+            "cri-device",
+            &busybox,
+            Box::new(move |c| {
+                c.devices.push(cri::Device {
+                    container_path: "/dev/nvidia0".into(),
+                    host_path: g0,
+                    permissions: "rw".into(),
+                })
+            }),
+            vec![0],
+        ),
+        (
+            "driver-only",
+            &busybox,
+            Box::new(|c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "none")),
+            vec![],
+        ),
+        (
+            "cdi-field",
+            &busybox,
+            Box::new(|c| {
+                c.cdi_devices.push(cri::CdiDevice {
+                    name: "crishim.test/gpu=second".into(),
+                })
+            }),
+            vec![1],
+        ),
+        (
+            "cdi-annotation",
+            &busybox,
+            Box::new(|c| annotate(c, "cdi.k8s.io/crishim-test_first", "crishim.test/gpu=first")),
+            vec![0],
+        ),
+    ];
+    for (name, image, adjust, gpus) in cases {
+        let c = config(image, name, adjust);
+        let id = env
+            .d
+            .run_container(&pod, &c, &cfg)
+            .await
+            .unwrap_or_else(|e| panic!("running {name}: {e:?}"));
+        traces.add_container(&id);
+        assert_eq!(
+            nodes(&env, &id).await,
+            expect_nodes(&gpus),
+            "{name}: device nodes"
+        );
+        let visible = env_of(&env, &id, "NVIDIA_VISIBLE_DEVICES").await;
+        let mounts = sh_ok(&env, &id, "cat /proc/self/mountinfo").await;
+        if name == "plain" {
+            assert_eq!(visible, None, "{name}");
+            assert!(!mounts.contains("/usr/local/nvidia"), "{name}: {mounts}");
+            assert_eq!(env_of(&env, &id, "LD_LIBRARY_PATH").await, None);
+            let (code, _, _) = exec(&env, &id, &["ls", "/usr/local/nvidia"]).await;
+            assert_ne!(code, 0, "{name}: /usr/local/nvidia exists");
+            continue;
+        }
+        let want: Vec<String> = gpus.iter().map(|g| uuid(*g)).collect();
+        let want = if want.is_empty() {
+            "none".to_string()
+        } else {
+            want.join(",")
+        };
+        assert_eq!(
+            visible.as_deref(),
+            Some(want.as_str()),
+            "{name}: NVIDIA_VISIBLE_DEVICES"
+        );
+        // The driver, read-only, and the PATH to its tools.
+        let lib_mount = mounts
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some("/usr/local/nvidia/lib64"))
+            .unwrap_or_else(|| panic!("{name}: no /usr/local/nvidia/lib64 mount in {mounts}"));
+        assert!(
+            lib_mount
+                .split_whitespace()
+                .nth(5)
+                .unwrap()
+                .split(',')
+                .any(|o| o == "ro"),
+            "{name}: {lib_mount}"
+        );
+        let libs = sh_ok(&env, &id, "ls /usr/local/nvidia/lib64").await;
+        for f in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libcuda.so.550.54.14",
+        ] {
+            assert!(libs.lines().any(|l| l == f), "{name}: {f} not in {libs}");
+        }
+        assert_eq!(
+            sh_ok(&env, &id, "nvidia-smi").await,
+            "fake nvidia-smi\n",
+            "{name}"
+        );
+        let path = env_of(&env, &id, "PATH").await.unwrap();
+        assert!(
+            path.ends_with(":/usr/local/nvidia/bin"),
+            "{name}: PATH={path}"
+        );
+        let ld = env_of(&env, &id, "LD_LIBRARY_PATH").await.unwrap();
+        if name == "by-index" {
+            // The image's and the request's own values stay, after the driver's.
+            assert_eq!(
+                ld,
+                format!("/usr/local/nvidia/lib64:{IMAGE_LD_LIBRARY_PATH}:/opt/req")
+            );
+        } else {
+            assert_eq!(ld, "/usr/local/nvidia/lib64", "{name}");
+        }
+        if name.starts_with("cdi-") {
+            let from = env_of(&env, &id, "FROM_CDI").await;
+            let want = if name == "cdi-field" {
+                "second"
+            } else {
+                "first"
+            };
+            assert_eq!(from.as_deref(), Some(want), "{name}");
+        }
+        // No limit, no interceptor.
+        let (code, _, _) = exec(&env, &id, &["cat", "/etc/ld.so.preload"]).await;
+        assert_ne!(code, 0, "{name}: /etc/ld.so.preload without a limit");
+    }
+    finish(env, &pod, traces).await;
+}
+
+/// A GPU container of the test image with a 256 MiB limit on GPU 0 (and `extra` annotations).
+async fn limited(
+    env: &PodEnv,
+    pod: &str,
+    cfg: &cri::PodSandboxConfig,
+    image: &str,
+    name: &str,
+) -> String {
+    let c = config(image, name, |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+        annotate(c, "gpu.crishim.io/memory", "256Mi");
+        annotate(c, "gpu.crishim.io/cores", "50");
+    });
+    env.d
+        .run_container(pod, &c, cfg)
+        .await
+        .unwrap_or_else(|e| panic!("running {name}: {e:?}"))
+}
+
+/// What both injection modes must deliver: the limit on every path into the driver, shared by
+/// the container's processes, with a killed process's share given back.
+async fn check_enforcement(env: &PodEnv, id: &str) {
+    let info = sh_ok(env, id, "cudatest info").await;
+    let limit = (256u64 << 20).to_string();
+    assert_eq!(lines(&info, "devices"), ["devices 1"], "{info}");
+    assert_eq!(
+        lines(&info, "device 0"),
+        [format!("device 0 {}", uuid(0))],
+        "{info}"
+    );
+    assert_eq!(
+        lines(&info, "meminfo"),
+        [format!("meminfo 0 {limit} {limit}")],
+        "{info}"
+    );
+    assert_eq!(
+        lines(&info, "procaddr-meminfo"),
+        [format!("procaddr-meminfo 0 {limit} {limit}")],
+        "{info}"
+    );
+    assert_eq!(
+        lines(&info, "totalmem"),
+        [format!("totalmem 0 {limit}")],
+        "{info}"
+    );
+    // Through dlsym'd cuMemAlloc_v2 and cuGetProcAddress("cuMemAlloc") alike.
+    let out = sh_ok(env, id, "cudatest alloc 100 100 100").await;
+    assert_eq!(
+        lines(&out, "alloc"),
+        [
+            "alloc 100 direct 0",
+            "alloc 100 procaddr 0",
+            "alloc 100 direct 2"
+        ],
+        "{out}"
+    );
+    let out = sh_ok(env, id, "cudatest alloc 200 100").await;
+    assert_eq!(
+        lines(&out, "alloc"),
+        ["alloc 200 direct 0", "alloc 100 procaddr 2"],
+        "{out}"
+    );
+    // Frees give the share back; cuMemCreate counts too.
+    assert_eq!(
+        sh_ok(env, id, "cudatest cycle 200 20").await,
+        "cycle failures 0\n"
+    );
+    assert_eq!(sh_ok(env, id, "cudatest create 300").await, "create 2\n");
+    assert_eq!(
+        sh_ok(env, id, "cudatest create 200").await,
+        "create 0\nrelease 0\n"
+    );
+    // Two processes share the limit; a killed one's share is reclaimed.
+    let out = sh_ok(
+        env,
+        id,
+        "cudatest hold 200 60 > /tmp/hold & H=$!; \
+         while ! grep -q hold /tmp/hold; do sleep 0.1; done; cat /tmp/hold; \
+         cudatest alloc 100; kill -9 $H; wait $H; cudatest alloc 200",
+    )
+    .await;
+    assert_eq!(
+        lines(&out, "hold")
+            .into_iter()
+            .chain(lines(&out, "alloc"))
+            .collect::<Vec<_>>(),
+        ["hold 0", "alloc 100 direct 2", "alloc 200 direct 0"],
+        "{out}"
+    );
+    // What the interceptor does not hook reaches the driver untouched (a function through
+    // dlsym and cuGetProcAddress, and a data symbol).
+    assert_eq!(
+        sh_ok(env, id, "cudatest passthrough").await,
+        "identify 5ca1ab1e 5ca1ab1e data 5ca1ab1e\n"
+    );
+    let nvml = sh_ok(env, id, "cudatest nvml").await;
+    assert!(
+        nvml.starts_with(&format!("nvml 0 total {limit} ")),
+        "{nvml}"
+    );
+}
+
+async fn vgpu_config(env: &PodEnv, id: &str) -> serde_json::Value {
+    let text = sh_ok(env, id, "cat /etc/crishim/vgpu/config.json").await;
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[tokio::test]
+async fn preload_mode_enforces_the_memory_limit_across_processes() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("vgpu");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let id = limited(&env, &pod, &cfg, &image, "limited").await;
+    traces.add_container(&id);
+
+    assert_eq!(
+        sh_ok(&env, &id, "cat /etc/ld.so.preload").await,
+        "/etc/crishim/vgpu/libcrishim_vgpu.so\n"
+    );
+    assert_eq!(
+        sh_ok(&env, &id, "cmp /etc/crishim/vgpu/libcrishim_vgpu.so /usr/local/nvidia/lib64/libcuda.so.1 >/dev/null; echo $?").await,
+        "1\n",
+        "the interceptor is there, and libcuda.so.1 is the real one"
+    );
+    let c = vgpu_config(&env, &id).await;
+    assert_eq!(c["memory_limit_bytes"], 256u64 << 20);
+    assert_eq!(c["core_percent"], 50);
+    assert_eq!(c["device_uuids"], serde_json::json!([uuid(0)]));
+    assert_eq!(c["container_id"], id.as_str());
+    assert_eq!(c["pod_uid"], cfg.metadata.as_ref().unwrap().uid.as_str());
+    assert_eq!(
+        env_of(&env, &id, "CRISHIM_VGPU_MEMORY_LIMIT")
+            .await
+            .as_deref(),
+        Some("268435456")
+    );
+    assert_eq!(
+        env_of(&env, &id, "CRISHIM_VGPU_CORE_LIMIT")
+            .await
+            .as_deref(),
+        Some("50")
+    );
+    // The config cannot be changed from inside.
+    let (code, _, _) = exec(
+        &env,
+        &id,
+        &["sh", "-c", "echo {} > /etc/crishim/vgpu/config.json"],
+    )
+    .await;
+    assert_ne!(code, 0, "config.json is writable from the container");
+    check_enforcement(&env, &id).await;
+
+    // `crishim gpu list` shows who holds what.
+    let list = |json: bool| {
+        let (k, v) = node.env();
+        let mut cmd = std::process::Command::new(crishim_tests::daemon::daemon_bin());
+        cmd.args(["gpu", "list", "--config"])
+            .arg(env.d.config_path())
+            .env(k, v);
+        if json {
+            cmd.arg("--json");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let listing: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
+    let gpus = listing["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2, "{listing}");
+    for (i, g) in gpus.iter().enumerate() {
+        assert_eq!(g["index"], i);
+        assert_eq!(g["minor"], i);
+        assert_eq!(g["uuid"], uuid(i as u32));
+        assert_eq!(g["bus_id"], gpu::bus_id(i as u32));
+        assert_eq!(g["memory"], gpu::FAKE_MEMORY);
+    }
+    let holders = gpus[0]["containers"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{listing}");
+    assert_eq!(holders[0]["container_id"], id.as_str());
+    assert_eq!(holders[0]["memory_limit_bytes"], 256u64 << 20);
+    assert!(gpus[1]["containers"].as_array().unwrap().is_empty());
+    let text = list(false);
+    let row0 = text.lines().find(|l| l.contains(&uuid(0))).unwrap();
+    assert!(
+        row0.contains(&id[..12]) && row0.contains("memory 256 MiB") && row0.contains("cores 50%"),
+        "{text}"
+    );
+    assert!(text.lines().next().unwrap().starts_with("INDEX"), "{text}");
+
+    // Removing the container removes its GPU directory (and with it the accounting file).
+    let dir = env.d.state_dir().join("gpu/containers").join(&id);
+    assert!(dir.join("shared/usage").is_file());
+    env.d.stop_container(&id, 0).await.unwrap();
+    env.d.remove_container(&id).await.unwrap();
+    assert!(
+        !dir.exists(),
+        "{} left after RemoveContainer",
+        dir.display()
+    );
+    let listing: serde_json::Value = serde_json::from_str(&list(true)).unwrap();
+    assert!(listing["gpus"][0]["containers"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    finish(env, &pod, traces).await;
+}
+
+#[tokio::test]
+async fn replace_mode_enforces_the_memory_limit_through_the_shared_mirror() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(node.daemon_options("replace")).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("vgpu-replace");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let id = limited(&env, &pod, &cfg, &image, "limited").await;
+    traces.add_container(&id);
+
+    let (code, _, _) = exec(&env, &id, &["cat", "/etc/ld.so.preload"]).await;
+    assert_ne!(code, 0, "no /etc/ld.so.preload in replace mode");
+    let c = vgpu_config(&env, &id).await;
+    assert_eq!(c["libcuda"], "/usr/local/nvidia/origin/lib64/libcuda.so.1");
+    let libs = sh_ok(
+        &env,
+        &id,
+        "ls /usr/local/nvidia/lib64 /usr/local/nvidia/origin/lib64",
+    )
+    .await;
+    assert!(libs.contains("libcrishim_vgpu.so"), "{libs}");
+    check_enforcement(&env, &id).await;
+    finish(env, &pod, traces).await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_by_name_and_leave_nothing_behind() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let cfg = env.pod_config("bad");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let image = env.image();
+    type Adjust = Box<dyn Fn(&mut cri::ContainerConfig)>;
+    let cases: Vec<(Adjust, &str)> = vec![
+        (
+            Box::new(|c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "5")),
+            "unknown GPU index 5",
+        ),
+        (
+            Box::new(|c| {
+                set_env(
+                    c,
+                    "NVIDIA_VISIBLE_DEVICES",
+                    "0,GPU-deadbeef-0000-0000-0000-000000000000",
+                )
+            }),
+            "unknown GPU UUID \"GPU-deadbeef-0000-0000-0000-000000000000\"",
+        ),
+        (
+            Box::new(|c| {
+                c.cdi_devices.push(cri::CdiDevice {
+                    name: "crishim.test/gpu=nope".into(),
+                })
+            }),
+            "unknown CDI device \"crishim.test/gpu=nope\"",
+        ),
+        (
+            Box::new(|c| annotate(c, "cdi.k8s.io/x", "crishim.test/gpu=gone")),
+            "unknown CDI device \"crishim.test/gpu=gone\"",
+        ),
+        (
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "1");
+                annotate(c, "gpu.crishim.io/memory", "2Gi");
+            }),
+            "gpu.crishim.io/memory \"2Gi\" (2147483648 bytes) is larger than GPU 1",
+        ),
+        (
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+                annotate(c, "tencent.com/vcuda-memory", "5");
+            }),
+            "tencent.com/vcuda-memory \"5\" (1342177280 bytes) is larger than GPU 0",
+        ),
+        (
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+                annotate(c, "gpu.crishim.io/cores", "150");
+            }),
+            "gpu.crishim.io/cores \"150\" is larger than one GPU",
+        ),
+        (
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+                annotate(c, "gpu.crishim.io/memory", "12MB");
+            }),
+            "gpu.crishim.io/memory \"12MB\"",
+        ),
+        (
+            Box::new(|c| annotate(c, "gpu.crishim.io/memory", "1Gi")),
+            "gpu.crishim.io/memory is set but the container requests no GPU",
+        ),
+        (
+            Box::new(|c| {
+                set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+                set_env(c, "NVIDIA_DRIVER_CAPABILITIES", "compute,teleport");
+            }),
+            "unknown capability \"teleport\"",
+        ),
+    ];
+    for (i, (adjust, needle)) in cases.iter().enumerate() {
+        let c = config(&image, &format!("bad{i}"), adjust);
+        let e = env.d.create_container(&pod, &c, &cfg).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "case {i}: {e:?}");
+        assert!(
+            e.message().contains(needle),
+            "case {i}: {:?} lacks {needle:?}",
+            e.message()
+        );
+    }
+    assert!(env.d.list_container_ids(None).await.unwrap().is_empty());
+    let left = crishim_tests::fsutil::dir_entries(&env.d.state_dir().join("gpu/containers"));
+    assert!(left.is_empty(), "GPU directories left: {left:?}");
+    let left = crishim_tests::fsutil::dir_entries(&env.d.state_dir().join("containers"));
+    assert!(left.is_empty(), "bundles left: {left:?}");
+    // An image whose glibc could not load the interceptor is refused, not silently unlimited.
+    let old = crishim_tests::Image::new(vec![
+        crishim_tests::busybox_layer(),
+        crishim_tests::LayerBuilder::new()
+            .dir("lib64", 0o755)
+            .file("lib64/libc.so.6", "\0GLIBC_2.2.5\0GLIBC_2.31\0", 0o755)
+            .build(crishim_tests::Compression::Gzip),
+    ]);
+    let old = env.push_and_pull("oldglibc", &old).await.tag_ref();
+    let c = config(&old, "old-glibc", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+        annotate(c, "gpu.crishim.io/memory", "256Mi");
+    });
+    let e = env.d.create_container(&pod, &c, &cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("the image has glibc 2.31"),
+        "{}",
+        e.message()
+    );
+    // Without a limit there is no interceptor to load: the same image is fine.
+    let c = config(&old, "old-glibc", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0")
+    });
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+
+    // The names are free again: a good request under the first name works.
+    let c = config(&image, "bad0", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0")
+    });
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+    assert_eq!(nodes(&env, &id).await, expect_nodes(&[0]));
+    finish(env, &pod, traces).await;
+}
