@@ -37,6 +37,9 @@ pub struct Grant {
     pub memory_limit_bytes: Option<u64>,
     pub core_percent: Option<u32>,
     pub capabilities: Vec<Capability>,
+    /// The driver mirror view it mounts (kept while any container uses it).
+    #[serde(default)]
+    pub driver_view: Option<PathBuf>,
 }
 
 /// The interceptor's config; the reader is `interceptor/src/config.rs` (same fields, same
@@ -182,6 +185,7 @@ mod tests {
             memory_limit_bytes: Some(1),
             core_percent: None,
             capabilities: vec![Capability::Compute],
+            driver_view: None,
         };
         ContainerDir::create(dir.path().join("c1"))
             .unwrap()

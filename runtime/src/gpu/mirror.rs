@@ -6,12 +6,15 @@
 //! shared/lib64, bin      the same, but libcuda.so.1 and libnvidia-ml.so.1 are forwarders that
 //!                        load the interceptor, then the real library from origin/ (see `elf`);
 //!                        plus the interceptor itself
-//! views/<caps>/…         origin/ and shared/ cut down to one capability set (hardlinks)
+//! views/<gen>/<caps>/…   origin/ and shared/ cut down to one capability set (hardlinks), per
+//!                        generation of the mirror: containers mount these
 //! ```
 //!
 //! A rebuild happens in a scratch directory that is swapped in by rename, under an exclusive
-//! lock on `.lock` (several daemons may share the directory). Containers running on an old tree
-//! keep it: their bind mounts hold the directories they were given.
+//! lock on `.lock` (several daemons may share the directory). Containers mount views, whose files
+//! are hardlinks: a rebuild never touches the views of an older generation, and those are only
+//! collected once no container's grant names them (see [`Mirror::collect_garbage`]), so an
+//! upgrade never pulls libraries from under a running container.
 
 use std::collections::BTreeSet;
 use std::io;
@@ -90,6 +93,8 @@ pub struct Mirror {
     pub driver: Driver,
     /// Whether `shared/` exists (it needs the interceptor).
     pub has_shared: bool,
+    /// Names this build's views: a digest of its manifest.
+    generation: String,
     views: Mutex<()>,
 }
 
@@ -120,6 +125,9 @@ impl Mirror {
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok());
         let has_shared = wanted.interceptor.is_some();
+        let generation = serde_json::to_vec(&wanted)
+            .map(|b| format!("{:016x}", fnv1a(&b)))
+            .map_err(|e| GpuError::Internal(e.to_string()))?;
         if current.as_ref() != Some(&wanted) || !dir.join("origin").is_dir() {
             info!(dir = %dir.display(), version = %driver.version, previous = ?current.map(|m| m.driver_version), "building the GPU driver mirror");
             rebuild(
@@ -136,14 +144,41 @@ impl Mirror {
             dir: dir.to_path_buf(),
             driver,
             has_shared,
+            generation,
             views: Mutex::new(()),
         })
+    }
+
+    /// Remove the views of other generations that no path in `in_use` lies in.
+    pub fn collect_garbage(&self, in_use: &[PathBuf]) -> Result<(), GpuError> {
+        let views = self.dir.join("views");
+        let Ok(generations) = std::fs::read_dir(&views) else {
+            return Ok(());
+        };
+        let _lock = DirLock::take(&self.dir)?;
+        for generation in generations.flatten() {
+            if generation.file_name() == self.generation.as_str() {
+                continue;
+            }
+            let gen_dir = generation.path();
+            for view in std::fs::read_dir(&gen_dir).into_iter().flatten().flatten() {
+                let path = view.path();
+                if !in_use.iter().any(|u| u.starts_with(&path)) {
+                    info!(path = %path.display(), "removing an unused view of an older GPU driver mirror");
+                    remove_all(&path)?;
+                }
+            }
+            // Gone once its last view is.
+            let _ = std::fs::remove_dir(&gen_dir);
+        }
+        Ok(())
     }
 
     /// The tree for one capability set, built on first use: (lib64, bin) on the host.
     pub fn view(&self, caps: &BTreeSet<Capability>, tree: Tree) -> Result<PathBuf, GpuError> {
         let name: Vec<&str> = caps.iter().map(|c| c.name()).collect();
-        let view = self.dir.join("views").join(name.join(","));
+        let generation = self.dir.join("views").join(&self.generation);
+        let view = generation.join(name.join(","));
         let _guard = self.views.lock().unwrap_or_else(|e| e.into_inner());
         if !view.is_dir() {
             let _lock = DirLock::take(&self.dir)?;
@@ -158,7 +193,7 @@ impl Mirror {
                         self.in_view(name, caps)
                     })?;
                 }
-                mkdir(&self.dir.join("views"))?;
+                mkdir(&generation)?;
                 rename(&scratch, &view)?;
             }
         }
@@ -177,6 +212,12 @@ impl Mirror {
                     || f.soname.as_deref().and_then(dev_name) == Some(name))
         })
     }
+}
+
+fn fnv1a(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// `libcuda.so.1` → `libcuda.so`: the unversioned name frameworks link or dlopen.
@@ -231,7 +272,7 @@ fn rebuild(dir: &Path, driver: &Driver, interceptor: Option<&Path>) -> Result<()
         }
         place(interceptor, &shared.join("lib64").join(INTERCEPTOR_NAME))?;
     }
-    for name in ["origin", "shared", "views"] {
+    for name in ["origin", "shared"] {
         let old = dir.join(format!(".old-{}-{name}", std::process::id()));
         if dir.join(name).exists() {
             rename(&dir.join(name), &old)?;
@@ -430,7 +471,8 @@ mod tests {
         std::fs::write(&interceptor, b"i").unwrap();
         let vd = dir.path().join("vdriver");
         let m = Mirror::build(&vd, locate(&root).unwrap().unwrap(), &interceptor).unwrap();
-        m.view(&caps(&[Capability::Compute]), Tree::Origin).unwrap();
+        let used = m.view(&caps(&[Capability::Compute]), Tree::Origin).unwrap();
+        let unused = m.view(&caps(&[Capability::Utility]), Tree::Origin).unwrap();
         let marker = vd.join("origin/lib64/marker");
         std::fs::write(&marker, "").unwrap();
         Mirror::build(&vd, locate(&root).unwrap().unwrap(), &interceptor).unwrap();
@@ -447,12 +489,18 @@ mod tests {
         std::os::unix::fs::symlink("libcuda.so.560.1.2", lib.join("libcuda.so.1")).unwrap();
         let d = locate(&root).unwrap().unwrap();
         assert_eq!(d.version, "560.1.2");
-        Mirror::build(&vd, d, &interceptor).unwrap();
+        let m = Mirror::build(&vd, d, &interceptor).unwrap();
         assert!(!marker.exists(), "rebuilt");
         assert!(vd.join("origin/lib64/libcuda.so.560.1.2").exists());
-        assert!(
-            !vd.join("views").exists(),
-            "views of the old driver dropped"
-        );
+        // A running container's view of the old driver stays whole until it is gone.
+        assert!(used.join("lib64/libcuda.so.550.54.14").is_file());
+        let new = m.view(&caps(&[Capability::Compute]), Tree::Origin).unwrap();
+        assert!(new.join("lib64/libcuda.so.560.1.2").is_file());
+        m.collect_garbage(std::slice::from_ref(&used)).unwrap();
+        assert!(used.join("lib64/libcuda.so.550.54.14").is_file());
+        assert!(!unused.exists(), "an unused old view is collected");
+        assert!(new.exists(), "the current generation stays");
+        m.collect_garbage(&[]).unwrap();
+        assert!(!used.exists());
     }
 }

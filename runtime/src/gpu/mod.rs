@@ -128,14 +128,16 @@ impl Gpus {
         } else if !inventory.gpus.is_empty() {
             warn!(gpus = inventory.gpus.len(), driver_root = %config.driver_root.display(), "GPUs found but no driver libraries (libcuda) under driver_root");
         }
-        Gpus {
+        let gpus = Gpus {
             config: config.clone(),
             inventory,
             mirror,
             interceptor,
             containers_dir: containers_dir(state_dir),
             memory: std::sync::OnceLock::new(),
-        }
+        };
+        gpus.collect_garbage();
+        gpus
     }
 
     /// A GPU's memory in bytes, if NVML (the mirror's) can tell.
@@ -173,7 +175,20 @@ impl Gpus {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 warn!(container = %container_id, error = %e, dir = %dir.display(), "removing the GPU directory")
             }
-            _ => {}
+            Err(_) => {}
+            Ok(()) => self.collect_garbage(),
+        }
+    }
+
+    /// Drop the mirror views of older drivers that no container uses any more.
+    fn collect_garbage(&self) {
+        let Some(m) = &self.mirror else { return };
+        let in_use: Vec<PathBuf> = container::grants(&self.containers_dir)
+            .into_iter()
+            .filter_map(|g| g.driver_view)
+            .collect();
+        if let Err(e) = m.collect_garbage(&in_use) {
+            warn!(error = %e, "removing old generations of the GPU driver mirror");
         }
     }
 
@@ -233,7 +248,9 @@ impl Gpus {
                 "inject = \"replace\" but the driver mirror has no shared/ tree (the interceptor was missing at start-up; restart crishim)".into(),
             ));
         }
-        let grant = self.grant(t, &capabilities, &limits, &granted);
+        let view = mirror.view(&capabilities, tree)?;
+        let mut grant = self.grant(t, &capabilities, &limits, &granted);
+        grant.driver_view = view.parent().map(Path::to_path_buf);
         let dir = ContainerDir::create(self.container_dir(t.container_id))?;
         dir.write_grant(&grant)?;
 
@@ -247,7 +264,6 @@ impl Gpus {
             }
         }
         // The driver, read-only.
-        let view = mirror.view(&capabilities, tree)?;
         inject::add_bind(spec, &view.join("lib64"), mirror::CONTAINER_LIB, false)?;
         inject::add_bind(spec, &view.join("bin"), mirror::CONTAINER_BIN, false)?;
         if tree == Tree::Shared {
@@ -413,6 +429,7 @@ impl Gpus {
             // 100% of a GPU is no limit at all.
             core_percent: limits.cores.as_ref().map(|l| l.value).filter(|p| *p < 100),
             capabilities: capabilities.iter().copied().collect(),
+            driver_view: None,
         }
     }
 
