@@ -656,3 +656,63 @@ async fn bad_requests_are_refused_by_name_and_leave_nothing_behind() {
     assert_eq!(nodes(&env, &id).await, expect_nodes(&[0]));
     finish(env, &pod, traces).await;
 }
+
+#[tokio::test]
+async fn the_interceptor_passes_through_without_a_config_and_fails_closed_on_a_broken_one() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    // The interceptor shipped in the image and preloaded by hand: crishim injects nothing here
+    // (no limit), so what the library does on its own shows.
+    let mut image = gpu_image_once();
+    image.layers.push(
+        crishim_tests::LayerBuilder::new()
+            .dir("opt/vgpu", 0o755)
+            .file(
+                "opt/vgpu/libcrishim_vgpu.so",
+                std::fs::read(gpu::interceptor()).unwrap(),
+                0o755,
+            )
+            .build(crishim_tests::Compression::Gzip),
+    );
+    let image = env
+        .push_and_pull("gpu-own-interceptor", &image)
+        .await
+        .tag_ref();
+    let cfg = env.pod_config("passthrough");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let c = config(&image, "own", |c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "0"));
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+    let preload = "LD_PRELOAD=/opt/vgpu/libcrishim_vgpu.so";
+
+    // No config: everything reaches the fake driver, whose own 1 GiB is the only bound.
+    let out = sh_ok(&env, &id, &format!("{preload} cudatest alloc 600 300 200")).await;
+    assert_eq!(
+        lines(&out, "alloc"),
+        [
+            "alloc 600 direct 0",
+            "alloc 300 procaddr 0",
+            "alloc 200 direct 2"
+        ],
+        "{out}"
+    );
+    let out = sh_ok(&env, &id, &format!("{preload} cudatest passthrough")).await;
+    assert_eq!(out, "identify 5ca1ab1e 5ca1ab1e data 5ca1ab1e\n");
+
+    // A config it cannot read: every CUDA call is refused, and stderr says why.
+    for broken in ["{", r#"{"version": 7}"#] {
+        let script = format!(
+            "mkdir -p /etc/crishim/vgpu && echo '{broken}' > /etc/crishim/vgpu/config.json && \
+             {preload} cudatest info"
+        );
+        let (code, out, err) = exec(&env, &id, &["/bin/sh", "-c", &script]).await;
+        assert_eq!((code, out.as_str()), (11, "init 800\n"), "{broken}: {err}");
+        assert!(
+            err.contains("crishim-vgpu: /etc/crishim/vgpu/config.json")
+                && err.contains("refusing CUDA calls"),
+            "{broken}: {err}"
+        );
+    }
+    finish(env, &pod, traces).await;
+}
