@@ -220,7 +220,11 @@ impl Gpus {
         granted.sort_by_key(|g| g.index);
         granted.dedup_by_key(|g| g.index);
         let capabilities = req.capabilities()?;
-        let limits = request::limits(t.config, t.pod)?;
+        let mut limits = request::limits(t.config, t.pod)?;
+        if granted.is_empty() && request::container_limit_key(t.config).is_none() {
+            // The pod's limits are for its GPU containers, not one with the driver alone.
+            limits = Limits::default();
+        }
         self.check_limits(&limits, &granted)?;
         let mirror = self.mirror.as_ref().ok_or_else(|| {
             GpuError::Unavailable(format!(

@@ -313,7 +313,7 @@ fn bad_requests_name_the_bad_value() {
         assert!(matches!(e, GpuError::Invalid(_)), "{e:?}");
         assert!(e.to_string().contains(needle), "{e} lacks {needle}");
     }
-    // A pod-wide limit does not touch the pod's other containers.
+    // A pod-wide limit does not touch the pod's other containers, GPU-less or driver-only.
     let pod = cri::PodSandboxConfig {
         annotations: [("gpu.crishim.io/memory".to_string(), "1Gi".to_string())].into(),
         ..Default::default()
@@ -328,6 +328,11 @@ fn bad_requests_name_the_bad_value() {
         rootfs: Path::new("/nonexistent"),
     };
     assert!(n.gpus.apply(&t, &mut spec).unwrap().is_none());
+    let c = container(&[("NVIDIA_VISIBLE_DEVICES", "none")], &[]);
+    let t = Target { config: &c, ..t };
+    let g = n.gpus.apply(&t, &mut spec).unwrap().unwrap();
+    assert_eq!(g.memory_limit_bytes, None);
+    n.gpus.release("sidecar");
 }
 
 #[test]
