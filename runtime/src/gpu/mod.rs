@@ -91,7 +91,8 @@ pub struct Target<'a> {
 pub struct Gpus {
     config: GpuConfig,
     inventory: Inventory,
-    mirror: Option<Mirror>,
+    /// The driver mirror; `Ok(None)` without a driver, `Err` with why it could not be built.
+    mirror: Result<Option<Mirror>, String>,
     interceptor: PathBuf,
     containers_dir: PathBuf,
     /// Device memory by UUID, probed through NVML on first need (it can take seconds).
@@ -113,19 +114,19 @@ impl Gpus {
                 Inventory::default()
             });
         let interceptor = config.interceptor_path();
-        let mirror = match libraries::locate(&config.driver_root) {
-            Ok(Some(driver)) => Mirror::build(&config.vdriver_dir, driver, &interceptor)
-                .map_err(|e| warn!(error = %e, "building the GPU driver mirror failed"))
-                .ok(),
-            Ok(None) => None,
-            Err(e) => {
-                warn!(error = %e, driver_root = %config.driver_root.display(), "finding the GPU driver failed");
-                None
-            }
-        };
-        if let Some(m) = &mirror {
+        let mirror = libraries::locate(&config.driver_root)
+            .and_then(|driver| {
+                driver
+                    .map(|d| Mirror::build(&config.vdriver_dir, d, &interceptor))
+                    .transpose()
+            })
+            .map_err(|e| {
+                warn!(error = %e, "GPU driver unusable");
+                e.to_string()
+            });
+        if let Ok(Some(m)) = &mirror {
             info!(gpus = inventory.gpus.len(), driver = %m.driver.version, "GPUs ready");
-        } else if !inventory.gpus.is_empty() {
+        } else if matches!(mirror, Ok(None)) && !inventory.gpus.is_empty() {
             warn!(gpus = inventory.gpus.len(), driver_root = %config.driver_root.display(), "GPUs found but no driver libraries (libcuda) under driver_root");
         }
         let gpus = Gpus {
@@ -149,7 +150,7 @@ impl Gpus {
                         .config
                         .vdriver_dir
                         .join("origin/lib64/libnvidia-ml.so.1");
-                    if self.mirror.is_some() && nvml.exists() {
+                    if matches!(self.mirror, Ok(Some(_))) && nvml.exists() {
                         probe::memory_by_uuid(&nvml)
                     } else {
                         Default::default()
@@ -182,7 +183,7 @@ impl Gpus {
 
     /// Drop the mirror views of older drivers that no container uses any more.
     fn collect_garbage(&self) {
-        let Some(m) = &self.mirror else { return };
+        let Ok(Some(m)) = &self.mirror else { return };
         let in_use: Vec<PathBuf> = container::grants(&self.containers_dir)
             .into_iter()
             .filter_map(|g| g.driver_view)
@@ -226,12 +227,20 @@ impl Gpus {
             limits = Limits::default();
         }
         self.check_limits(&limits, &granted)?;
-        let mirror = self.mirror.as_ref().ok_or_else(|| {
-            GpuError::Unavailable(format!(
-                "GPUs requested but no NVIDIA driver libraries (libcuda) were found under driver_root {}",
-                self.config.driver_root.display()
-            ))
-        })?;
+        let mirror = match &self.mirror {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return Err(GpuError::Unavailable(format!(
+                    "GPUs requested but no NVIDIA driver libraries (libcuda) were found under driver_root {}",
+                    self.config.driver_root.display()
+                )))
+            }
+            Err(e) => {
+                return Err(GpuError::Unavailable(format!(
+                    "GPUs requested but the driver is unusable: {e}"
+                )))
+            }
+        };
         let limited = limits.any();
         let tree = if limited && self.config.inject == InjectMode::Replace {
             Tree::Shared
