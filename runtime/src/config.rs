@@ -53,9 +53,47 @@ pub struct Config {
     pub init_binary: Option<PathBuf>,
     #[serde(default)]
     pub cni: CniConfig,
+    #[serde(default)]
+    pub streaming: StreamingConfig,
     /// `[gpu]`: GPU discovery and injection (see `crate::gpu`).
     #[serde(default)]
     pub gpu: crate::gpu::GpuConfig,
+}
+
+/// `[streaming]`: the server behind the URLs that `Exec`, `Attach` and `PortForward` return.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamingConfig {
+    /// `host:port`; port 0 picks a free one. The URLs name the address actually bound.
+    #[serde(default = "default_streaming_address")]
+    pub address: String,
+    /// Serve HTTPS with this PEM certificate chain and key (both or neither).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// How long a URL stays usable, once.
+    #[serde(default = "default_token_ttl")]
+    pub token_ttl_seconds: u64,
+}
+
+impl Default for StreamingConfig {
+    fn default() -> Self {
+        StreamingConfig {
+            address: default_streaming_address(),
+            tls_cert: None,
+            tls_key: None,
+            token_ttl_seconds: default_token_ttl(),
+        }
+    }
+}
+
+fn default_streaming_address() -> String {
+    "127.0.0.1:0".into()
+}
+
+fn default_token_ttl() -> u64 {
+    60
 }
 
 /// `[cni]`: where network configs and plugin binaries are found.
@@ -107,6 +145,7 @@ impl Default for Config {
             init: false,
             init_binary: None,
             cni: CniConfig::default(),
+            streaming: StreamingConfig::default(),
             gpu: crate::gpu::GpuConfig::default(),
         }
     }
@@ -154,8 +193,28 @@ impl Config {
                 ));
             }
         }
+        self.streaming_server()?;
         self.gpu.validate()?;
         self.registry.validate()
+    }
+
+    /// The streaming server's settings, checked.
+    pub fn streaming_server(&self) -> Result<crishim_streaming::Config, String> {
+        let s = &self.streaming;
+        let address = s
+            .address
+            .parse()
+            .map_err(|e| format!("[streaming] address {:?} is not host:port ({e})", s.address))?;
+        let tls = match (&s.tls_cert, &s.tls_key) {
+            (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+            (None, None) => None,
+            _ => return Err("[streaming] tls_cert and tls_key go together".into()),
+        };
+        Ok(crishim_streaming::Config {
+            address,
+            token_ttl: std::time::Duration::from_secs(s.token_ttl_seconds),
+            tls,
+        })
     }
 }
 

@@ -51,6 +51,10 @@ pub async fn serve_until(
     let runtime =
         RuntimeService::new(config.clone(), store).context("loading pod and container records")?;
     runtime.recover().await;
+    runtime
+        .start_streaming()
+        .await
+        .context("starting the streaming server")?;
 
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");

@@ -68,6 +68,49 @@ impl ShimClient {
     }
 }
 
+impl ShimClient {
+    /// Send a streaming request (`ExecStream`, `Attach`); after the shim's `Ok` line the
+    /// connection carries frames. A refusal comes back as the shim's answer.
+    pub async fn open_stream(
+        &self,
+        req: &Request,
+    ) -> Result<Result<UnixStream, Response>, ShimError> {
+        let unreachable = |e| ShimError::Unreachable(self.socket.clone(), e);
+        let (_dirfd, short) =
+            paths::short_socket_path(&self.dir, paths::SOCKET).map_err(unreachable)?;
+        let mut conn = UnixStream::connect(&short).await.map_err(unreachable)?;
+        let mut line = serde_json::to_vec(req)
+            .map_err(|e| ShimError::Protocol(self.socket.clone(), e.to_string()))?;
+        line.push(b'\n');
+        conn.write_all(&line).await.map_err(unreachable)?;
+        // Byte by byte up to the newline: what follows are frames, not to be buffered away here.
+        let mut answer = Vec::new();
+        let mut byte = [0u8; 1];
+        loop {
+            use tokio::io::AsyncReadExt;
+            let n = tokio::time::timeout(STREAM_SETUP_TIMEOUT, conn.read(&mut byte))
+                .await
+                .map_err(|_| ShimError::Timeout(self.socket.clone(), STREAM_SETUP_TIMEOUT))?
+                .map_err(unreachable)?;
+            if n == 0 || byte[0] == b'\n' {
+                break;
+            }
+            answer.push(byte[0]);
+        }
+        match serde_json::from_slice::<Response>(&answer) {
+            Ok(Response::Ok) => Ok(Ok(conn)),
+            Ok(other) => Ok(Err(other)),
+            Err(e) => Err(ShimError::Protocol(
+                self.socket.clone(),
+                format!("{e}: {:?}", String::from_utf8_lossy(&answer)),
+            )),
+        }
+    }
+}
+
+/// How long a shim may take to start an exec'd process or attach.
+const STREAM_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A shim error answer as a gRPC status.
 pub fn status_of(kind: ErrorKind, message: String) -> Status {
     match kind {

@@ -446,40 +446,81 @@ pub async fn wait_exited(shim: &Shared, id: &str, timeout: Duration) -> bool {
 
 /// Run a process in the container (`ExecSync`): collect stdout and stderr; on timeout kill its whole
 /// process group and report it.
-pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> Response {
-    let (bundle, lc_root, n) = {
+/// The stdio of an exec'd process: pipes given by the caller, or a new pty.
+pub enum ExecIo {
+    Pipes {
+        stdin: Option<OwnedFd>,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    },
+    Tty,
+}
+
+/// A process started in a container: its pid, its exit status once reaped, and the pty master
+/// for [`ExecIo::Tty`].
+pub struct Spawned {
+    pub pid: i32,
+    pub exited: tokio::sync::oneshot::Receiver<WaitStatus>,
+    pub pty: Option<OwnedFd>,
+}
+
+/// Start `args` in the running container `id` with the container's own process settings (user,
+/// env, cwd, capabilities) and the command replaced, as `runc exec --process` does.
+pub fn spawn_exec(
+    shim: &Shared,
+    id: &str,
+    args: Vec<String>,
+    io: ExecIo,
+) -> Result<Spawned, Response> {
+    let (bundle, lc_root, dir, n) = {
         let mut s = shim.borrow_mut();
         s.exec_counter += 1;
         let n = s.exec_counter;
         match s.containers.get(id) {
-            None => return not_found(id),
+            None => return Err(not_found(id)),
             Some(c) if c.state.status != Status::Running => {
-                return Response::error(
+                return Err(Response::error(
                     ErrorKind::FailedPrecondition,
                     format!("container {id} is not running"),
-                )
+                ))
             }
-            Some(c) => (c.bundle.clone(), s.lc_root.clone(), n),
+            Some(c) => (c.bundle.clone(), s.lc_root.clone(), s.dir.clone(), n),
         }
     };
     if args.is_empty() {
-        return Response::error(ErrorKind::InvalidArgument, "exec: no command given");
+        return Err(Response::error(
+            ErrorKind::InvalidArgument,
+            "exec: no command given",
+        ));
     }
-    // The exec'd process gets the container's own process settings (user, env, cwd, capabilities)
-    // with the command replaced, as runc exec --process does.
+    let tty = matches!(io, ExecIo::Tty);
     let process_file = bundle.join(format!("exec-{n}.json"));
-    if let Err(r) = write_exec_process(&bundle, &process_file, args) {
-        return r;
+    write_exec_process(&bundle, &process_file, args, tty)?;
+    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+    let mut console = None;
+    match io {
+        ExecIo::Pipes {
+            stdin,
+            stdout,
+            stderr,
+        } => {
+            builder = builder.with_stdout(stdout).with_stderr(stderr);
+            if let Some(stdin) = stdin {
+                builder = builder.with_stdin(stdin);
+            }
+        }
+        ExecIo::Tty => {
+            let name = format!("exec-{n}.console");
+            let path = dir.join(&name);
+            let _ = std::fs::remove_file(&path);
+            let listener = paths::short_socket_path(&dir, &name)
+                .and_then(|(_fd, short)| std::os::unix::net::UnixListener::bind(short))
+                .map_err(|e| internal("binding the console socket", e))?;
+            builder = builder.with_console_socket(Some(&path));
+            console = Some((listener, path));
+        }
     }
-    let pipes = nix::unistd::pipe2(OFlag::O_CLOEXEC)
-        .and_then(|o| Ok((o, nix::unistd::pipe2(OFlag::O_CLOEXEC)?)));
-    let ((out_r, out_w), (err_r, err_w)) = match pipes {
-        Ok(p) => p,
-        Err(e) => return internal("creating exec pipes", e),
-    };
-    let built = ContainerBuilder::new(id.to_string(), SyscallType::Linux)
-        .with_stdout(out_w)
-        .with_stderr(err_w)
+    let built = builder
         .with_root_path(&lc_root)
         .map(|b| {
             b.as_tenant()
@@ -491,16 +532,64 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
     let pid = match built {
         Ok(pid) => pid.as_raw(),
         Err(e) => {
-            return Response::error(ErrorKind::FailedPrecondition, format!("exec in {id}: {e}"))
+            if let Some((_, path)) = &console {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(Response::error(
+                ErrorKind::FailedPrecondition,
+                format!("exec in {id}: {e}"),
+            ));
         }
     };
     // Registered before the next await, so the reaper cannot miss it.
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, exited) = tokio::sync::oneshot::channel();
     shim.borrow_mut().exec_waiters.insert(pid, tx);
+    let pty = match console {
+        Some((listener, path)) => {
+            let master = receive_pty(&listener);
+            let _ = std::fs::remove_file(&path);
+            match master {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    kill_exec(pid);
+                    return Err(internal("receiving the exec's pty", e));
+                }
+            }
+        }
+        None => None,
+    };
+    Ok(Spawned { pid, exited, pty })
+}
 
+/// Kill an exec'd process and its process group (it is a session leader).
+pub fn kill_exec(pid: i32) {
+    for p in [-pid, pid] {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> Response {
+    let pipes = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .and_then(|o| Ok((o, nix::unistd::pipe2(OFlag::O_CLOEXEC)?)));
+    let ((out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return internal("creating exec pipes", e),
+    };
+    let io = ExecIo::Pipes {
+        stdin: None,
+        stdout: out_w,
+        stderr: err_w,
+    };
+    let Spawned { pid, exited, .. } = match spawn_exec(shim, id, args, io) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let collect = async {
         let (out, err) = tokio::join!(read_all(out_r), read_all(err_r));
-        let status = rx.await.ok();
+        let status = exited.await.ok();
         (out, err, status)
     };
     let result = if timeout == 0 {
@@ -516,15 +605,7 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
             timed_out: false,
         },
         Err(_) => {
-            // Its own process group (the exec'd process is a session leader): kill it all.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(-pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            kill_exec(pid);
             Response::Exec {
                 exit_code: -1,
                 stdout: vec![],
@@ -535,12 +616,17 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
     }
 }
 
-fn write_exec_process(bundle: &Path, out: &Path, args: Vec<String>) -> Result<(), Response> {
+fn write_exec_process(
+    bundle: &Path,
+    out: &Path,
+    args: Vec<String>,
+    tty: bool,
+) -> Result<(), Response> {
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| internal(&format!("reading {}/config.json", bundle.display()), e))?;
     let mut process = spec.process().clone().unwrap_or_default();
     process.set_args(Some(args));
-    process.set_terminal(Some(false));
+    process.set_terminal(Some(tty));
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))
 }

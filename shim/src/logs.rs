@@ -20,7 +20,14 @@ pub const MAX_LINE: usize = 16 * 1024;
 pub struct LogSink {
     path: PathBuf,
     file: RefCell<Option<File>>,
+    /// Attached clients: every chunk of output also goes to them.
+    attached: RefCell<Vec<Subscriber>>,
 }
+
+/// An attached client's queue of (stream, bytes). A client that falls this far behind is
+/// detached rather than slowing the container or its log down.
+pub type Subscriber = tokio::sync::mpsc::Sender<(&'static str, Vec<u8>)>;
+pub const ATTACH_QUEUE: usize = 256;
 
 fn open(path: &PathBuf) -> std::io::Result<File> {
     if let Some(parent) = path.parent() {
@@ -43,6 +50,7 @@ impl LogSink {
         Ok(LogSink {
             path,
             file: RefCell::new(file),
+            attached: RefCell::new(Vec::new()),
         })
     }
 
@@ -53,6 +61,16 @@ impl LogSink {
         }
         *self.file.borrow_mut() = Some(open(&self.path)?);
         Ok(())
+    }
+
+    pub fn attach(&self, s: Subscriber) {
+        self.attached.borrow_mut().push(s);
+    }
+
+    fn fan_out(&self, stream: &'static str, data: &[u8]) {
+        self.attached
+            .borrow_mut()
+            .retain(|s| s.try_send((stream, data.to_vec())).is_ok());
     }
 
     fn write(&self, stream: &str, partial: bool, text: &[u8]) {
@@ -167,14 +185,45 @@ pub async fn copy(fd: OwnedFd, stream: &'static str, sink: std::rc::Rc<LogSink>)
     };
     let mut buf = vec![0u8; 8 * 1024];
     let mut splitter = LineSplitter::new();
-    let mut emit = |partial: bool, text: &[u8]| sink.write(stream, partial, text);
+    let emit_to = sink.clone();
+    let mut emit = |partial: bool, text: &[u8]| emit_to.write(stream, partial, text);
     loop {
         match rx.read(&mut buf).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => splitter.feed(&buf[..n], &mut emit),
+            Ok(n) => {
+                sink.fan_out(stream, &buf[..n]);
+                splitter.feed(&buf[..n], &mut emit)
+            }
         }
     }
     splitter.finish(&mut emit);
+}
+
+/// Non-blocking writes to a pipe or a pty master.
+pub struct FdWriter(AsyncFd<OwnedFd>);
+
+impl FdWriter {
+    pub fn new(fd: OwnedFd) -> std::io::Result<Self> {
+        let flags = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL)?;
+        let flags = nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK;
+        nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(flags))?;
+        // SAFETY: the writer owns `fd` and keeps it open for as long as it is registered.
+        Ok(FdWriter(unsafe { AsyncFd::register(fd)? }))
+    }
+
+    pub async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            let mut guard = self.0.writable().await?;
+            match guard
+                .try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(std::io::Error::from))
+            {
+                Ok(Ok(n)) => data = &data[n..],
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

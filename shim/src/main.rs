@@ -20,6 +20,7 @@ mod reaper;
 mod record;
 mod server;
 mod start;
+mod stream;
 mod tty;
 
 fn main() {

@@ -97,6 +97,23 @@ async fn connection(shim: Shared, conn: UnixStream) {
     }
     let (response, exit) = match serde_json::from_str::<Request>(&line) {
         Ok(Request::Watch) => return watch(&shim, w).await,
+        Ok(Request::ExecStream {
+            id,
+            args,
+            tty,
+            stdin,
+        }) => {
+            let r = reader.into_inner();
+            return crate::stream::exec(&shim, &id, args, tty, stdin, r, w).await;
+        }
+        Ok(Request::Attach {
+            id,
+            stdin,
+            close_stdin,
+        }) => {
+            let r = reader.into_inner();
+            return crate::stream::attach(&shim, &id, stdin, close_stdin, r, w).await;
+        }
         Ok(Request::Shutdown) => (shutdown(&shim).await, true),
         Ok(req) => (handle(&shim, req).await, false),
         Err(e) => (
@@ -188,7 +205,10 @@ async fn handle(shim: &Shared, req: Request) -> Response {
         Request::Exec { id, args, timeout } => container::exec(shim, &id, args, timeout).await,
         Request::ReopenLog { id } => shim.borrow_mut().reopen_log(&id),
         Request::Update { id, resources } => shim.borrow_mut().update(&id, &resources),
-        Request::Shutdown | Request::Watch => unreachable!("handled by the connection"),
+        Request::Shutdown
+        | Request::Watch
+        | Request::ExecStream { .. }
+        | Request::Attach { .. } => unreachable!("handled by the connection"),
     }
 }
 

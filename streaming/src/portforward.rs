@@ -22,11 +22,13 @@ pub const WS_PROTOCOLS: &[&str] = &[
     "base64.channel.k8s.io",
 ];
 
-/// Copy between a TCP connection and a stream's channels until both directions are done.
+/// Copy between a TCP connection and a stream's channels until both directions are done;
+/// `ended` runs as soon as the pod's side has closed, so the client sees its EOF then.
 async fn splice(
     tcp: tokio::net::TcpStream,
     mut from_client: mpsc::Receiver<Bytes>,
     to_client: impl Fn(Bytes) -> futures::future::BoxFuture<'static, bool> + Send + 'static,
+    ended: futures::future::BoxFuture<'static, ()>,
 ) {
     let (mut r, mut w) = tcp.into_split();
     let up = async move {
@@ -41,14 +43,15 @@ async fn splice(
         let mut buf = vec![0u8; 32 * 1024];
         loop {
             match r.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => break,
                 Ok(n) => {
                     if !to_client(Bytes::copy_from_slice(&buf[..n])).await {
-                        return;
+                        break;
                     }
                 }
             }
         }
+        ended.await;
     };
     tokio::join!(up, down);
 }
@@ -116,12 +119,19 @@ async fn forward_pair(
     match backend.port_forward(pod.clone(), port).await {
         Ok(tcp) => {
             let tx = data.tx.clone();
-            splice(tcp, data.rx, move |b| {
-                let tx = tx.clone();
-                Box::pin(async move { tx.write(&b).await.is_ok() })
-            })
+            let closing = data.tx.clone();
+            splice(
+                tcp,
+                data.rx,
+                move |b| {
+                    let tx = tx.clone();
+                    Box::pin(async move { tx.write(&b).await.is_ok() })
+                },
+                Box::pin(async move {
+                    let _ = closing.close().await;
+                }),
+            )
             .await;
-            let _ = data.tx.close().await;
             let _ = error.tx.close().await;
         }
         Err(e) => {
@@ -173,10 +183,15 @@ pub async fn serve_ws<IO>(
         tasks.push(tokio::spawn(async move {
             match backend.port_forward(pod.clone(), port).await {
                 Ok(tcp) => {
-                    splice(tcp, in_rx, move |b| {
-                        let out = out.clone();
-                        Box::pin(async move { out.send((data_ch, b)).await.is_ok() })
-                    })
+                    splice(
+                        tcp,
+                        in_rx,
+                        move |b| {
+                            let out = out.clone();
+                            Box::pin(async move { out.send((data_ch, b)).await.is_ok() })
+                        },
+                        Box::pin(async {}),
+                    )
                     .await
                 }
                 Err(e) => {

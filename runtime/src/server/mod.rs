@@ -1,7 +1,9 @@
 //! The CRI gRPC services. Each RPC lives in its own file (`image_pull.rs`, …), as in containerd's CRI
 //! server; this module only wires them to the generated tonic traits.
 
+mod container_attach;
 mod container_create;
+mod container_exec;
 mod container_exec_sync;
 mod container_list;
 mod container_remove;
@@ -23,12 +25,14 @@ mod runtime_config;
 mod runtime_service;
 mod sandbox_list;
 mod sandbox_network;
+mod sandbox_port_forward;
 mod sandbox_remove;
 mod sandbox_run;
 mod sandbox_stats;
 mod sandbox_status;
 mod sandbox_stop;
 mod status;
+mod streaming;
 mod update_runtime_config;
 mod version;
 

@@ -49,6 +49,8 @@ pub struct Inner {
     pub(super) cpu_rates: crate::stats::CpuRates,
     /// The node's GPUs and driver mirror, for GPU requests at CreateContainer.
     pub(super) gpu: crate::gpu::Gpus,
+    /// The server behind the `Exec`, `Attach` and `PortForward` URLs, once started.
+    pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -115,6 +117,7 @@ impl RuntimeService {
                 replay: Mutex::default(),
                 cpu_rates: Default::default(),
                 gpu,
+                streaming: std::sync::OnceLock::new(),
             }),
         };
         let me = Arc::downgrade(&service.inner);
@@ -498,30 +501,21 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     }
     async fn exec(
         &self,
-        _r: GrpcRequest<cri::ExecRequest>,
+        r: GrpcRequest<cri::ExecRequest>,
     ) -> Result<GrpcResponse<cri::ExecResponse>, Status> {
-        Err(Status::unimplemented(concat!(
-            "Exec",
-            " is not implemented yet"
-        )))
+        logged("Exec", self.do_exec(r.into_inner()).await)
     }
     async fn attach(
         &self,
-        _r: GrpcRequest<cri::AttachRequest>,
+        r: GrpcRequest<cri::AttachRequest>,
     ) -> Result<GrpcResponse<cri::AttachResponse>, Status> {
-        Err(Status::unimplemented(concat!(
-            "Attach",
-            " is not implemented yet"
-        )))
+        logged("Attach", self.do_attach(r.into_inner()).await)
     }
     async fn port_forward(
         &self,
-        _r: GrpcRequest<cri::PortForwardRequest>,
+        r: GrpcRequest<cri::PortForwardRequest>,
     ) -> Result<GrpcResponse<cri::PortForwardResponse>, Status> {
-        Err(Status::unimplemented(concat!(
-            "PortForward",
-            " is not implemented yet"
-        )))
+        logged("PortForward", self.do_port_forward(r.into_inner()).await)
     }
     async fn container_stats(
         &self,

@@ -1,0 +1,34 @@
+//! `PortForward`: a one-time URL where the client's connections are forwarded to ports on the
+//! pod's localhost, from inside its network namespace.
+
+use crishim_proto::cri::{PortForwardRequest, PortForwardResponse};
+use tonic::Status;
+
+use super::runtime_service::RuntimeService;
+use crate::records::PodState;
+
+impl RuntimeService {
+    pub(super) async fn do_port_forward(
+        &self,
+        req: PortForwardRequest,
+    ) -> Result<PortForwardResponse, Status> {
+        let inner = &self.inner;
+        let pod = inner.pod(&req.pod_sandbox_id)?;
+        if pod.state != PodState::Ready {
+            return Err(Status::failed_precondition(format!(
+                "PortForward: pod sandbox {} is not ready",
+                pod.id
+            )));
+        }
+        if let Some(p) = req.port.iter().find(|p| !(1..=65535).contains(*p)) {
+            return Err(Status::invalid_argument(format!(
+                "PortForward: {p} is not a port number"
+            )));
+        }
+        let url = inner
+            .streaming()?
+            .port_forward_url(req)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        Ok(PortForwardResponse { url })
+    }
+}

@@ -1,0 +1,245 @@
+//! The runtime behind the streaming server: exec'd processes and attached stdio go through the
+//! pod's shim (which owns the containers' stdio), port forwards connect from inside the pod's
+//! network namespace.
+
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use crishim_proto::cri;
+use crishim_proto::shim::{frames, Request, Response};
+use crishim_streaming::{Backend, Outcome, Stdio};
+use futures::future::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+use super::runtime_service::{Inner, RuntimeService};
+
+pub(super) struct StreamingBackend {
+    inner: Weak<Inner>,
+}
+
+impl RuntimeService {
+    /// Start the streaming server the `Exec`, `Attach` and `PortForward` URLs point at.
+    pub async fn start_streaming(&self) -> anyhow::Result<()> {
+        let config = self
+            .inner
+            .config
+            .streaming_server()
+            .map_err(anyhow::Error::msg)?;
+        let backend = Arc::new(StreamingBackend {
+            inner: Arc::downgrade(&self.inner),
+        });
+        let server = crishim_streaming::Server::start(config, backend).await?;
+        tracing::info!(url = %server.base_url(), "streaming server listening");
+        let _ = self.inner.streaming.set(server);
+        Ok(())
+    }
+}
+
+impl Inner {
+    pub(super) fn streaming(&self) -> Result<&crishim_streaming::Server, tonic::Status> {
+        self.streaming
+            .get()
+            .ok_or_else(|| tonic::Status::unavailable("the streaming server is not running"))
+    }
+}
+
+impl StreamingBackend {
+    fn inner(&self) -> Result<Arc<Inner>, String> {
+        self.inner
+            .upgrade()
+            .ok_or_else(|| "the runtime is shutting down".to_string())
+    }
+}
+
+impl Backend for StreamingBackend {
+    fn exec(&self, req: cri::ExecRequest, io: Stdio) -> BoxFuture<'static, Outcome> {
+        let inner = self.inner();
+        Box::pin(async move {
+            let inner = inner?;
+            let c = inner
+                .container(&req.container_id)
+                .map_err(|s| s.message().to_string())?;
+            let open = Request::ExecStream {
+                id: c.id.clone(),
+                args: req.cmd,
+                tty: req.tty,
+                stdin: req.stdin,
+            };
+            let conn = connect(&inner, &c.pod_id, &open).await?;
+            relay(conn, io).await.map(Some)
+        })
+    }
+
+    fn attach(&self, req: cri::AttachRequest, io: Stdio) -> BoxFuture<'static, Outcome> {
+        let inner = self.inner();
+        Box::pin(async move {
+            let inner = inner?;
+            let c = inner
+                .container(&req.container_id)
+                .map_err(|s| s.message().to_string())?;
+            let open = Request::Attach {
+                id: c.id.clone(),
+                stdin: req.stdin,
+                close_stdin: c.config.stdin_once,
+            };
+            let conn = connect(&inner, &c.pod_id, &open).await?;
+            relay(conn, io).await.map(|_| None)
+        })
+    }
+
+    fn port_forward(
+        &self,
+        pod_sandbox_id: String,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+        let inner = self.inner();
+        Box::pin(async move {
+            let inner = inner.map_err(std::io::Error::other)?;
+            let pod = inner
+                .pod(&pod_sandbox_id)
+                .map_err(|s| std::io::Error::new(std::io::ErrorKind::NotFound, s.message()))?;
+            let netns = if pod.host_network {
+                None
+            } else {
+                let pinned = inner.netns_path(&pod.id);
+                Some(if pinned.exists() {
+                    pinned
+                } else {
+                    format!("/proc/{}/ns/net", pod.infra_pid).into()
+                })
+            };
+            connect_in_netns(netns, port).await
+        })
+    }
+}
+
+async fn connect(inner: &Inner, pod_id: &str, req: &Request) -> Result<UnixStream, String> {
+    match inner.shim(pod_id).open_stream(req).await {
+        Ok(Ok(conn)) => Ok(conn),
+        Ok(Err(Response::Error { message, .. })) => Err(message),
+        Ok(Err(other)) => Err(format!("unexpected shim answer: {other:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The next item of an optional channel; never, once there is none.
+async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Relay between the client's stdio and the shim's frames until the process exits (its code) or
+/// the client leaves (the connection closes, and the shim kills an exec'd process).
+async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
+    let (mut r, mut w) = conn.into_split();
+    let Stdio {
+        mut stdin,
+        stdout,
+        stderr,
+        mut resize,
+        mut gone,
+        ..
+    } = io;
+    let to_shim = async {
+        loop {
+            tokio::select! {
+                data = next(&mut stdin) => match data {
+                    Some(b) => {
+                        for chunk in b.chunks(frames::MAX_PAYLOAD) {
+                            w.write_all(&frames::encode(frames::STDIN, chunk)).await.ok()?;
+                        }
+                    }
+                    None => {
+                        w.write_all(&frames::encode(frames::STDIN_EOF, &[])).await.ok()?;
+                        stdin = None;
+                    }
+                },
+                size = next(&mut resize) => match size {
+                    Some(s) => {
+                        let mut p = s.width.to_be_bytes().to_vec();
+                        p.extend_from_slice(&s.height.to_be_bytes());
+                        w.write_all(&frames::encode(frames::RESIZE, &p)).await.ok()?;
+                    }
+                    None => resize = None,
+                },
+                changed = gone.changed() => {
+                    if changed.is_err() || *gone.borrow() {
+                        return Some(());
+                    }
+                }
+            }
+        }
+    };
+    let from_shim = async {
+        loop {
+            let mut h = [0u8; frames::HEADER];
+            r.read_exact(&mut h)
+                .await
+                .map_err(|_| "the shim closed the stream before the process exited".to_string())?;
+            let (kind, len) = frames::decode_header(h);
+            let mut payload = vec![0u8; len];
+            r.read_exact(&mut payload)
+                .await
+                .map_err(|e| format!("reading from the shim: {e}"))?;
+            let out = match kind {
+                frames::STDOUT => &stdout,
+                frames::STDERR => &stderr,
+                frames::EXIT => {
+                    let code = payload
+                        .get(..4)
+                        .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                        .unwrap_or(-1);
+                    return Ok(code);
+                }
+                _ => continue,
+            };
+            if let Some(tx) = out {
+                if tx.send(Bytes::from(payload)).await.is_err() {
+                    return Err("the client went away".to_string());
+                }
+            }
+        }
+    };
+    tokio::select! {
+        code = from_shim => code,
+        _ = to_shim => Err("the client went away".to_string()),
+    }
+}
+
+/// A TCP connection to `localhost:port` made from inside `netns` (None: the host's). The socket
+/// belongs to the namespace it was created in, so only its creation needs the namespace: a
+/// short-lived thread of our own enters it (setns changes the calling thread only) and exits.
+async fn connect_in_netns(
+    netns: Option<std::path::PathBuf>,
+    port: u16,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("crishim-portfwd".into())
+        .spawn(move || {
+            let result = (|| -> std::io::Result<std::net::TcpStream> {
+                if let Some(ns) = &netns {
+                    let f = std::fs::File::open(ns)?;
+                    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                }
+                let timeout = std::time::Duration::from_secs(10);
+                let v4 = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+                let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+                let s = std::net::TcpStream::connect_timeout(&v4, timeout).or_else(|e| {
+                    std::net::TcpStream::connect_timeout(&v6, timeout).map_err(|_| e)
+                })?;
+                s.set_nonblocking(true)?;
+                Ok(s)
+            })();
+            let _ = tx.send(result);
+        })?;
+    let s = rx
+        .await
+        .map_err(|_| std::io::Error::other("the port-forward thread died"))??;
+    tokio::net::TcpStream::from_std(s)
+}

@@ -1,0 +1,315 @@
+//! Interactive stdio on a shim connection: `ExecStream` runs a process whose stdio is relayed as
+//! frames; `Attach` relays a running container's output (alongside its log) and feeds its stdin.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+
+use crishim_proto::shim::{frames, ErrorKind, Response, Status};
+use nix::fcntl::OFlag;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+
+use crate::container::{self, ExecIo, Shared, Spawned};
+use crate::logs::{FdReader, FdWriter, ATTACH_QUEUE};
+
+/// How long output may still drain after the process exited (a background child can hold a pipe
+/// open for ever).
+const DRAIN: Duration = Duration::from_secs(2);
+
+async fn answer(w: &mut OwnedWriteHalf, r: &Response) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(r).unwrap_or_default();
+    line.push(b'\n');
+    w.write_all(&line).await
+}
+
+/// One frame from the daemon; None at the end of the connection.
+async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Option<(u8, Vec<u8>)> {
+    let mut h = [0u8; frames::HEADER];
+    r.read_exact(&mut h).await.ok()?;
+    let (kind, len) = frames::decode_header(h);
+    if len > frames::MAX_PAYLOAD {
+        return None;
+    }
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).await.ok()?;
+    Some((kind, payload))
+}
+
+fn set_winsize(fd: i32, payload: &[u8]) {
+    if let [w0, w1, h0, h1] = payload {
+        let ws = libc::winsize {
+            ws_col: u16::from_be_bytes([*w0, *w1]),
+            ws_row: u16::from_be_bytes([*h0, *h1]),
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads a winsize we own; a non-pty fd just fails.
+        unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) };
+    }
+}
+
+fn dup(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
+    fd.try_clone()
+}
+
+/// Copy an output into frames until it closes.
+async fn pump(fd: OwnedFd, kind: u8, tx: mpsc::Sender<Vec<u8>>) {
+    let Ok(mut r) = FdReader::new(fd) else { return };
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if tx.send(frames::encode(kind, &buf[..n])).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Write frames to the daemon until the EXIT frame went out or the daemon is gone.
+async fn write_frames(mut w: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(f) = rx.recv().await {
+        let last = f.first() == Some(&frames::EXIT);
+        if w.write_all(&f).await.is_err() || last {
+            break;
+        }
+    }
+    let _ = w.shutdown().await;
+}
+
+pub async fn exec(
+    shim: &Shared,
+    id: &str,
+    args: Vec<String>,
+    tty: bool,
+    stdin: bool,
+    mut r: BufReader<OwnedReadHalf>,
+    mut w: OwnedWriteHalf,
+) {
+    let pipes = (|| -> nix::Result<_> {
+        let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+        let inp = match stdin {
+            true => Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?),
+            false => None,
+        };
+        Ok((out, err, inp))
+    })();
+    let mut outputs = Vec::new();
+    let mut input = None;
+    let io = if tty {
+        ExecIo::Tty
+    } else {
+        let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
+            Ok(p) => p,
+            Err(e) => {
+                let r = Response::error(ErrorKind::Internal, format!("exec pipes: {e}"));
+                let _ = answer(&mut w, &r).await;
+                return;
+            }
+        };
+        outputs = vec![(frames::STDOUT, out_r), (frames::STDERR, err_r)];
+        let stdin = inp.map(|(r, w)| {
+            input = Some(w);
+            r
+        });
+        ExecIo::Pipes {
+            stdin,
+            stdout: out_w,
+            stderr: err_w,
+        }
+    };
+    let Spawned { pid, exited, pty } = match container::spawn_exec(shim, id, args, io) {
+        Ok(s) => s,
+        Err(r) => {
+            let _ = answer(&mut w, &r).await;
+            return;
+        }
+    };
+    let mut resize_fd = None;
+    if let Some(master) = pty {
+        if stdin {
+            input = dup(&master).ok();
+        }
+        resize_fd = dup(&master).ok();
+        outputs.push((frames::STDOUT, master));
+    }
+    if answer(&mut w, &Response::Ok).await.is_err() {
+        container::kill_exec(pid);
+        return;
+    }
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+    let writer = tokio::task::spawn_local(write_frames(w, rx));
+    let pumps: Vec<_> = outputs
+        .into_iter()
+        .map(|(kind, fd)| tokio::task::spawn_local(pump(fd, kind, tx.clone())))
+        .collect();
+    let input = input.and_then(|fd| FdWriter::new(fd).ok());
+    let inbound = async {
+        let mut input = input;
+        while let Some((kind, payload)) = read_frame(&mut r).await {
+            match kind {
+                frames::STDIN => {
+                    if let Some(i) = &input {
+                        if i.write_all(&payload).await.is_err() {
+                            input = None;
+                        }
+                    }
+                }
+                // With a tty, stdin and output are one pty: keep it open.
+                frames::STDIN_EOF if !tty => input = None,
+                frames::RESIZE => {
+                    if let Some(fd) = &resize_fd {
+                        set_winsize(fd.as_raw_fd(), &payload);
+                    }
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::select! {
+        status = exited => {
+            let code = status.ok().as_ref().and_then(container::exit_code).unwrap_or(-1);
+            let _ = tokio::time::timeout(DRAIN, futures_join(pumps)).await;
+            let _ = tx.send(frames::encode(frames::EXIT, &code.to_be_bytes())).await;
+        }
+        _ = inbound => {
+            // The caller went away: the process goes too.
+            container::kill_exec(pid);
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+pub async fn attach(
+    shim: &Shared,
+    id: &str,
+    stdin: bool,
+    close_stdin: bool,
+    mut r: BufReader<OwnedReadHalf>,
+    mut w: OwnedWriteHalf,
+) {
+    let (out_tx, mut out_rx) = mpsc::channel(ATTACH_QUEUE);
+    let setup = {
+        let s = shim.borrow();
+        match s.containers.get(id) {
+            None => Err(Response::error(
+                ErrorKind::NotFound,
+                format!("container {id:?} not found in this pod's shim"),
+            )),
+            Some(c) if c.state.status != Status::Running => Err(Response::error(
+                ErrorKind::FailedPrecondition,
+                format!("container {id} is not running"),
+            )),
+            Some(c) => match (&c._stdin, stdin) {
+                (None, true) => Err(Response::error(
+                    ErrorKind::InvalidArgument,
+                    format!("container {id} was not created with stdin or a tty"),
+                )),
+                (fd, _) => {
+                    c.log.attach(out_tx);
+                    Ok(fd.as_ref().and_then(|f| dup(f).ok()))
+                }
+            },
+        }
+    };
+    let fd = match setup {
+        Ok(fd) => fd,
+        Err(resp) => {
+            let _ = answer(&mut w, &resp).await;
+            return;
+        }
+    };
+    if answer(&mut w, &Response::Ok).await.is_err() {
+        return;
+    }
+    let resize_fd = fd.as_ref().and_then(|f| dup(f).ok());
+    let input = if stdin {
+        fd.and_then(|f| FdWriter::new(f).ok())
+    } else {
+        None
+    };
+    let exited = shim.borrow().exited.clone();
+    let running = |shim: &Shared| {
+        shim.borrow()
+            .containers
+            .get(id)
+            .map(|c| (c.state.status == Status::Running, c.state.exit_code))
+    };
+    let output = async {
+        loop {
+            tokio::select! {
+                chunk = out_rx.recv() => match chunk {
+                    Some((stream, data)) => {
+                        let kind = if stream == "stderr" { frames::STDERR } else { frames::STDOUT };
+                        if w.write_all(&frames::encode(kind, &data)).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => break,
+                },
+                _ = exited.notified() => {
+                    if running(shim).is_none_or(|(run, _)| !run) {
+                        break;
+                    }
+                }
+            }
+        }
+        // The container exited: what it wrote last, then its exit code.
+        while let Ok((stream, data)) = out_rx.try_recv() {
+            let kind = if stream == "stderr" {
+                frames::STDERR
+            } else {
+                frames::STDOUT
+            };
+            let _ = w.write_all(&frames::encode(kind, &data)).await;
+        }
+        let code = running(shim).map_or(-1, |(_, code)| code);
+        let _ = w
+            .write_all(&frames::encode(frames::EXIT, &code.to_be_bytes()))
+            .await;
+        let _ = w.shutdown().await;
+    };
+    let inbound = async {
+        let mut input = input;
+        while let Some((kind, payload)) = read_frame(&mut r).await {
+            match kind {
+                frames::STDIN => {
+                    if let Some(i) = &input {
+                        let _ = i.write_all(&payload).await;
+                    }
+                }
+                frames::STDIN_EOF => {
+                    input = None;
+                    if close_stdin {
+                        if let Some(c) = shim.borrow_mut().containers.get_mut(id) {
+                            c._stdin = None;
+                        }
+                    }
+                }
+                frames::RESIZE => {
+                    if let Some(fd) = &resize_fd {
+                        set_winsize(fd.as_raw_fd(), &payload);
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Detached: the container runs on.
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = output => {}
+        _ = inbound => {}
+    }
+}

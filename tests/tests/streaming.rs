@@ -1,0 +1,465 @@
+//! Exec, Attach and PortForward through the daemon's streaming server, with real containers and
+//! the project's own SPDY client (crishim-streaming's client side) and a real WebSocket client
+//! (tokio-tungstenite).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crishim_proto::cri;
+use crishim_streaming::client::{self, Input};
+use crishim_streaming::remotecommand::{ws_decode, ws_message};
+use crishim_streaming::TermSize;
+use crishim_tests::daemon::DaemonOptions;
+use crishim_tests::pods::{host_processes, wait_for_log_line, PodEnv};
+use futures_util::{SinkExt, StreamExt};
+use sha2::{Digest, Sha256};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn running(
+    env: &PodEnv,
+    name: &str,
+    command: &[&str],
+) -> (String, String, cri::PodSandboxConfig) {
+    let cfg = env.pod_config(name);
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", command);
+    let id = env
+        .d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    (pod, id, cfg)
+}
+
+async fn exec_url(env: &PodEnv, id: &str, cmd: &[&str], stdin: bool, tty: bool) -> String {
+    env.d
+        .runtime_client()
+        .exec(cri::ExecRequest {
+            container_id: id.into(),
+            cmd: cmd.iter().map(|s| s.to_string()).collect(),
+            tty,
+            stdin,
+            stdout: true,
+            stderr: !tty,
+        })
+        .await
+        .expect("Exec")
+        .into_inner()
+        .url
+}
+
+#[tokio::test]
+async fn exec_pipes_10_mb_through_cat_and_propagates_exit_codes() {
+    let env = PodEnv::start().await;
+    let (pod, id, _) = running(&env, "exec", &["sleep", "1000"]).await;
+    let data: Vec<u8> = (0..10 << 20)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let url = exec_url(&env, &id, &["cat"], true, false).await;
+    let t0 = Instant::now();
+    let r = client::spdy_remotecommand(
+        &url,
+        Input {
+            stdin: Some(data.clone()),
+            stderr: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("exec cat");
+    let took = t0.elapsed();
+    assert_eq!(
+        r.stdout.len(),
+        data.len(),
+        "{}",
+        String::from_utf8_lossy(&r.status)
+    );
+    assert_eq!(Sha256::digest(&r.stdout), Sha256::digest(&data));
+    assert_eq!(
+        r.exit_code,
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&r.status)
+    );
+    eprintln!(
+        "10 MiB stdin round trip through cat: {took:?} ({:.0} MiB/s)",
+        10.0 / took.as_secs_f64()
+    );
+
+    let url = exec_url(
+        &env,
+        &id,
+        &["sh", "-c", "echo out; echo err >&2; exit 3"],
+        false,
+        false,
+    )
+    .await;
+    let r = client::spdy_remotecommand(
+        &url,
+        Input {
+            stderr: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.stdout, b"out\n");
+    assert_eq!(r.stderr, b"err\n");
+    assert_eq!(
+        r.exit_code,
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&r.status)
+    );
+
+    // The same over WebSocket (v5, which closes stdin explicitly).
+    let url = exec_url(&env, &id, &["sh", "-c", "cat; exit 4"], true, false).await;
+    let (mut ws, proto) = client::ws_connect(&url, &["v5.channel.k8s.io"])
+        .await
+        .unwrap();
+    assert_eq!(proto.as_deref(), Some("v5.channel.k8s.io"));
+    ws.send(ws_message("v5.channel.k8s.io", 0, b"over websocket\n"))
+        .await
+        .unwrap();
+    ws.send(ws_message("v5.channel.k8s.io", 255, &[0]))
+        .await
+        .unwrap();
+    let (mut out, mut status) = (Vec::new(), Vec::new());
+    while let Some(Ok(m)) = ws.next().await {
+        match ws_decode(m) {
+            Some((1, d)) => out.extend_from_slice(&d),
+            Some((3, d)) => status.extend_from_slice(&d),
+            _ => {}
+        }
+    }
+    assert_eq!(out, b"over websocket\n");
+    assert_eq!(crishim_streaming::status::exit_code_of(&status), Some(4));
+
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}
+
+#[tokio::test]
+async fn exec_with_a_tty_sees_its_window_size() {
+    let env = PodEnv::start().await;
+    let (_pod, id, _) = running(&env, "tty", &["sleep", "1000"]).await;
+    // The size arrives on the resize stream right after the streams open; give it a moment.
+    let url = exec_url(
+        &env,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "sleep 0.5; busybox stty size; test -t 0 && echo tty",
+        ],
+        false,
+        true,
+    )
+    .await;
+    let r = client::spdy_remotecommand(
+        &url,
+        Input {
+            tty: true,
+            resize: Some(TermSize {
+                width: 123,
+                height: 45,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let out = String::from_utf8_lossy(&r.stdout);
+    assert!(out.contains("45 123"), "stty size in the exec: {out:?}");
+    assert!(out.contains("tty"), "stdin is a terminal: {out:?}");
+    assert_eq!(r.exit_code, Some(0));
+    env.stop();
+}
+
+#[tokio::test]
+async fn a_disconnected_client_kills_its_exec() {
+    let env = PodEnv::start().await;
+    let (_pod, id, _) = running(&env, "gone", &["sleep", "1000"]).await;
+    let url = exec_url(&env, &id, &["sleep", "4242"], true, false).await;
+    let (conn, _) = client::spdy_connect(&url, &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    let open = |k: &str| vec![("streamType".to_string(), k.to_string())];
+    for k in ["error", "stdin", "stdout", "stderr"] {
+        conn.open(open(k)).await.unwrap();
+    }
+    let sleeping = || {
+        host_processes()
+            .into_iter()
+            .any(|p| !p.is_zombie() && p.command() == "sleep 4242")
+    };
+    let t0 = Instant::now();
+    while !sleeping() {
+        assert!(t0.elapsed() < WAIT, "the exec never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(conn);
+    let t0 = Instant::now();
+    while sleeping() {
+        assert!(t0.elapsed() < WAIT, "the exec outlived its client");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.stop();
+}
+
+#[tokio::test]
+async fn attach_streams_a_running_containers_output_which_still_reaches_the_log() {
+    let env = PodEnv::start().await;
+    let (_pod, id, cfg) = running(
+        &env,
+        "attach",
+        &[
+            "sh",
+            "-c",
+            "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.1; done",
+        ],
+    )
+    .await;
+    let url = env
+        .d
+        .runtime_client()
+        .attach(cri::AttachRequest {
+            container_id: id.clone(),
+            stdin: false,
+            tty: false,
+            stdout: true,
+            stderr: true,
+        })
+        .await
+        .expect("Attach")
+        .into_inner()
+        .url;
+    let (conn, _) = client::spdy_connect(&url, &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    let open = |k: &str| vec![("streamType".to_string(), k.to_string())];
+    let _error = conn.open(open("error")).await.unwrap();
+    let mut stdout = conn.open(open("stdout")).await.unwrap();
+    let _stderr = conn.open(open("stderr")).await.unwrap();
+    let mut seen = String::new();
+    let t0 = Instant::now();
+    while seen.lines().filter(|l| l.starts_with("tick ")).count() < 5 {
+        assert!(t0.elapsed() < WAIT, "attach got only {seen:?}");
+        let chunk = tokio::time::timeout(WAIT, stdout.rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let ticks: Vec<u64> = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    assert!(
+        ticks.windows(2).all(|w| w[1] == w[0] + 1),
+        "a counter: {ticks:?}"
+    );
+    let last = ticks.last().unwrap();
+    wait_for_log_line(
+        &Path::new(&cfg.log_directory).join("main.log"),
+        "stdout",
+        &format!("tick {last}"),
+        WAIT,
+    )
+    .await;
+    // Attach with stdin to a container created without it is refused up front.
+    let err = env
+        .d
+        .runtime_client()
+        .attach(cri::AttachRequest {
+            container_id: id,
+            stdin: true,
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    env.stop();
+}
+
+async fn port_forward_url(env: &PodEnv, pod: &str, ports: Vec<i32>) -> String {
+    env.d
+        .runtime_client()
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: pod.into(),
+            port: ports,
+        })
+        .await
+        .expect("PortForward")
+        .into_inner()
+        .url
+}
+
+#[tokio::test]
+async fn port_forward_reaches_httpd_in_the_pod_and_reports_a_closed_port() {
+    let env = PodEnv::start().await;
+    let (pod, _id, _) = running(
+        &env,
+        "httpd",
+        &["sh", "-c", "mkdir -p /www && echo hello from the pod > /www/index.html && exec busybox httpd -f -p 8080 -h /www"],
+    )
+    .await;
+    let url = port_forward_url(&env, &pod, vec![8080]).await;
+    let (conn, proto) = client::spdy_connect(&url, &["portforward.k8s.io"])
+        .await
+        .unwrap();
+    assert_eq!(proto, "portforward.k8s.io");
+    let h = |kind: &str, port: &str, id: &str| {
+        vec![
+            ("streamType".to_string(), kind.to_string()),
+            ("port".to_string(), port.to_string()),
+            ("requestID".to_string(), id.to_string()),
+        ]
+    };
+    let mut body = String::new();
+    let t0 = Instant::now();
+    // httpd may still be starting: retry the request a few times.
+    for attempt in 0.. {
+        let mut err = conn
+            .open(h("error", "8080", &attempt.to_string()))
+            .await
+            .unwrap();
+        let mut data = conn
+            .open(h("data", "8080", &attempt.to_string()))
+            .await
+            .unwrap();
+        data.tx
+            .write(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .unwrap();
+        body.clear();
+        while let Some(d) = data.rx.recv().await {
+            body.push_str(&String::from_utf8_lossy(&d));
+        }
+        data.tx.close().await.unwrap();
+        let e = err.rx.recv().await;
+        if body.contains("hello from the pod") {
+            assert!(e.is_none(), "no error on success: {e:?}");
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "no answer from httpd: {body:?} {e:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+
+    // A port nobody listens on: the error stream says so.
+    let url = port_forward_url(&env, &pod, vec![]).await;
+    let (conn, _) = client::spdy_connect(&url, &["portforward.k8s.io"])
+        .await
+        .unwrap();
+    let mut err = conn.open(h("error", "9", "0")).await.unwrap();
+    let _data = conn.open(h("data", "9", "0")).await.unwrap();
+    let msg = String::from_utf8_lossy(&err.rx.recv().await.expect("an error message")).into_owned();
+    assert!(
+        msg.contains("port 9") && msg.to_lowercase().contains("refused"),
+        "{msg}"
+    );
+
+    // WebSocket: the port is announced on both channels, then data flows.
+    let url = port_forward_url(&env, &pod, vec![8080]).await;
+    let (mut ws, _) = client::ws_connect(&url, &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let (_, d) = ws_decode(ws.next().await.unwrap().unwrap()).unwrap();
+        assert_eq!(&d[..], &8080u16.to_le_bytes());
+    }
+    ws.send(ws_message(
+        "v4.channel.k8s.io",
+        0,
+        b"GET / HTTP/1.0\r\n\r\n",
+    ))
+    .await
+    .unwrap();
+    let mut got = String::new();
+    while !got.contains("hello from the pod") {
+        let m = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some((0, d)) = ws_decode(m) {
+            got.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    env.stop();
+}
+
+#[tokio::test]
+async fn urls_work_once_and_expire() {
+    let env =
+        PodEnv::start_with(DaemonOptions::new().extra_toml("[streaming]\ntoken_ttl_seconds = 1\n"))
+            .await;
+    let (_pod, id, _) = running(&env, "tokens", &["sleep", "1000"]).await;
+    let url = exec_url(&env, &id, &["true"], false, false).await;
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let input = || Input {
+        stderr: true,
+        ..Default::default()
+    };
+    let r = client::spdy_remotecommand(&url, input()).await.unwrap();
+    assert_eq!(r.exit_code, Some(0));
+    let again = client::spdy_remotecommand(&url, input()).await;
+    assert!(
+        matches!(&again, Err(client::ClientError::Refused(s, _)) if s.as_u16() == 404),
+        "a used URL is refused: {again:?}"
+    );
+    let late = exec_url(&env, &id, &["true"], false, false).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let r = client::spdy_remotecommand(&late, input()).await;
+    assert!(
+        matches!(&r, Err(client::ClientError::Refused(s, _)) if s.as_u16() == 404),
+        "an expired URL is refused: {r:?}"
+    );
+    // Bad requests get a clear status before any URL.
+    let mut rt = env.d.runtime_client();
+    let e = rt
+        .exec(cri::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec![],
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = rt
+        .exec(cri::ExecRequest {
+            container_id: "nope".into(),
+            cmd: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    let e = rt
+        .exec(cri::ExecRequest {
+            container_id: id,
+            cmd: vec!["true".into()],
+            tty: true,
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = rt
+        .port_forward(cri::PortForwardRequest {
+            pod_sandbox_id: "nope".into(),
+            port: vec![80],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    env.stop();
+}
