@@ -7,7 +7,8 @@
 #   hack/bench.sh --pods 10            # a quick run; --help lists every option
 #
 # Needs root. Installs containerd, runc and the rest with hack/install-deps.sh when missing, and
-# builds crishim in release mode (the figures mean little for a debug build).
+# builds crishim in release mode (the figures mean little for a debug build). The static
+# crishim-init is not built: no benchmarked container runs under it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
