@@ -22,8 +22,10 @@ pub const WS_PROTOCOLS: &[&str] = &[
     "base64.channel.k8s.io",
 ];
 
-/// Copy between a TCP connection and a stream's channels until both directions are done;
-/// `ended` runs as soon as the pod's side has closed, so the client sees its EOF then.
+/// Copy between a TCP connection and a stream's channels until the pod's side closes; `ended`
+/// runs then. Clients (client-go) wait for the error stream to end before they close their own
+/// side, so the forward ends with the pod's side, as containerd's does; a client's half-close
+/// only shuts the pod connection's write side.
 async fn splice(
     tcp: tokio::net::TcpStream,
     mut from_client: mpsc::Receiver<Bytes>,
@@ -53,7 +55,9 @@ async fn splice(
         }
         ended.await;
     };
-    tokio::join!(up, down);
+    let up = tokio::spawn(up);
+    down.await;
+    up.abort();
 }
 
 pub async fn serve_spdy<IO>(io: IO, pod: String, ports: Vec<u16>, backend: Arc<dyn Backend>)
@@ -119,7 +123,7 @@ async fn forward_pair(
     match backend.port_forward(pod.clone(), port).await {
         Ok(tcp) => {
             let tx = data.tx.clone();
-            let closing = data.tx.clone();
+            let (closing, closing_err) = (data.tx.clone(), error.tx.clone());
             splice(
                 tcp,
                 data.rx,
@@ -129,10 +133,10 @@ async fn forward_pair(
                 },
                 Box::pin(async move {
                     let _ = closing.close().await;
+                    let _ = closing_err.close().await;
                 }),
             )
             .await;
-            let _ = error.tx.close().await;
         }
         Err(e) => {
             fail(

@@ -463,3 +463,68 @@ async fn urls_work_once_and_expire() {
     assert_eq!(e.code(), tonic::Code::NotFound);
     env.stop();
 }
+
+/// By hand, with crictl (not built by the suite): `cargo test -p crishim-tests --test streaming
+/// crictl -- --ignored`. Drives exec -i, exec -it (through `script` for a pty), attach and
+/// port-forward with the Go client that kubelets and crictl use.
+#[tokio::test]
+#[ignore = "needs crictl on PATH"]
+async fn crictl_exec_attach_and_port_forward() {
+    let env = PodEnv::start().await;
+    let (pod, id, _) = running(
+        &env,
+        "crictl",
+        &["sh", "-c", "mkdir -p /www && echo via crictl > /www/index.html && busybox httpd -p 8080 -h /www && i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done"],
+    )
+    .await;
+    let endpoint = format!("unix://{}", env.d.socket().display());
+    let crictl = |args: &[&str], stdin: &[u8]| {
+        use std::io::Write;
+        let mut c = std::process::Command::new("crictl")
+            .args(["--runtime-endpoint", &endpoint, "--timeout", "20s"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("crictl on PATH");
+        c.stdin.take().unwrap().write_all(stdin).unwrap();
+        c
+    };
+    let out = crictl(&["exec", "-i", &id, "sh", "-c", "cat; exit 5"], b"piped through crictl\n")
+        .wait_with_output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "piped through crictl\n", "{out:?}");
+    // crictl exits 1 and names the code.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exit code 5"),
+        "{out:?}"
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &format!("crictl --runtime-endpoint {endpoint} exec -it {id} sh -c 'test -t 0 && echo is-a-tty'"), "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("is-a-tty"), "{out:?}");
+    let mut attach = crictl(&["attach", &id], b"");
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = attach.kill();
+    let out = attach.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("tick "), "{out:?}");
+    let mut pf = crictl(&["port-forward", &pod, "18093:8080"], b"");
+    let mut body = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", 18093)) {
+            use std::io::{Read, Write};
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+            let _ = s.read_to_string(&mut body);
+            if body.contains("via crictl") {
+                break;
+            }
+        }
+    }
+    let _ = pf.kill();
+    let _ = pf.wait();
+    assert!(body.contains("via crictl"), "{body:?}");
+    env.stop();
+}
