@@ -44,16 +44,7 @@ impl ShimClient {
 
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, ShimError> {
         let fut = async {
-            let unreachable = |e| ShimError::Unreachable(self.socket.clone(), e);
-            let (_dirfd, short) =
-                paths::short_socket_path(&self.dir, paths::SOCKET).map_err(unreachable)?;
-            let mut conn = UnixStream::connect(&short).await.map_err(unreachable)?;
-            let mut line = serde_json::to_vec(req)
-                .map_err(|e| ShimError::Protocol(self.socket.clone(), e.to_string()))?;
-            line.push(b'\n');
-            conn.write_all(&line)
-                .await
-                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
+            let conn = self.send(req).await?;
             let mut answer = String::new();
             BufReader::new(conn)
                 .read_line(&mut answer)
@@ -66,15 +57,9 @@ impl ShimClient {
             .await
             .map_err(|_| ShimError::Timeout(self.socket.clone(), timeout))?
     }
-}
 
-impl ShimClient {
-    /// Send a streaming request (`ExecStream`, `Attach`); after the shim's `Ok` line the
-    /// connection carries frames. A refusal comes back as the shim's answer.
-    pub async fn open_stream(
-        &self,
-        req: &Request,
-    ) -> Result<Result<UnixStream, Response>, ShimError> {
+    /// Connect and send `req` as one line.
+    async fn send(&self, req: &Request) -> Result<UnixStream, ShimError> {
         let unreachable = |e| ShimError::Unreachable(self.socket.clone(), e);
         let (_dirfd, short) =
             paths::short_socket_path(&self.dir, paths::SOCKET).map_err(unreachable)?;
@@ -83,6 +68,17 @@ impl ShimClient {
             .map_err(|e| ShimError::Protocol(self.socket.clone(), e.to_string()))?;
         line.push(b'\n');
         conn.write_all(&line).await.map_err(unreachable)?;
+        Ok(conn)
+    }
+
+    /// Send a streaming request (`ExecStream`, `Attach`); after the shim's `Ok` line the
+    /// connection carries frames. A refusal comes back as the shim's answer.
+    pub async fn open_stream(
+        &self,
+        req: &Request,
+    ) -> Result<Result<UnixStream, Response>, ShimError> {
+        let unreachable = |e| ShimError::Unreachable(self.socket.clone(), e);
+        let mut conn = self.send(req).await?;
         // Byte by byte up to the newline: what follows are frames, not to be buffered away here.
         let mut answer = Vec::new();
         let mut byte = [0u8; 1];

@@ -53,6 +53,34 @@ fn dup(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     fd.try_clone()
 }
 
+/// Apply the daemon's frames until it hangs up: stdin to `input`, sizes to the pty `resize`;
+/// `stdin_eof` decides what the end of the caller's stdin means.
+async fn inbound(
+    r: &mut BufReader<OwnedReadHalf>,
+    mut input: Option<FdWriter>,
+    resize: Option<OwnedFd>,
+    mut stdin_eof: impl FnMut(&mut Option<FdWriter>),
+) {
+    while let Some((kind, payload)) = read_frame(r).await {
+        match kind {
+            frames::STDIN => {
+                if let Some(i) = &input {
+                    if i.write_all(&payload).await.is_err() {
+                        input = None;
+                    }
+                }
+            }
+            frames::STDIN_EOF => stdin_eof(&mut input),
+            frames::RESIZE => {
+                if let Some(fd) = &resize {
+                    set_winsize(fd.as_raw_fd(), &payload);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Copy an output into frames until it closes.
 async fn pump(fd: OwnedFd, kind: u8, tx: mpsc::Sender<Vec<u8>>) {
     let Ok(mut r) = FdReader::new(fd) else { return };
@@ -148,28 +176,12 @@ pub async fn exec(
         .map(|(kind, fd)| tokio::task::spawn_local(pump(fd, kind, tx.clone())))
         .collect();
     let input = input.and_then(|fd| FdWriter::new(fd).ok());
-    let inbound = async {
-        let mut input = input;
-        while let Some((kind, payload)) = read_frame(&mut r).await {
-            match kind {
-                frames::STDIN => {
-                    if let Some(i) = &input {
-                        if i.write_all(&payload).await.is_err() {
-                            input = None;
-                        }
-                    }
-                }
-                // With a tty, stdin and output are one pty: keep it open.
-                frames::STDIN_EOF if !tty => input = None,
-                frames::RESIZE => {
-                    if let Some(fd) = &resize_fd {
-                        set_winsize(fd.as_raw_fd(), &payload);
-                    }
-                }
-                _ => {}
-            }
+    // With a tty, stdin and output are one pty: it stays open at the caller's EOF.
+    let inbound = inbound(&mut r, input, resize_fd, |input| {
+        if !tty {
+            *input = None;
         }
-    };
+    });
     tokio::select! {
         status = exited => {
             let code = status.ok().as_ref().and_then(container::exit_code).unwrap_or(-1);
@@ -281,30 +293,15 @@ pub async fn attach(
         let _ = w.shutdown().await;
     };
     let inbound = async {
-        let mut input = input;
-        while let Some((kind, payload)) = read_frame(&mut r).await {
-            match kind {
-                frames::STDIN => {
-                    if let Some(i) = &input {
-                        let _ = i.write_all(&payload).await;
-                    }
+        inbound(&mut r, input, resize_fd, |input| {
+            *input = None;
+            if close_stdin {
+                if let Some(c) = shim.borrow_mut().containers.get_mut(id) {
+                    c._stdin = None;
                 }
-                frames::STDIN_EOF => {
-                    input = None;
-                    if close_stdin {
-                        if let Some(c) = shim.borrow_mut().containers.get_mut(id) {
-                            c._stdin = None;
-                        }
-                    }
-                }
-                frames::RESIZE => {
-                    if let Some(fd) = &resize_fd {
-                        set_winsize(fd.as_raw_fd(), &payload);
-                    }
-                }
-                _ => {}
             }
-        }
+        })
+        .await;
         // Detached: the container runs on.
         std::future::pending::<()>().await
     };

@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::backend::Backend;
-use crate::remotecommand::{ws_decode, ws_message};
+use crate::remotecommand::{ws_decode, ws_writer};
 use crate::spdy::{self, Connection, Role, StreamWriter};
 
 pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
@@ -158,17 +158,8 @@ pub async fn serve_ws<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sink, mut source) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(16);
-    let proto = protocol.clone();
-    let writer = tokio::spawn(async move {
-        while let Some((ch, data)) = out_rx.recv().await {
-            if sink.send(ws_message(&proto, ch, &data)).await.is_err() {
-                break;
-            }
-        }
-        let _ = sink.close().await;
-    });
+    let (sink, mut source) = ws.split();
+    let (out_tx, writer) = ws_writer(sink, protocol);
     let mut inputs = Vec::new();
     let mut tasks = Vec::new();
     for (i, port) in ports.iter().copied().enumerate() {

@@ -214,22 +214,33 @@ pub fn ws_decode(msg: Message) -> Option<(u8, Bytes)> {
     }
 }
 
-pub async fn serve_ws<IO>(ws: WebSocketStream<IO>, protocol: String, opts: Opts, run: Run)
+/// A task sending (channel, data) messages on a WebSocket, closing it once every sender is gone.
+pub(crate) fn ws_writer<IO>(
+    mut sink: futures_util::stream::SplitSink<WebSocketStream<IO>, Message>,
+    protocol: String,
+) -> (mpsc::Sender<(u8, Bytes)>, tokio::task::JoinHandle<()>)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let version = version_of(&protocol);
-    let (mut sink, mut source) = ws.split();
-    let (out_tx, mut out_rx) = mpsc::channel::<(u8, Bytes)>(16);
-    let proto = protocol.clone();
-    let writer = tokio::spawn(async move {
-        while let Some((ch, data)) = out_rx.recv().await {
-            if sink.send(ws_message(&proto, ch, &data)).await.is_err() {
+    let (tx, mut rx) = mpsc::channel::<(u8, Bytes)>(16);
+    let task = tokio::spawn(async move {
+        while let Some((ch, data)) = rx.recv().await {
+            if sink.send(ws_message(&protocol, ch, &data)).await.is_err() {
                 break;
             }
         }
         let _ = sink.close().await;
     });
+    (tx, task)
+}
+
+pub async fn serve_ws<IO>(ws: WebSocketStream<IO>, protocol: String, opts: Opts, run: Run)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let version = version_of(&protocol);
+    let (sink, mut source) = ws.split();
+    let (out_tx, writer) = ws_writer(sink, protocol.clone());
     let (stdin_tx, stdin_rx) = mpsc::channel::<Bytes>(16);
     let (resize_tx, resize_rx) = mpsc::channel::<Bytes>(4);
     let (gone_tx, gone) = watch::channel(false);

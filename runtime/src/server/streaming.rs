@@ -14,6 +14,7 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use super::runtime_service::{Inner, RuntimeService};
+use crate::records::ContainerRecord;
 
 pub(super) struct StreamingBackend {
     inner: Weak<Inner>,
@@ -57,35 +58,29 @@ impl Backend for StreamingBackend {
     fn exec(&self, req: cri::ExecRequest, io: Stdio) -> BoxFuture<'static, Outcome> {
         let inner = self.inner();
         Box::pin(async move {
-            let inner = inner?;
-            let c = inner
-                .container(&req.container_id)
-                .map_err(|s| s.message().to_string())?;
-            let open = Request::ExecStream {
+            let open = |c: &ContainerRecord| Request::ExecStream {
                 id: c.id.clone(),
                 args: req.cmd,
                 tty: req.tty,
                 stdin: req.stdin,
             };
-            let conn = connect(&inner, &c.pod_id, &open).await?;
-            relay(conn, io).await.map(Some)
+            relay(connect(inner?, &req.container_id, open).await?, io)
+                .await
+                .map(Some)
         })
     }
 
     fn attach(&self, req: cri::AttachRequest, io: Stdio) -> BoxFuture<'static, Outcome> {
         let inner = self.inner();
         Box::pin(async move {
-            let inner = inner?;
-            let c = inner
-                .container(&req.container_id)
-                .map_err(|s| s.message().to_string())?;
-            let open = Request::Attach {
+            let open = |c: &ContainerRecord| Request::Attach {
                 id: c.id.clone(),
                 stdin: req.stdin,
                 close_stdin: c.config.stdin_once,
             };
-            let conn = connect(&inner, &c.pod_id, &open).await?;
-            relay(conn, io).await.map(|_| None)
+            relay(connect(inner?, &req.container_id, open).await?, io)
+                .await
+                .map(|_| None)
         })
     }
 
@@ -115,8 +110,14 @@ impl Backend for StreamingBackend {
     }
 }
 
-async fn connect(inner: &Inner, pod_id: &str, req: &Request) -> Result<UnixStream, String> {
-    match inner.shim(pod_id).open_stream(req).await {
+/// Open the streaming request `open` makes for container `id` on its pod's shim.
+async fn connect(
+    inner: Arc<Inner>,
+    id: &str,
+    open: impl FnOnce(&ContainerRecord) -> Request,
+) -> Result<UnixStream, String> {
+    let c = inner.container(id).map_err(|s| s.message().to_string())?;
+    match inner.shim(&c.pod_id).open_stream(&open(&c)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(Response::Error { message, .. })) => Err(message),
         Ok(Err(other)) => Err(format!("unexpected shim answer: {other:?}")),
