@@ -491,10 +491,17 @@ async fn crictl_exec_attach_and_port_forward() {
         c.stdin.take().unwrap().write_all(stdin).unwrap();
         c
     };
-    let out = crictl(&["exec", "-i", &id, "sh", "-c", "cat; exit 5"], b"piped through crictl\n")
-        .wait_with_output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "piped through crictl\n", "{out:?}");
+    let out = crictl(
+        &["exec", "-i", &id, "sh", "-c", "cat; exit 5"],
+        b"piped through crictl\n",
+    )
+    .wait_with_output()
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "piped through crictl\n",
+        "{out:?}"
+    );
     // crictl exits 1 and names the code.
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("exit code 5"),
@@ -504,12 +511,18 @@ async fn crictl_exec_attach_and_port_forward() {
         .args(["-qec", &format!("crictl --runtime-endpoint {endpoint} exec -it {id} sh -c 'test -t 0 && echo is-a-tty'"), "/dev/null"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("is-a-tty"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("is-a-tty"),
+        "{out:?}"
+    );
     let mut attach = crictl(&["attach", &id], b"");
     std::thread::sleep(Duration::from_secs(2));
     let _ = attach.kill();
     let out = attach.wait_with_output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("tick "), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("tick "),
+        "{out:?}"
+    );
     let mut pf = crictl(&["port-forward", &pod, "18093:8080"], b"");
     let mut body = String::new();
     for _ in 0..50 {
