@@ -119,6 +119,25 @@ impl Cri {
         Ok(())
     }
 
+    /// The streaming URL of an `Exec` with stdin, stdout and stderr.
+    pub async fn exec_url(&self, id: &str, cmd: &[&str]) -> Result<String> {
+        Ok(self
+            .rt
+            .clone()
+            .exec(cri::ExecRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                tty: false,
+            })
+            .await
+            .context("Exec")?
+            .into_inner()
+            .url)
+    }
+
     /// ExecSync that must exit 0.
     pub async fn exec_ok(&self, id: &str, cmd: &[&str]) -> Result<()> {
         let r = self

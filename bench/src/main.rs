@@ -48,6 +48,9 @@ struct Args {
     /// Random (incompressible) bytes per layer, in MiB.
     #[arg(long, default_value_t = 10)]
     pull_layer_mib: usize,
+    /// MiB sent through `cat` in an Exec stream and back (0: skip).
+    #[arg(long, default_value_t = 100)]
+    stream_mib: usize,
     /// Where the raw samples go, as JSON.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
@@ -161,6 +164,7 @@ async fn bench(args: &Args) -> Result<()> {
         pull_rounds: args.pull_rounds,
         pull_layers: args.pull_layers,
         pull_layer_mib: args.pull_layer_mib,
+        stream_mib: args.stream_mib,
     };
     let loadavg_before = host::loadavg();
     let cores = host::cores();

@@ -30,6 +30,8 @@ pub struct Plan {
     pub pull_rounds: usize,
     pub pull_layers: usize,
     pub pull_layer_mib: usize,
+    /// MiB sent through `cat` over an `Exec` stream (SPDY), and back.
+    pub stream_mib: usize,
 }
 
 /// One runtime under test.
@@ -52,6 +54,8 @@ pub struct Results {
     pub pod_start: Vec<PodStart>,
     pub burst: Burst,
     pub exec_ms: Vec<f64>,
+    /// Each round trip of `stream_mib` MiB through `cat` in an `Exec` stream.
+    pub stream_ms: Vec<f64>,
     pub stop_remove: Vec<StopRemove>,
     pub memory: Memory,
     pub pull: Vec<Pull>,
@@ -249,6 +253,39 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         cri.exec_ok(&pod.container, &["echo", "crishim-bench"])
             .await?;
         r.exec_ms.push(ms(t0.elapsed()));
+    }
+
+    if plan.stream_mib > 0 {
+        progress(&format!(
+            "Exec stream: {} MiB through cat and back, twice",
+            plan.stream_mib
+        ));
+        let data: Vec<u8> = (0..plan.stream_mib << 20)
+            .map(|i: usize| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for _ in 0..2 {
+            let url = cri.exec_url(&pods[0].container, &["cat"]).await?;
+            let t0 = Instant::now();
+            let out = crishim_streaming::client::spdy_remotecommand(
+                &url,
+                crishim_streaming::client::Input {
+                    stdin: Some(data.clone()),
+                    stderr: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .context("Exec stream")?;
+            let took = t0.elapsed();
+            if out.stdout != data {
+                bail!(
+                    "the Exec stream returned {} bytes that differ from the {} sent",
+                    out.stdout.len(),
+                    data.len()
+                );
+            }
+            r.stream_ms.push(ms(took));
+        }
     }
 
     progress("stop + remove, one pod at a time");

@@ -78,6 +78,9 @@ fn figures() -> Vec<Figure> {
         ("ExecSync p90", Unit::Ms, None, |r| {
             percentile(&r.exec_ms, 90.0)
         }),
+        ("Exec stream round trip, median", Unit::Ms, None, |r| {
+            percentile(&r.stream_ms, 50.0)
+        }),
         ("stop + remove p50", Unit::Ms, None, |r| {
             percentile(&col(&r.stop_remove, |p| p.total_ms), 50.0)
         }),
