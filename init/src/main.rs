@@ -19,7 +19,7 @@ fn main() {
         }
     };
     // SAFETY: plain libc calls on memory we own; the child only calls async-signal-safe functions
-    // (sigprocmask, execvp, _exit) between fork and exec.
+    // (sigprocmask, signal, execvp, _exit) between fork and exec.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -32,6 +32,8 @@ fn main() {
         }
         if child == 0 {
             libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            // Rust ignores SIGPIPE, and an ignored signal stays ignored across exec.
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
             let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
             ptrs.push(std::ptr::null());
             libc::execvp(ptrs[0], ptrs.as_ptr());

@@ -23,7 +23,22 @@ mod start;
 mod stream;
 mod tty;
 
+/// Does nothing: see [`main`].
+extern "C" fn on_sigpipe(_: libc::c_int) {}
+
 fn main() {
+    // Rust starts with SIGPIPE ignored, and an ignored signal stays ignored across exec, so every
+    // container process would inherit it (`yes | head` would end in a write error, not SIGPIPE).
+    // A handler that does nothing keeps our own writes failing with EPIPE instead of killing us,
+    // and exec resets it to the default in each process we start.
+    // SAFETY: installs an async-signal-safe handler that touches nothing.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigpipe as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGPIPE, &sa, std::ptr::null_mut());
+    }
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("infra") => infra::run(),

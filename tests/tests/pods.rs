@@ -1428,3 +1428,61 @@ async fn version_status_and_runtime_config() {
         .expect("UpdateRuntimeConfig");
     d.stop();
 }
+
+/// The SigIgn mask of `/proc/self/status` as `cat` (exec'd by `sh`) sees it.
+fn sigign(status: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no SigIgn line in {status:?}"))
+}
+
+#[tokio::test]
+async fn container_processes_start_with_sigpipe_at_its_default() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("sigpipe");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", &["sh", "-c", "cat /proc/self/status; sleep 1000"]);
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    let log = Path::new(&cfg.log_directory).join("main.log");
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("SigIgn:") {
+            break text;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no status in the log"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let pipe = 1u64 << (libc::SIGPIPE - 1);
+    let line = status.lines().find(|l| l.contains("SigIgn:")).unwrap();
+    let mask = sigign(line.split(" F ").nth(1).unwrap_or(line));
+    assert_eq!(
+        mask & pipe,
+        0,
+        "the container's process ignores SIGPIPE: {line}"
+    );
+    let out = d.exec_ok(&id, &["cat", "/proc/self/status"]).await;
+    assert_eq!(
+        sigign(&out) & pipe,
+        0,
+        "an ExecSync process ignores SIGPIPE"
+    );
+    // What that is for: a pipeline whose reader left ends by SIGPIPE, silently.
+    let r = d
+        .exec_sync(&id, &["sh", "-c", "yes | head -n 1"], 10)
+        .await
+        .unwrap();
+    assert_eq!((r.exit_code, r.stderr.as_slice()), (0, &b""[..]), "{r:?}");
+    d.stop_pod(&pod).await.unwrap();
+    d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}
