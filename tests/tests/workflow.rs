@@ -324,3 +324,31 @@ async fn ctrl_c_stops_the_run_cleanly() {
     assert_run_left_nothing(&env).await;
     env.stop();
 }
+
+#[tokio::test]
+async fn an_image_that_cannot_be_pulled_fails_the_run_and_leaves_nothing() {
+    let env = PodEnv::start().await;
+    let missing = env
+        .image()
+        .replace("busybox:latest", "no-such-image:latest");
+    let manifest = example("init-failure.yaml", &missing);
+    let (out, _) = crishim_run(env.d.config_path(), &manifest, &[]).await;
+    let r = result_of(&out);
+    assert_eq!(r["phase"], "Failed", "{r:#}");
+    assert_eq!(r["reason"], "ErrImagePull", "{r:#}");
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no-such-image"),
+        "the message names the image: {r:#}"
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(r["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["reason"] == "NotStarted"));
+    assert_run_left_nothing(&env).await;
+    env.stop();
+}
