@@ -384,12 +384,7 @@ async fn serve<IO>(
                 if !asked.is_empty() {
                     ports = asked;
                 }
-                let stream = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                    io,
-                    tokio_tungstenite::tungstenite::protocol::Role::Server,
-                    None,
-                )
-                .await;
+                let stream = ws_server(io).await;
                 portforward::serve_ws(stream, protocol, r.pod_sandbox_id, ports, backend).await
             } else {
                 portforward::serve_spdy(io, r.pod_sandbox_id, ports, backend).await
@@ -400,18 +395,22 @@ async fn serve<IO>(
                 return;
             };
             if ws {
-                let stream = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                    io,
-                    tokio_tungstenite::tungstenite::protocol::Role::Server,
-                    None,
-                )
-                .await;
+                let stream = ws_server(io).await;
                 remotecommand::serve_ws(stream, protocol, opts, run).await
             } else {
                 remotecommand::serve_spdy(io, &protocol, opts, run).await
             }
         }
     }
+}
+
+/// The server side of an upgraded WebSocket connection.
+async fn ws_server<IO>(io: IO) -> tokio_tungstenite::WebSocketStream<IO>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await
 }
 
 #[cfg(test)]

@@ -29,6 +29,30 @@ pub struct Env {
 }
 
 impl Env {
+    /// Run `crishim-shim <subcommand> --dir DIR`; a failure comes back as its stderr (the outer
+    /// error is the shim binary itself failing to run).
+    async fn shim_command(
+        &self,
+        subcommand: &str,
+        dir: &Path,
+    ) -> Result<Result<(), String>, BundleError> {
+        let out = tokio::process::Command::new(&self.shim)
+            .arg(subcommand)
+            .arg("--dir")
+            .arg(dir)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|source| BundleError::ShimBinary {
+                path: self.shim.clone(),
+                source,
+            })?;
+        Ok(match out.status.success() {
+            true => Ok(()),
+            false => Err(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        })
+    }
+
     /// Fail early and clearly when the shim binary is missing.
     pub fn check_shim(&self) -> Result<(), BundleError> {
         std::fs::metadata(&self.shim)
@@ -66,22 +90,9 @@ pub async fn create(
     };
     let reservation = env.store.reserve(&record(bundle, id, Some(log.clone())))?;
     let dir = reservation.dir().to_path_buf();
-    let out = tokio::process::Command::new(&env.shim)
-        .arg("start")
-        .arg("--dir")
-        .arg(&dir)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|source| BundleError::ShimBinary {
-            path: env.shim.clone(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(BundleError::ShimFailed(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ));
-    }
+    env.shim_command("start", &dir)
+        .await?
+        .map_err(BundleError::ShimFailed)?;
     let req = Request::Create {
         id: id.to_string(),
         bundle: bundle.dir.clone(),
@@ -175,24 +186,9 @@ async fn teardown(env: &Env, dir: &Path) -> Result<(), BundleError> {
         }
         // What the dead shim left (processes, cgroup, libcontainer state) goes through
         // libcontainer, in the shim binary.
-        let out = tokio::process::Command::new(&env.shim)
-            .arg("cleanup")
-            .arg("--dir")
-            .arg(dir)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|source| BundleError::ShimBinary {
-                path: env.shim.clone(),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(BundleError::ShimFailed(format!(
-                "cleaning up {}: {}",
-                dir.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
+        env.shim_command("cleanup", dir)
+            .await?
+            .map_err(|e| BundleError::ShimFailed(format!("cleaning up {}: {e}", dir.display())))?;
     }
     // A foreground shim removes the directory itself as it exits: let it finish first.
     if let Some(pid) = shim_pid {
