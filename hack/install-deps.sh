@@ -26,6 +26,9 @@ PACKAGES=(
   pkg-config
   gcc
   libc6-dev
+  # libbpf (built from source by libbpf-sys) for the cgroup v2 device filter.
+  libelf-dev
+  zlib1g-dev
 )
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }

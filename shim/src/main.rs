@@ -22,6 +22,8 @@ mod server;
 mod start;
 mod stream;
 mod tty;
+#[cfg(test)]
+mod v2_devices_test;
 
 /// Does nothing: see [`main`].
 extern "C" fn on_sigpipe(_: libc::c_int) {}
