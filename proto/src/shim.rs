@@ -171,6 +171,9 @@ pub mod frames {
     pub const RESIZE: u8 = 4;
     /// The caller's stdin ended.
     pub const STDIN_EOF: u8 = 5;
+    /// The caller detached (a TTY session's detach sequence): stop relaying, and let the process
+    /// run on instead of killing it when the connection closes.
+    pub const DETACH: u8 = 6;
     pub const HEADER: usize = 5;
     /// Frames are split to at most this much payload.
     pub const MAX_PAYLOAD: usize = 64 * 1024;

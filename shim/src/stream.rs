@@ -53,16 +53,17 @@ fn dup(fd: &OwnedFd) -> std::io::Result<OwnedFd> {
     fd.try_clone()
 }
 
-/// Apply the daemon's frames until it hangs up: stdin to `input`, sizes to the pty `resize`;
-/// `stdin_eof` decides what the end of the caller's stdin means.
+/// Apply the daemon's frames until it hangs up (false) or detaches (true): stdin to `input`,
+/// sizes to the pty `resize`; `stdin_eof` decides what the end of the caller's stdin means.
 async fn inbound(
     r: &mut BufReader<OwnedReadHalf>,
     mut input: Option<FdWriter>,
     resize: Option<OwnedFd>,
     mut stdin_eof: impl FnMut(&mut Option<FdWriter>),
-) {
+) -> bool {
     while let Some((kind, payload)) = read_frame(r).await {
         match kind {
+            frames::DETACH => return true,
             frames::STDIN => {
                 if let Some(i) = &input {
                     if i.write_all(&payload).await.is_err() {
@@ -79,6 +80,7 @@ async fn inbound(
             _ => {}
         }
     }
+    false
 }
 
 /// Copy an output into frames until it closes.
@@ -97,9 +99,18 @@ async fn pump(fd: OwnedFd, kind: u8, tx: mpsc::Sender<Vec<u8>>) {
     }
 }
 
-/// Write frames to the daemon until the EXIT frame went out or the daemon is gone.
-async fn write_frames(mut w: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {
+/// Write frames to the daemon until the EXIT frame went out or the daemon is gone. Once the
+/// caller detached, output is drained and dropped instead, so that the process never blocks on a
+/// full pty and its pty stays open for as long as it runs.
+async fn write_frames(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    detached: std::rc::Rc<std::cell::Cell<bool>>,
+) {
     while let Some(f) = rx.recv().await {
+        if detached.get() {
+            continue;
+        }
         let last = f.first() == Some(&frames::EXIT);
         if w.write_all(&f).await.is_err() || last {
             break;
@@ -170,7 +181,8 @@ pub async fn exec(
         return;
     }
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
-    let writer = tokio::task::spawn_local(write_frames(w, rx));
+    let detached = std::rc::Rc::new(std::cell::Cell::new(false));
+    let writer = tokio::task::spawn_local(write_frames(w, rx, detached.clone()));
     let pumps: Vec<_> = outputs
         .into_iter()
         .map(|(kind, fd)| tokio::task::spawn_local(pump(fd, kind, tx.clone())))
@@ -188,7 +200,13 @@ pub async fn exec(
             let _ = tokio::time::timeout(DRAIN, futures_join(pumps)).await;
             let _ = tx.send(frames::encode(frames::EXIT, &code.to_be_bytes())).await;
         }
-        _ = inbound => {
+        detach = inbound => {
+            if detach {
+                // The process runs on; the writer drains its output until it exits, and the
+                // reaper collects it.
+                detached.set(true);
+                return;
+            }
             // The caller went away: the process goes too.
             container::kill_exec(pid);
         }

@@ -541,3 +541,62 @@ async fn crictl_exec_attach_and_port_forward() {
     assert!(body.contains("via crictl"), "{body:?}");
     env.stop();
 }
+
+#[tokio::test]
+async fn a_tty_client_detaches_with_ctrl_p_ctrl_q_and_its_process_runs_on() {
+    let env = PodEnv::start().await;
+    let (_pod, id, _) = running(&env, "detach", &["sleep", "1000"]).await;
+    let url = exec_url(
+        &env,
+        &id,
+        &[
+            "sh",
+            "-c",
+            "sleep 2; touch /tmp/after-detach; exec sleep 4343",
+        ],
+        true,
+        true,
+    )
+    .await;
+    let (conn, _) = client::spdy_connect(&url, &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    let open = |k: &str| vec![("streamType".to_string(), k.to_string())];
+    let mut error = conn.open(open("error")).await.unwrap();
+    let stdin = conn.open(open("stdin")).await.unwrap();
+    let _stdout = conn.open(open("stdout")).await.unwrap();
+    let _resize = conn.open(open("resize")).await.unwrap();
+    stdin.tx.write(b"typed\x10\x11").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), error.rx.recv())
+        .await
+        .expect("the session ends at the detach sequence")
+        .unwrap_or_default();
+    assert_eq!(
+        crishim_streaming::status::exit_code_of(&status),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status)
+    );
+    drop(conn);
+    // The process was not killed: it finishes its work after the client left.
+    let t0 = Instant::now();
+    loop {
+        let r = env
+            .d
+            .exec_sync(&id, &["test", "-e", "/tmp/after-detach"], 10)
+            .await
+            .unwrap();
+        if r.exit_code == 0 {
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "the detached process did not run on");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        host_processes()
+            .iter()
+            .any(|p| !p.is_zombie() && p.command() == "sleep 4343"),
+        "the detached process is still running"
+    );
+    env.stop();
+}

@@ -64,9 +64,7 @@ impl Backend for StreamingBackend {
                 tty: req.tty,
                 stdin: req.stdin,
             };
-            relay(connect(inner?, &req.container_id, open).await?, io)
-                .await
-                .map(Some)
+            relay(connect(inner?, &req.container_id, open).await?, io).await
         })
     }
 
@@ -133,9 +131,47 @@ async fn next<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
     }
 }
 
-/// Relay between the client's stdio and the shim's frames until the process exits (its code) or
-/// the client leaves (the connection closes, and the shim kills an exec'd process).
-async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
+/// The detach sequence of a TTY session: ctrl-p ctrl-q, as docker's default.
+const DETACH_KEYS: [u8; 2] = [0x10, 0x11];
+
+/// Finds the detach sequence in a TTY session's input, across chunk boundaries. A ctrl-p is held
+/// back until the next byte shows whether it starts the sequence.
+#[derive(Default)]
+struct DetachScanner {
+    held: bool,
+}
+
+impl DetachScanner {
+    /// The bytes to forward, and whether the sequence ended the input.
+    fn scan(&mut self, data: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = Vec::with_capacity(data.len() + 1);
+        for &b in data {
+            if std::mem::take(&mut self.held) {
+                if b == DETACH_KEYS[1] {
+                    return (out, true);
+                }
+                out.push(DETACH_KEYS[0]);
+            }
+            if b == DETACH_KEYS[0] {
+                self.held = true;
+            } else {
+                out.push(b);
+            }
+        }
+        (out, false)
+    }
+}
+
+/// How the client's side of a relay ended.
+enum ClientEnd {
+    Gone,
+    Detached,
+}
+
+/// Relay between the client's stdio and the shim's frames until the process exits (`Some`
+/// code), a TTY client detaches (`None`: the process runs on), or the client leaves (an error; the
+/// connection closes, and the shim kills an exec'd process).
+async fn relay(conn: UnixStream, io: Stdio) -> Result<Option<i32>, String> {
     let (mut r, mut w) = conn.into_split();
     let Stdio {
         mut stdin,
@@ -143,15 +179,24 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
         stderr,
         mut resize,
         mut gone,
-        ..
+        tty,
     } = io;
+    let mut detach = DetachScanner::default();
     let to_shim = async {
         loop {
             tokio::select! {
                 data = next(&mut stdin) => match data {
                     Some(b) => {
+                        let (b, detached) = match tty {
+                            true => detach.scan(&b),
+                            false => (b.to_vec(), false),
+                        };
                         for chunk in b.chunks(frames::MAX_PAYLOAD) {
                             w.write_all(&frames::encode(frames::STDIN, chunk)).await.ok()?;
+                        }
+                        if detached {
+                            w.write_all(&frames::encode(frames::DETACH, &[])).await.ok()?;
+                            return Some(ClientEnd::Detached);
                         }
                     }
                     None => {
@@ -169,7 +214,7 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
                 },
                 changed = gone.changed() => {
                     if changed.is_err() || *gone.borrow() {
-                        return Some(());
+                        return Some(ClientEnd::Gone);
                     }
                 }
             }
@@ -194,7 +239,7 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
                         .get(..4)
                         .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
                         .unwrap_or(-1);
-                    return Ok(code);
+                    return Ok(Some(code));
                 }
                 _ => continue,
             };
@@ -207,7 +252,10 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<i32, String> {
     };
     tokio::select! {
         code = from_shim => code,
-        _ = to_shim => Err("the client went away".to_string()),
+        end = to_shim => match end {
+            Some(ClientEnd::Detached) => Ok(None),
+            _ => Err("the client went away".to_string()),
+        },
     }
 }
 
@@ -243,4 +291,22 @@ async fn connect_in_netns(
         .await
         .map_err(|_| std::io::Error::other("the port-forward thread died"))??;
     tokio::net::TcpStream::from_std(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DetachScanner;
+
+    #[test]
+    fn the_detach_sequence_is_found_across_chunks_and_held_back() {
+        let mut d = DetachScanner::default();
+        assert_eq!(d.scan(b"ab\x10"), (b"ab".to_vec(), false));
+        assert_eq!(
+            d.scan(b"c"),
+            (b"\x10c".to_vec(), false),
+            "a lone ctrl-p is passed on"
+        );
+        assert_eq!(d.scan(b"x\x10\x10"), (b"x\x10".to_vec(), false));
+        assert_eq!(d.scan(b"\x11rest"), (Vec::new(), true));
+    }
 }
