@@ -122,6 +122,14 @@ fn the_v2_device_filter_refuses_devices_the_rules_do_not_allow() {
     }
     .map(|_| probe_in(&dir));
     let _ = std::fs::remove_dir(&dir);
+    // A sandbox that forbids bpf(2) altogether (EPERM even for root) cannot run the check; a
+    // program the kernel's verifier rejects fails with another error and does fail the test.
+    if let Err(DevicesControllerError::Bpf(BpfError::Errno(e))) = &applied {
+        if e.0 == libc::EPERM {
+            eprintln!("skipped: bpf(2) is not permitted here");
+            return;
+        }
+    }
     assert_eq!(
         applied.expect("loading and attaching the eBPF device program"),
         0,
