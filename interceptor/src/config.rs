@@ -1,34 +1,10 @@
-//! `/etc/crishim/vgpu/config.json`, written by crishim at `CreateContainer` (its writer is
-//! `runtime/src/gpu/limits.rs`; the two must agree). Unknown keys are refused: a config this
-//! library does not fully understand is a broken one, and a broken config fails closed.
+//! Loading `/etc/crishim/vgpu/config.json`, whose format (`crishim_proto::vgpu`) the runtime
+//! writes at `CreateContainer`: a missing config passes everything through, a broken one fails
+//! closed.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde::Deserialize;
-
-/// Where crishim mounts the config in the container.
-pub const CONFIG_PATH: &str = "/etc/crishim/vgpu/config.json";
-
-pub const VERSION: u32 = 1;
-
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub version: u32,
-    pub container_id: String,
-    pub pod_uid: String,
-    /// The granted GPUs, `GPU-…`.
-    pub device_uuids: Vec<String>,
-    /// Per GPU.
-    pub memory_limit_bytes: Option<u64>,
-    /// Percent of one GPU, 1..=100.
-    pub core_percent: Option<u32>,
-    /// The real driver libraries, as seen in the container.
-    pub libcuda: PathBuf,
-    pub libnvidia_ml: Option<PathBuf>,
-    /// The accounting file all the container's processes share.
-    pub accounting_file: PathBuf,
-}
+pub use crishim_proto::vgpu::{Config, CONFIG_PATH, VERSION};
 
 #[derive(Debug, PartialEq)]
 pub enum Loaded {
@@ -50,46 +26,45 @@ pub fn load(path: &Path) -> Loaded {
         Ok(c) => c,
         Err(e) => return Loaded::Broken(format!("{}: {e}", path.display())),
     };
-    match config.check() {
+    match check(&config) {
         Ok(()) => Loaded::Valid(config),
         Err(why) => Loaded::Broken(format!("{}: {why}", path.display())),
     }
 }
 
-impl Config {
-    fn check(&self) -> Result<(), String> {
-        if self.version != VERSION {
-            return Err(format!(
-                "version {} is not the supported {VERSION}",
-                self.version
-            ));
-        }
-        if self.memory_limit_bytes == Some(0) {
-            return Err("memory_limit_bytes is 0".into());
-        }
-        if let Some(p) = self.core_percent {
-            if !(1..=100).contains(&p) {
-                return Err(format!("core_percent {p} is not within 1..=100"));
-            }
-        }
-        for u in &self.device_uuids {
-            if crate::cuda::parse_uuid(u).is_none() {
-                return Err(format!("device UUID {u:?} is malformed"));
-            }
-        }
-        for (key, p) in [
-            ("libcuda", Some(&self.libcuda)),
-            ("libnvidia_ml", self.libnvidia_ml.as_ref()),
-            ("accounting_file", Some(&self.accounting_file)),
-        ] {
-            if let Some(p) = p {
-                if !p.is_absolute() {
-                    return Err(format!("{key} {} is not an absolute path", p.display()));
-                }
-            }
-        }
-        Ok(())
+/// What the format cannot say by itself: the values make sense.
+fn check(c: &Config) -> Result<(), String> {
+    if c.version != VERSION {
+        return Err(format!(
+            "version {} is not the supported {VERSION}",
+            c.version
+        ));
     }
+    if c.memory_limit_bytes == Some(0) {
+        return Err("memory_limit_bytes is 0".into());
+    }
+    if let Some(p) = c.core_percent {
+        if !(1..=100).contains(&p) {
+            return Err(format!("core_percent {p} is not within 1..=100"));
+        }
+    }
+    for u in &c.device_uuids {
+        if crate::cuda::parse_uuid(u).is_none() {
+            return Err(format!("device UUID {u:?} is malformed"));
+        }
+    }
+    for (key, p) in [
+        ("libcuda", Some(&c.libcuda)),
+        ("libnvidia_ml", c.libnvidia_ml.as_ref()),
+        ("accounting_file", Some(&c.accounting_file)),
+    ] {
+        if let Some(p) = p {
+            if !p.is_absolute() {
+                return Err(format!("{key} {} is not an absolute path", p.display()));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use super::GpuError;
 
 /// Where the files appear in the container.
 pub const VGPU_DIR: &str = "/etc/crishim/vgpu";
-pub const CONFIG_PATH: &str = "/etc/crishim/vgpu/config.json";
 pub const SHARED_DIR: &str = "/etc/crishim/vgpu/shared";
 pub const ACCOUNTING_FILE: &str = "/etc/crishim/vgpu/shared/usage";
 pub const PRELOAD_PATH: &str = "/etc/ld.so.preload";
@@ -42,22 +41,8 @@ pub struct Grant {
     pub driver_view: Option<PathBuf>,
 }
 
-/// The interceptor's config; the reader is `interceptor/src/config.rs` (same fields, same
-/// meaning).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VgpuConfig {
-    pub version: u32,
-    pub container_id: String,
-    pub pod_uid: String,
-    pub device_uuids: Vec<String>,
-    pub memory_limit_bytes: Option<u64>,
-    pub core_percent: Option<u32>,
-    pub libcuda: PathBuf,
-    pub libnvidia_ml: Option<PathBuf>,
-    pub accounting_file: PathBuf,
-}
-
-pub const VGPU_CONFIG_VERSION: u32 = 1;
+/// The interceptor's config, as it reads it.
+pub use crishim_proto::vgpu::{Config as VgpuConfig, CONFIG_PATH, VERSION as VGPU_CONFIG_VERSION};
 
 /// A container's directory.
 pub struct ContainerDir {
