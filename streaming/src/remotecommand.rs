@@ -45,6 +45,17 @@ pub struct Opts {
     pub tty: bool,
 }
 
+impl Opts {
+    pub fn new(stdin: bool, stdout: bool, stderr: bool, tty: bool) -> Self {
+        Opts {
+            stdin,
+            stdout,
+            stderr,
+            tty,
+        }
+    }
+}
+
 /// Runs the command once the streams are wired up.
 pub type Run = Box<dyn FnOnce(Stdio) -> futures::future::BoxFuture<'static, Outcome> + Send>;
 

@@ -338,69 +338,42 @@ async fn serve<IO>(
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let run_and_opts = |p: Pending| -> Option<(remotecommand::Run, Opts)> {
-        let b = backend.clone();
-        match p {
-            Pending::Exec(r) => {
-                let opts = Opts {
-                    stdin: r.stdin,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    tty: r.tty,
-                };
-                Some((Box::new(move |io| b.exec(r, io)), opts))
-            }
-            Pending::Attach(r) => {
-                let opts = Opts {
-                    stdin: r.stdin,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
-                    tty: r.tty,
-                };
-                Some((Box::new(move |io| b.attach(r, io)), opts))
-            }
-            Pending::PortForward(_) => None,
+    let (run, opts): (remotecommand::Run, Opts) = match pending {
+        Pending::Exec(r) => {
+            let opts = Opts::new(r.stdin, r.stdout, r.stderr, r.tty);
+            (Box::new(move |io| backend.exec(r, io)), opts)
         }
-    };
-    match pending {
+        Pending::Attach(r) => {
+            let opts = Opts::new(r.stdin, r.stdout, r.stderr, r.tty);
+            (Box::new(move |io| backend.attach(r, io)), opts)
+        }
         Pending::PortForward(r) => {
-            let mut ports: Vec<u16> = r
+            let ports: Vec<u16> = r
                 .port
                 .iter()
                 .filter_map(|p| u16::try_from(*p).ok())
                 .collect();
-            // WebSocket clients name their ports in the query (`?ports=80,8080` or `port=80`).
-            let asked: Vec<u16> = query
-                .split('&')
-                .filter_map(|kv| kv.split_once('='))
-                .filter(|(k, _)| *k == "ports" || *k == "port")
-                .flat_map(|(_, v)| {
-                    v.split(',')
-                        .filter_map(|p| p.parse().ok())
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            if ws {
-                if !asked.is_empty() {
-                    ports = asked;
-                }
+            return if ws {
+                // WebSocket clients name their ports in the query (`?ports=80,8080`, `port=80`).
+                let asked: Vec<u16> = query
+                    .split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .filter(|(k, _)| *k == "ports" || *k == "port")
+                    .flat_map(|(_, v)| v.split(',').filter_map(|p| p.parse().ok()))
+                    .collect();
+                let ports = if asked.is_empty() { ports } else { asked };
                 let stream = ws_server(io).await;
                 portforward::serve_ws(stream, protocol, r.pod_sandbox_id, ports, backend).await
             } else {
                 portforward::serve_spdy(io, r.pod_sandbox_id, ports, backend).await
-            }
-        }
-        p => {
-            let Some((run, opts)) = run_and_opts(p) else {
-                return;
             };
-            if ws {
-                let stream = ws_server(io).await;
-                remotecommand::serve_ws(stream, protocol, opts, run).await
-            } else {
-                remotecommand::serve_spdy(io, &protocol, opts, run).await
-            }
         }
+    };
+    if ws {
+        let stream = ws_server(io).await;
+        remotecommand::serve_ws(stream, protocol, opts, run).await
+    } else {
+        remotecommand::serve_spdy(io, &protocol, opts, run).await
     }
 }
 
