@@ -99,22 +99,17 @@ async fn pump(fd: OwnedFd, kind: u8, tx: mpsc::Sender<Vec<u8>>) {
     }
 }
 
-/// Write frames to the daemon until the EXIT frame went out or the daemon is gone. Once the
-/// caller detached, output is drained and dropped instead, so that the process never blocks on a
-/// full pty and its pty stays open for as long as it runs.
-async fn write_frames(
-    mut w: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-    detached: std::rc::Rc<std::cell::Cell<bool>>,
-) {
+/// Write frames to the daemon until the EXIT frame went out. Once the daemon is gone (a detached
+/// caller, or one about to be killed for leaving) output is drained and dropped: the process never
+/// blocks on a full pipe or pty, and its pty stays open for as long as it runs.
+async fn write_frames(mut w: OwnedWriteHalf, mut rx: mpsc::Receiver<Vec<u8>>) {
+    let mut open = true;
     while let Some(f) = rx.recv().await {
-        if detached.get() {
-            continue;
-        }
-        let last = f.first() == Some(&frames::EXIT);
-        if w.write_all(&f).await.is_err() || last {
+        if f.first() == Some(&frames::EXIT) {
+            let _ = w.write_all(&f).await;
             break;
         }
+        open = open && w.write_all(&f).await.is_ok();
     }
     let _ = w.shutdown().await;
 }
@@ -128,20 +123,20 @@ pub async fn exec(
     mut r: BufReader<OwnedReadHalf>,
     mut w: OwnedWriteHalf,
 ) {
-    let pipes = (|| -> nix::Result<_> {
-        let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
-        let inp = match stdin {
-            true => Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?),
-            false => None,
-        };
-        Ok((out, err, inp))
-    })();
     let mut outputs = Vec::new();
     let mut input = None;
     let io = if tty {
         ExecIo::Tty
     } else {
+        let pipes = (|| -> nix::Result<_> {
+            let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            let err = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+            let inp = match stdin {
+                true => Some(nix::unistd::pipe2(OFlag::O_CLOEXEC)?),
+                false => None,
+            };
+            Ok((out, err, inp))
+        })();
         let ((out_r, out_w), (err_r, err_w), inp) = match pipes {
             Ok(p) => p,
             Err(e) => {
@@ -181,8 +176,7 @@ pub async fn exec(
         return;
     }
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
-    let detached = std::rc::Rc::new(std::cell::Cell::new(false));
-    let writer = tokio::task::spawn_local(write_frames(w, rx, detached.clone()));
+    let writer = tokio::task::spawn_local(write_frames(w, rx));
     let pumps: Vec<_> = outputs
         .into_iter()
         .map(|(kind, fd)| tokio::task::spawn_local(pump(fd, kind, tx.clone())))
@@ -204,7 +198,6 @@ pub async fn exec(
             if detach {
                 // The process runs on; the writer drains its output until it exits, and the
                 // reaper collects it.
-                detached.set(true);
                 return;
             }
             // The caller went away: the process goes too.
