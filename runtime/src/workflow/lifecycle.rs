@@ -85,7 +85,9 @@ pub struct Runner {
     plan: Plan,
     run_dir: PathBuf,
     opts: Options,
-    pod_id: Option<String>,
+    /// The running pod: its id and the config it was created with (sent again with each
+    /// container, as the kubelet does).
+    pod: Option<(String, cri::PodSandboxConfig)>,
     slots: Vec<Slot>,
 }
 
@@ -121,7 +123,7 @@ impl Runner {
             plan,
             run_dir,
             opts,
-            pod_id: None,
+            pod: None,
             slots,
         }
     }
@@ -187,12 +189,12 @@ impl Runner {
             .cri
             .rt
             .run_pod_sandbox(cri::RunPodSandboxRequest {
-                config: Some(config),
+                config: Some(config.clone()),
                 runtime_handler: String::new(),
             })
             .await
         {
-            Ok(r) => self.pod_id = Some(r.into_inner().pod_sandbox_id),
+            Ok(r) => self.pod = Some((r.into_inner().pod_sandbox_id, config)),
             Err(s) => return cri_error("RunPodSandbox", &self.plan.name, s),
         }
         match self.phases().await {
@@ -282,7 +284,7 @@ impl Runner {
     }
 
     async fn start(&mut self, i: usize) -> Result<(), Ending> {
-        let pod_id = self.pod_id.clone().unwrap_or_default();
+        let (pod_id, pod_config) = self.pod.clone().unwrap_or_default();
         let run_dir = self.run_dir.clone();
         let slot = &self.slots[i];
         let name = slot.result.name.clone();
@@ -302,7 +304,7 @@ impl Runner {
             .create_container(cri::CreateContainerRequest {
                 pod_sandbox_id: pod_id,
                 config: Some(config),
-                sandbox_config: Some(translate::pod_config(&self.plan, &self.log_dir())),
+                sandbox_config: Some(pod_config),
             })
             .await
             .map_err(|s| cri_error("CreateContainer", &name, s))?
@@ -583,7 +585,7 @@ impl Runner {
 
     /// Stop and remove the pod, unmount and remove the run's directory.
     async fn teardown(&mut self) {
-        if let Some(pod) = self.pod_id.take() {
+        if let Some((pod, _)) = self.pod.take() {
             let rt = &mut self.cri.rt;
             if let Err(s) = rt
                 .stop_pod_sandbox(cri::StopPodSandboxRequest {
