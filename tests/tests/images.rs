@@ -908,60 +908,45 @@ async fn layer_truncated_inside_file_data_is_rejected_and_stores_nothing() {
 
 const BAD_CONFIG_TIMEOUT: Duration = Duration::from_secs(20);
 
-#[tokio::test]
-async fn serve_rejects_an_unknown_top_level_config_key_and_names_it() {
-    let opts = DaemonOptions::new().extra_toml("frobnicate_level = 3");
+/// `crishim serve` with `toml` added to its config exits non-zero, naming `key` on stderr.
+async fn assert_config_refused(toml: &str, key: &str) {
+    let opts = DaemonOptions::new().extra_toml(toml);
     let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
-        "exited {} with an unknown key",
+        "exited {} with {toml:?} in its config",
         out.status
     );
     assert!(
-        stderr.contains("frobnicate_level"),
-        "stderr does not name the key: {stderr}"
+        stderr.contains(key),
+        "stderr does not name the key {key}: {stderr}"
     );
+}
+
+#[tokio::test]
+async fn serve_rejects_an_unknown_top_level_config_key_and_names_it() {
+    assert_config_refused("frobnicate_level = 3", "frobnicate_level").await;
 }
 
 #[tokio::test]
 async fn serve_rejects_an_unknown_registry_mirror_key_and_names_it() {
-    let opts = DaemonOptions::new()
-        .extra_toml("[registry.mirrors.\"docker.io\"]\nendpoints = [\"http://127.0.0.1:1\"]");
-    let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "exited {} with an unknown key",
-        out.status
-    );
-    assert!(
-        stderr.contains("endpoints"),
-        "stderr does not name the key: {stderr}"
-    );
+    assert_config_refused(
+        "[registry.mirrors.\"docker.io\"]\nendpoints = [\"http://127.0.0.1:1\"]",
+        "endpoints",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn serve_rejects_a_value_of_the_wrong_type_and_names_the_key() {
-    let opts = DaemonOptions::new()
-        .extra_toml("[registry.configs.\"127.0.0.1:5000\".tls]\ninsecure_skip_verify = \"yes\"");
-    let out = serve_expecting_exit(&opts, BAD_CONFIG_TIMEOUT)
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "exited {} with a bad value",
-        out.status
-    );
-    assert!(
-        stderr.contains("insecure_skip_verify"),
-        "stderr does not name the key: {stderr}"
-    );
+    assert_config_refused(
+        "[registry.configs.\"127.0.0.1:5000\".tls]\ninsecure_skip_verify = \"yes\"",
+        "insecure_skip_verify",
+    )
+    .await;
 }
 
 #[tokio::test]
