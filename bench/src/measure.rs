@@ -115,6 +115,9 @@ pub struct Pull {
     pub image: String,
     pub bytes: u64,
     pub ms: f64,
+    /// `skopeo copy` of the same image from the same registry to a local directory, right after:
+    /// download and digest checks only, no unpacking.
+    pub skopeo_ms: f64,
 }
 
 impl Memory {
@@ -456,10 +459,28 @@ async fn cold_pull(t: &Target<'_>, plan: &Plan) -> Result<Pull> {
     let reference = format!("docker.io/{repo}:latest");
     let t0 = Instant::now();
     t.cri.pull(&reference).await?;
+    let pulled = ms(t0.elapsed());
+    let dir = tempfile::tempdir()?;
+    let source = format!("docker://{}/{repo}:latest", t.registry.host());
+    let target = format!("dir:{}", dir.path().display());
+    let t0 = Instant::now();
+    let out = tokio::process::Command::new("skopeo")
+        .args(["copy", "--src-tls-verify=false", &source, &target])
+        .output()
+        .await
+        .context("running skopeo")?;
+    let copied = ms(t0.elapsed());
+    if !out.status.success() {
+        bail!(
+            "skopeo copy {source}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
     Ok(Pull {
         image: reference,
         bytes,
-        ms: ms(t0.elapsed()),
+        ms: pulled,
+        skopeo_ms: copied,
     })
 }
 

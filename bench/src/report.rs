@@ -100,6 +100,12 @@ fn figures() -> Vec<Figure> {
         ("cold pull, median", Unit::Ms, Some(1.0), |r| {
             percentile(&col(&r.pull, |p| p.ms), 50.0)
         }),
+        (
+            "· skopeo copy of the same image, median",
+            Unit::Ms,
+            None,
+            |r| percentile(&col(&r.pull, |p| p.skopeo_ms), 50.0),
+        ),
     ]
 }
 
