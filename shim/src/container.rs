@@ -16,6 +16,7 @@ use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
 
+use crate::exec_seccomp::SeccompExecutor;
 use crate::logs::{self, LogSink};
 use crate::record::{now_nanos, write_atomic};
 
@@ -495,8 +496,11 @@ pub fn spawn_exec(
     }
     let tty = matches!(io, ExecIo::Tty);
     let process_file = bundle.join(format!("exec-{n}.json"));
-    write_exec_process(&bundle, &process_file, args, tty)?;
+    let seccomp = write_exec_process(&bundle, &process_file, args, tty)?;
     let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+    if let Some(executor) = seccomp {
+        builder = builder.with_executor(executor);
+    }
     let mut console = None;
     match io {
         ExecIo::Pipes {
@@ -616,19 +620,27 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
     }
 }
 
+/// Write the exec'd process's spec (the container's, with `args`) to `out`, and return the
+/// executor that gives it the container's seccomp filter, if the container has one.
 fn write_exec_process(
     bundle: &Path,
     out: &Path,
     args: Vec<String>,
     tty: bool,
-) -> Result<(), Response> {
+) -> Result<Option<SeccompExecutor>, Response> {
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| internal(&format!("reading {}/config.json", bundle.display()), e))?;
     let mut process = spec.process().clone().unwrap_or_default();
     process.set_args(Some(args));
     process.set_terminal(Some(tty));
+    let seccomp = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.seccomp().clone())
+        .map(|s| SeccompExecutor::prepare(&mut process, s));
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
-    std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))
+    std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))?;
+    Ok(seccomp)
 }
 
 /// Receive the pty master that the container's init sends over the console socket.

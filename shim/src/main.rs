@@ -13,6 +13,7 @@
 
 mod cleanup;
 mod container;
+mod exec_seccomp;
 mod foreground;
 mod infra;
 mod logs;

@@ -1,0 +1,159 @@
+//! The container's seccomp filter for exec'd processes.
+//!
+//! libcontainer 0.7's exec (tenant) path rebuilds `linux` without `seccomp`, so an exec'd process
+//! would run unfiltered. crishim loads the filter itself, in its own executor: the last step in the
+//! container's init before `execve`. By then the process has dropped to the container's
+//! capabilities, and without `no_new_privs` loading a filter needs `CAP_SYS_ADMIN` (runc loads it
+//! before the drop). So such a process starts with `CAP_SYS_ADMIN` and `CAP_SETPCAP` added, and
+//! the executor drops back to the container's own sets right after the filter is in. The profile
+//! must then allow `prctl` and `capset` (RuntimeDefault does, as runc needs them too); if it does
+//! not, the exec fails rather than running with the added capabilities.
+
+use oci_spec::runtime::{Capabilities, Capability, LinuxCapabilities, LinuxSeccomp, Process, Spec};
+
+use libcontainer::workload::default::DefaultExecutor;
+use libcontainer::workload::{
+    Executor, ExecutorError, ExecutorSetEnvsError, ExecutorValidationError,
+};
+
+/// What loading a filter needs without `no_new_privs`, and what dropping the bounding set needs.
+const LOAD_CAPS: [Capability; 2] = [Capability::SysAdmin, Capability::Setpcap];
+
+#[derive(Clone)]
+pub struct SeccompExecutor {
+    seccomp: LinuxSeccomp,
+    /// The container's own capabilities, to return to once the filter is loaded; `None` when the
+    /// process can load it as it is.
+    restore: Option<LinuxCapabilities>,
+}
+
+impl SeccompExecutor {
+    /// An executor that loads `seccomp` into the exec'd `process`, which gains the capabilities
+    /// the load needs when it lacks them.
+    pub fn prepare(process: &mut Process, seccomp: LinuxSeccomp) -> Self {
+        let restore = needs_load_caps(process).then(|| {
+            let own = process.capabilities().clone().unwrap_or_default();
+            process.set_capabilities(Some(widened(&own)));
+            own
+        });
+        Self { seccomp, restore }
+    }
+}
+
+/// Whether the process could not load a filter on its own: no `no_new_privs`, and a capability
+/// set without `CAP_SYS_ADMIN`. (No capabilities in the spec means libcontainer keeps them all.)
+fn needs_load_caps(process: &Process) -> bool {
+    process.no_new_privileges() != Some(true)
+        && process.capabilities().as_ref().is_some_and(|c| {
+            !c.effective()
+                .as_ref()
+                .is_some_and(|e| e.contains(&Capability::SysAdmin))
+        })
+}
+
+/// `caps` with [`LOAD_CAPS`] added to the bounding, effective and permitted sets.
+fn widened(caps: &LinuxCapabilities) -> LinuxCapabilities {
+    let add = |set: &Option<Capabilities>| {
+        let mut set = set.clone().unwrap_or_default();
+        set.extend(LOAD_CAPS);
+        Some(set)
+    };
+    let mut out = caps.clone();
+    out.set_bounding(add(caps.bounding()))
+        .set_effective(add(caps.effective()))
+        .set_permitted(add(caps.permitted()));
+    out
+}
+
+impl Executor for SeccompExecutor {
+    fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        // A notify fd (SCMP_ACT_NOTIFY) has no listener for exec'd processes; closing it makes
+        // those calls fail instead of hanging.
+        let notify = libcontainer::seccomp::initialize_seccomp(&self.seccomp)
+            .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
+        if let Some(fd) = notify {
+            let _ = nix::unistd::close(fd);
+        }
+        if let Some(own) = &self.restore {
+            let syscall = libcontainer::syscall::syscall::create_syscall();
+            libcontainer::capabilities::drop_privileges(own, syscall.as_ref()).map_err(|e| {
+                ExecutorError::Other(format!(
+                    "dropping the capabilities added to load the seccomp filter \
+                     (the profile must allow prctl and capset): {e}"
+                ))
+            })?;
+        }
+        DefaultExecutor {}.exec(spec)
+    }
+
+    fn validate(&self, spec: &Spec) -> Result<(), ExecutorValidationError> {
+        DefaultExecutor {}.validate(spec)
+    }
+
+    fn setup_envs(
+        &self,
+        envs: std::collections::HashMap<String, String>,
+    ) -> Result<(), ExecutorSetEnvsError> {
+        DefaultExecutor {}.setup_envs(envs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oci_spec::runtime::{LinuxCapabilitiesBuilder, LinuxSeccompBuilder, ProcessBuilder};
+
+    fn caps(list: &[Capability]) -> LinuxCapabilities {
+        let set: Capabilities = list.iter().copied().collect();
+        let mut c = LinuxCapabilitiesBuilder::default()
+            .bounding(set.clone())
+            .effective(set.clone())
+            .permitted(set)
+            .build()
+            .unwrap();
+        c.set_inheritable(None).set_ambient(None);
+        c
+    }
+
+    fn process(nnp: Option<bool>, own: &[Capability]) -> Process {
+        let mut p = ProcessBuilder::default()
+            .args(vec!["true".to_string()])
+            .capabilities(caps(own))
+            .build()
+            .unwrap();
+        p.set_no_new_privileges(nnp);
+        p
+    }
+
+    fn seccomp() -> LinuxSeccomp {
+        LinuxSeccompBuilder::default().build().unwrap()
+    }
+
+    #[test]
+    fn a_process_without_no_new_privs_gains_the_load_caps_and_gives_them_back() {
+        let own = [Capability::Chown, Capability::NetBindService];
+        let mut p = process(None, &own);
+        let ex = SeccompExecutor::prepare(&mut p, seccomp());
+        let got = p.capabilities().clone().unwrap();
+        for set in [got.bounding(), got.effective(), got.permitted()] {
+            let set = set.as_ref().unwrap();
+            assert!(LOAD_CAPS.iter().all(|c| set.contains(c)));
+            assert!(own.iter().all(|c| set.contains(c)));
+        }
+        assert_eq!(ex.restore, Some(caps(&own)));
+    }
+
+    #[test]
+    fn no_new_privs_or_sys_admin_loads_as_it_is() {
+        for (nnp, own) in [
+            (Some(true), vec![Capability::Chown]),
+            (None, vec![Capability::SysAdmin]),
+        ] {
+            let mut p = process(nnp, &own);
+            let before = p.clone();
+            let ex = SeccompExecutor::prepare(&mut p, seccomp());
+            assert_eq!(ex.restore, None);
+            assert_eq!(p, before);
+        }
+    }
+}
