@@ -14,6 +14,10 @@ PACKAGES=(
   apache2-utils
   openssl
   zstd
+  # The systemd cgroup driver's test boots a real systemd with a system bus (nsenter: util-linux).
+  systemd
+  dbus
+  util-linux
   # Runtime: OCI runtime, CNI plugins, networking, seccomp.
   runc
   containerd

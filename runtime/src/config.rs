@@ -58,6 +58,11 @@ pub struct Config {
     /// `[gpu]`: GPU discovery and injection (see `crate::gpu`).
     #[serde(default)]
     pub gpu: crate::gpu::GpuConfig,
+    /// `cgroupfs` (crishim writes the cgroups) or `systemd` (each container is a transient scope
+    /// in its pod's slice, made through systemd's D-Bus API; cgroup v2 only). It must match the
+    /// kubelet's `--cgroup-driver`; `RuntimeConfig` reports it.
+    #[serde(default)]
+    pub cgroup_driver: crate::cgroups::CgroupDriver,
 }
 
 /// `[streaming]`: the server behind the URLs that `Exec`, `Attach` and `PortForward` return.
@@ -147,6 +152,7 @@ impl Default for Config {
             cni: CniConfig::default(),
             streaming: StreamingConfig::default(),
             gpu: crate::gpu::GpuConfig::default(),
+            cgroup_driver: crate::cgroups::CgroupDriver::default(),
         }
     }
 }
@@ -224,6 +230,17 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn cgroup_driver_is_cgroupfs_or_systemd() {
+        use crate::cgroups::CgroupDriver;
+        assert_eq!(parse("").unwrap().cgroup_driver, CgroupDriver::Cgroupfs);
+        assert_eq!(
+            parse("cgroup_driver = \"systemd\"").unwrap().cgroup_driver,
+            CgroupDriver::Systemd
+        );
+        assert!(parse("cgroup_driver = \"cgroupv2\"").is_err());
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub async fn serve_until(
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "PR_SET_CHILD_SUBREAPER");
     }
+    config
+        .cgroup_driver
+        .check_host()
+        .map_err(anyhow::Error::msg)?;
     for dir in [&config.root_dir, &config.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

@@ -36,6 +36,9 @@ pub struct PodRecord {
     /// Where the pod's /dev/shm tmpfs is mounted (None for host IPC).
     pub shm: Option<PathBuf>,
     pub cgroup_parent: String,
+    /// The driver the pod's cgroups were made with (the config's when the pod was created).
+    #[serde(default)]
+    pub cgroup_driver: crate::cgroups::CgroupDriver,
     /// Cgroup directories of the parent that the daemon created, removed with the pod.
     #[serde(default)]
     pub owned_cgroups: Vec<String>,
@@ -237,6 +240,7 @@ mod tests {
             shared_pid: true,
             shm: None,
             cgroup_parent: "/x".into(),
+            cgroup_driver: Default::default(),
             owned_cgroups: vec![],
             ips: vec![],
         };

@@ -82,9 +82,11 @@ impl Cgroups {
         self.v2
     }
 
-    /// The directory of cgroup `path` (cgroupfs style, `/a/b`) in the hierarchy holding
+    /// The directory of cgroup `path` (cgroupfs style `/a/b`, a slice, or the systemd form; see
+    /// `crishim_proto::cgroups_path`) in the hierarchy holding
     /// `controller` (v1), or in the unified one (v2). `None` for a path that climbs (`..`).
     pub fn dir(&self, controller: &str, path: &str) -> Option<PathBuf> {
+        let path = crishim_proto::cgroups_path::dir(path)?;
         let rel = Path::new(path.trim_start_matches('/'));
         if rel
             .components()

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
+use crishim_proto::cgroups_path;
 use crishim_proto::shim::{paths, ContainerState, ErrorKind, Response, Status};
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
@@ -194,7 +195,7 @@ impl Shim {
             .and_then(|b| b.validate_id())
             .and_then(|b| {
                 b.as_init(bundle)
-                    .with_systemd(false)
+                    .with_systemd(cgroups_path::is_systemd(&cgroup))
                     .with_detach(true)
                     .build()
             });
@@ -330,7 +331,7 @@ impl Shim {
         }
         let config = CgroupConfig {
             cgroup_path: PathBuf::from(&c.cgroup),
-            systemd_cgroup: false,
+            systemd_cgroup: cgroups_path::is_systemd(&c.cgroup),
             container_name: id.to_string(),
         };
         let opt = ControllerOpt {
@@ -713,10 +714,13 @@ fn cgroups_path(bundle: &Path) -> Option<String> {
 
 /// Did the kernel's OOM killer act in this cgroup? (v2 `memory.events`, v1 `memory.oom_control`.)
 fn oom_killed(cgroup: &str) -> bool {
-    if cgroup.is_empty() || cgroup.contains("..") {
+    let Some(dir) = cgroups_path::dir(cgroup) else {
+        return false;
+    };
+    if dir.is_empty() || dir.contains("..") {
         return false;
     }
-    let rel = cgroup.trim_start_matches('/');
+    let rel = dir.trim_start_matches('/');
     let candidates = [
         format!("/sys/fs/cgroup/{rel}/memory.events"),
         format!("/sys/fs/cgroup/memory/{rel}/memory.oom_control"),

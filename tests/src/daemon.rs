@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -62,6 +63,9 @@ pub struct DaemonOptions {
     pub args: Vec<String>,
     /// Extra environment variables for the daemon.
     pub env: Vec<(String, String)>,
+    /// A command the daemon runs under (`nsenter … --`); it then gets its own process group, and
+    /// stopping signals the whole group, since such a wrapper does not pass signals on.
+    pub wrapper: Vec<String>,
 }
 
 impl DaemonOptions {
@@ -98,6 +102,11 @@ impl DaemonOptions {
 
     pub fn arg(mut self, a: &str) -> Self {
         self.args.push(a.to_string());
+        self
+    }
+
+    pub fn wrapper(mut self, argv: Vec<String>) -> Self {
+        self.wrapper = argv;
         self
     }
 
@@ -152,7 +161,14 @@ impl DaemonOptions {
             "daemon binary {} not found: build it with `cargo build -p crishim-runtime` or set CRISHIM_BIN",
             bin.display()
         );
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match self.wrapper.split_first() {
+            None => Command::new(&bin),
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(&bin).process_group(0);
+                cmd
+            }
+        };
         cmd.arg("serve")
             .arg("--config")
             .arg(config)
@@ -367,8 +383,16 @@ impl Daemon {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(Ok(status));
         }
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let pid = child.id() as i32;
+        let target = if self.opts.wrapper.is_empty() {
+            pid
+        } else {
+            -pid
+        };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(target),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
             match child.try_wait() {

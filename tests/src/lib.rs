@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod image;
 pub mod pods;
 pub mod registry;
+pub mod systemd;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use image::{

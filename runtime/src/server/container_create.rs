@@ -176,7 +176,7 @@ impl Inner {
                 hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
                 shm: pod.shm.clone(),
             },
-            cgroups_path: format!("{}/{id}", pod.cgroup_parent.trim_end_matches('/')),
+            cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
             min_oom_score_adj: own_oom_score_adj(),
         })
         .map_err(|e| match e {

@@ -101,7 +101,7 @@ impl RuntimeService {
 
 impl Inner {
     /// The container's cgroup: `linux.cgroupsPath` of its bundle's `config.json`, else the path
-    /// `CreateContainer` gives it (`<pod cgroup parent>/<id>`).
+    /// `CreateContainer` gives it.
     fn container_cgroup(&self, c: &ContainerRecord) -> Option<String> {
         let from_bundle = std::fs::read(c.bundle.join("config.json"))
             .ok()
@@ -114,11 +114,7 @@ impl Inner {
             .filter(|p| !p.is_empty());
         from_bundle.or_else(|| {
             let pod = self.pod(&c.pod_id).ok()?;
-            Some(format!(
-                "{}/{}",
-                pod.cgroup_parent.trim_end_matches('/'),
-                c.id
-            ))
+            Some(pod.cgroup_driver.container_path(&pod.cgroup_parent, &c.id))
         })
     }
 

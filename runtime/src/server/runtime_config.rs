@@ -1,4 +1,5 @@
-//! `RuntimeConfig`: crishim drives cgroups itself, through the cgroupfs driver.
+//! `RuntimeConfig`: the cgroup driver in use (`cgroup_driver` in the config), which the kubelet
+//! (1.28 and later) adopts.
 
 use crishim_proto::cri::{
     CgroupDriver, LinuxRuntimeConfiguration, RuntimeConfigRequest, RuntimeConfigResponse,
@@ -14,7 +15,10 @@ impl RuntimeService {
     ) -> Result<RuntimeConfigResponse, Status> {
         Ok(RuntimeConfigResponse {
             linux: Some(LinuxRuntimeConfiguration {
-                cgroup_driver: CgroupDriver::Cgroupfs as i32,
+                cgroup_driver: match self.inner.config.cgroup_driver {
+                    crate::cgroups::CgroupDriver::Cgroupfs => CgroupDriver::Cgroupfs,
+                    crate::cgroups::CgroupDriver::Systemd => CgroupDriver::Systemd,
+                } as i32,
             }),
         })
     }

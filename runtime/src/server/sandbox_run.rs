@@ -10,6 +10,7 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use super::runtime_service::{Inner, RuntimeService};
+use crate::cgroups::CgroupDriver;
 use crate::records::{new_id, now_nanos, pod_name, PodRecord, PodState};
 
 /// Kubernetes' default pod /dev/shm size.
@@ -145,11 +146,10 @@ impl Inner {
         let host_ipc = mode(ns, |o| o.ipc) == NamespaceMode::Node;
         let files = self.pod_files_dir(id);
         let state = self.pod_state_dir(id);
-        let cgroup_parent = if linux.cgroup_parent.is_empty() {
-            format!("{DEFAULT_CGROUP_PARENT}/{id}")
-        } else {
-            linux.cgroup_parent.clone()
-        };
+        let cgroup_driver = self.config.cgroup_driver;
+        let cgroup_parent = cgroup_driver
+            .pod_parent(&linux.cgroup_parent, id, DEFAULT_CGROUP_PARENT)
+            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let mut record = PodRecord {
             id: id.to_string(),
             runtime_handler,
@@ -165,7 +165,12 @@ impl Inner {
             } else {
                 state.join("shm")
             }),
-            owned_cgroups: crate::cgroups::missing_prefixes(&cgroup_parent),
+            // systemd makes the slices a pod names, and the kubelet removes them.
+            owned_cgroups: match cgroup_driver {
+                CgroupDriver::Cgroupfs => crate::cgroups::missing_prefixes(&cgroup_parent),
+                CgroupDriver::Systemd => Vec::new(),
+            },
+            cgroup_driver,
             ips: Vec::new(),
             cgroup_parent,
             config,
