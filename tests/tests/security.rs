@@ -6,8 +6,9 @@
 use crishim_proto::cri;
 use crishim_tests::image::{busybox_layer, Image};
 use crishim_tests::pods::{
-    assert_no_leaks, container_security, marker, set_container_privileged, set_pod_privileged,
-    sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM,
+    assert_no_leaks, container_security, marker, namespaces, set_container_privileged,
+    set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_CONTAINER, NS_NODE,
+    NS_POD,
 };
 
 /// containerd's default capability set (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW,
@@ -337,6 +338,28 @@ async fn pod_sysctls_are_visible_in_containers() {
     linux
         .sysctls
         .insert("kernel.msgmax".to_string(), "12345".to_string());
+    // Refused where they would change the node: a sysctl no namespace scopes, and a net.* one
+    // in a pod on the node's network.
+    let mut node_wide = pod_cfg.clone();
+    let sysctls = &mut node_wide.linux.as_mut().unwrap().sysctls;
+    sysctls.insert("kernel.panic".to_string(), "1".to_string());
+    let mut host_net = pod_cfg.clone();
+    host_net
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options = Some(namespaces(NS_NODE, NS_CONTAINER, NS_POD));
+    for (what, cfg) in [
+        ("kernel.panic", node_wide),
+        ("net.* with host network", host_net),
+    ] {
+        let e = env.d.run_pod(&cfg).await.expect_err(what);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains("is refused"), "{what}: {e:?}");
+    }
+
     let pod = env.d.run_pod(&pod_cfg).await.unwrap();
     let mut traces = PodTraces::new(&pod, &pod_cfg);
     let id = start(&env, &pod, &pod_cfg, &mut traces, "c", |_| {}).await;
