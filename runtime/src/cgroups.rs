@@ -27,7 +27,7 @@ impl CgroupDriver {
         if self == CgroupDriver::Cgroupfs {
             return Ok(());
         }
-        if !Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        if !crate::spec::is_cgroup_v2() {
             return Err(
                 "cgroup_driver = \"systemd\" needs a cgroup v2 (unified) host, and \
                         /sys/fs/cgroup is not cgroup2; use cgroup_driver = \"cgroupfs\""

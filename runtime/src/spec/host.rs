@@ -68,7 +68,7 @@ fn nofile_ceiling() -> Option<u64> {
 
 /// Unified mode: cgroup2 mounted at /sys/fs/cgroup (not merely at /sys/fs/cgroup/unified, as in
 /// hybrid mode, where the root is a tmpfs holding the v1 hierarchies).
-fn is_cgroup_v2() -> bool {
+pub(crate) fn is_cgroup_v2() -> bool {
     Path::new(CGROUP_ROOT).join("cgroup.controllers").exists()
         && statfs(CGROUP_ROOT).is_ok_and(|fs| fs.filesystem_type() == CGROUP2_SUPER_MAGIC)
 }

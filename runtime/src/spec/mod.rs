@@ -30,6 +30,7 @@ pub(crate) mod user;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use host::is_cgroup_v2;
 use host::HostFacts;
 
 /// Namespace paths a container joins (usually the infra process's `/proc/<pid>/ns/*`).
