@@ -254,10 +254,14 @@ fn parse_cores(key: &str, text: &str) -> Result<u32, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn config(env: &[(&str, &str)], annotations: &[(&str, &str)]) -> cri::ContainerConfig {
+    /// A container config with only these envs and annotations.
+    pub(crate) fn config(
+        env: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) -> cri::ContainerConfig {
         cri::ContainerConfig {
             envs: env
                 .iter()

@@ -7,6 +7,7 @@ use oci_spec::runtime::{Process, Spec};
 
 use super::discover::tests::{fake_node, is_root};
 use super::libraries::tests::fake_driver;
+use super::request::tests::config;
 use super::*;
 
 struct Node {
@@ -57,18 +58,7 @@ fn container(env: &[(&str, &str)], annotations: &[(&str, &str)]) -> cri::Contain
             name: "c".into(),
             attempt: 0,
         }),
-        envs: env
-            .iter()
-            .map(|(k, v)| cri::KeyValue {
-                key: k.to_string(),
-                value: v.to_string(),
-            })
-            .collect(),
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        ..Default::default()
+        ..config(env, annotations)
     }
 }
 
