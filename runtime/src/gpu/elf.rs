@@ -226,15 +226,19 @@ mod tests {
         assert_eq!(soname(&f).unwrap().as_deref(), Some("libcuda.so.1"));
     }
 
-    #[test]
-    fn sonames_of_real_libraries() {
-        let libm = [
+    /// This host's libm, a real shared library to read and load.
+    fn system_libm() -> Option<&'static str> {
+        [
             "/lib/x86_64-linux-gnu/libm.so.6",
             "/lib/aarch64-linux-gnu/libm.so.6",
         ]
         .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-        let Some(libm) = libm else { return };
+        .find(|p| std::path::Path::new(p).exists())
+    }
+
+    #[test]
+    fn sonames_of_real_libraries() {
+        let Some(libm) = system_libm() else { return };
         let bytes = std::fs::read(libm).unwrap();
         assert_eq!(soname(&bytes).unwrap().as_deref(), Some("libm.so.6"));
         assert!(
@@ -245,13 +249,7 @@ mod tests {
     /// The loader accepts a forwarder and finds its dependencies' symbols through its handle.
     #[test]
     fn the_loader_resolves_through_a_forwarder() {
-        let libm = [
-            "/lib/x86_64-linux-gnu/libm.so.6",
-            "/lib/aarch64-linux-gnu/libm.so.6",
-        ]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists());
-        let Some(libm) = libm else { return };
+        let Some(libm) = system_libm() else { return };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("libfwd.so.1");
         std::fs::write(&path, forwarder("libfwd.so.1", &[libm])).unwrap();
