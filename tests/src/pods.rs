@@ -474,6 +474,25 @@ impl PodEnv {
         p
     }
 
+    /// Run a pod of `pod_cfg` with one container of `cfg` started in it; returns (pod, container,
+    /// traces of both, captured for the leak check).
+    pub async fn run_traced(
+        &self,
+        pod_cfg: &cri::PodSandboxConfig,
+        cfg: &cri::ContainerConfig,
+    ) -> (String, String, PodTraces) {
+        let pod = self.d.run_pod(pod_cfg).await.expect("RunPodSandbox");
+        let ctr = self
+            .d
+            .run_container(&pod, cfg, pod_cfg)
+            .await
+            .expect("create and start");
+        let mut traces = PodTraces::new(&pod, pod_cfg);
+        traces.add_container(&ctr);
+        traces.capture(&self.d).await;
+        (pod, ctr, traces)
+    }
+
     /// The busybox reference containers use (`<registry>/busybox:latest`).
     pub fn image(&self) -> String {
         self.busybox.tag_ref()

@@ -39,20 +39,11 @@ async fn run(env: &PodEnv, name: &str, init: bool) -> (String, String, PodTraces
         &mut pod_cfg,
         crishim_tests::pods::namespaces(NS_POD, NS_CONTAINER, NS_POD),
     );
-    let pod = env.d.run_pod(&pod_cfg).await.expect("RunPodSandbox");
     // `sleep` as PID 1 never reaps.
     let mut cfg = env.container_config(name, &["sleep", "3600"]);
     cfg.annotations
         .insert("crishim.io/init".into(), init.to_string());
-    let ctr = env
-        .d
-        .run_container(&pod, &cfg, &pod_cfg)
-        .await
-        .expect("create and start");
-    let mut traces = PodTraces::new(&pod, &pod_cfg);
-    traces.add_container(&ctr);
-    traces.capture(&env.d).await;
-    (pod, ctr, traces)
+    env.run_traced(&pod_cfg, &cfg).await
 }
 
 #[tokio::test]

@@ -16,22 +16,12 @@ const SLEEP: &[&str] = &["sh", "-c", "sleep 3600"];
 
 /// Run one container of `image` in a fresh pod; returns (pod, container, traces).
 async fn run(env: &PodEnv, name: &str, image: &str, readonly: bool) -> (String, String, PodTraces) {
-    let pod_cfg = env.pod_config(name);
-    let pod = env.d.run_pod(&pod_cfg).await.expect("RunPodSandbox");
     let mut cfg = crishim_tests::pods::container_config(name, image, SLEEP);
     let sc = container_security(&mut cfg);
     sc.readonly_rootfs = readonly;
     // As root, so writes are limited by the filesystem, not by file permissions.
     sc.run_as_user = Some(cri::Int64Value { value: 0 });
-    let ctr = env
-        .d
-        .run_container(&pod, &cfg, &pod_cfg)
-        .await
-        .expect("create and start");
-    let mut traces = PodTraces::new(&pod, &pod_cfg);
-    traces.add_container(&ctr);
-    traces.capture(&env.d).await;
-    (pod, ctr, traces)
+    env.run_traced(&env.pod_config(name), &cfg).await
 }
 
 async fn teardown(env: &PodEnv, pod: &str, traces: &PodTraces) {
