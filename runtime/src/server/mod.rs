@@ -78,6 +78,24 @@ fn labels_match(
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+impl runtime_service::Inner {
+    /// The pods whose id starts with `id` (any, when empty) and whose labels match `selector`.
+    fn pods_matching(
+        &self,
+        id: &str,
+        selector: &std::collections::HashMap<String, String>,
+    ) -> Vec<crate::records::PodRecord> {
+        self.index
+            .lock()
+            .unwrap()
+            .pods
+            .values()
+            .filter(|p| p.id.starts_with(id) && labels_match(selector, &p.config.labels))
+            .cloned()
+            .collect()
+    }
+}
+
 /// Log each call's outcome once, at the edge.
 fn logged<T>(rpc: &'static str, r: Result<T, Status>) -> Result<Response<T>, Status> {
     match r {

@@ -5,32 +5,22 @@ use tonic::Status;
 
 use super::runtime_service::RuntimeService;
 use super::sandbox_status::cri_state;
-use crate::records::PodRecord;
 
 impl RuntimeService {
     pub(super) async fn do_list_pod_sandbox(
         &self,
         req: ListPodSandboxRequest,
     ) -> Result<ListPodSandboxResponse, Status> {
-        let pods: Vec<PodRecord> = self
-            .inner
-            .index
-            .lock()
-            .unwrap()
-            .pods
-            .values()
-            .cloned()
-            .collect();
         let f = req.filter.unwrap_or_default();
-        let items = pods
+        let items = self
+            .inner
+            .pods_matching(&f.id, &f.label_selector)
             .into_iter()
-            .filter(|p| f.id.is_empty() || p.id == f.id || p.id.starts_with(&f.id))
             .filter(|p| {
                 f.state
                     .as_ref()
                     .is_none_or(|s| s.state == cri_state(p.state))
             })
-            .filter(|p| super::labels_match(&f.label_selector, &p.config.labels))
             .map(|p| cri::PodSandbox {
                 id: p.id.clone(),
                 metadata: p.config.metadata.clone(),

@@ -41,17 +41,7 @@ impl RuntimeService {
         req: ListPodSandboxStatsRequest,
     ) -> Result<ListPodSandboxStatsResponse, Status> {
         let f = req.filter.unwrap_or_default();
-        let mut pods: Vec<PodRecord> = self
-            .inner
-            .index
-            .lock()
-            .unwrap()
-            .pods
-            .values()
-            .filter(|p| f.id.is_empty() || p.id.starts_with(&f.id))
-            .filter(|p| super::labels_match(&f.label_selector, &p.config.labels))
-            .cloned()
-            .collect();
+        let mut pods = self.inner.pods_matching(&f.id, &f.label_selector);
         pods.sort_by_key(|p| p.created_at);
         let mut stats = Vec::with_capacity(pods.len());
         for p in &pods {
