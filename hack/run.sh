@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 
 bash hack/install-deps.sh
 cargo build --release --workspace
-install -m 0755 target/release/crishim /usr/local/bin/crishim
-install -m 0755 target/release/crishim-shim /usr/local/bin/crishim-shim
+rel="${CARGO_TARGET_DIR:-target}/release"
+install -m 0755 "$rel"/crishim /usr/local/bin/crishim
+install -m 0755 "$rel"/crishim-shim /usr/local/bin/crishim-shim
 # The GPU interceptor: [gpu] interceptor defaults to this file next to the crishim binary.
-install -m 0755 target/release/libcrishim_vgpu.so /usr/local/bin/libcrishim_vgpu.so
+install -m 0755 "$rel"/libcrishim_vgpu.so /usr/local/bin/libcrishim_vgpu.so
 install -m 0755 "$(hack/build-init.sh --release)" /usr/local/bin/crishim-init
 install -d -m 0755 /etc/crishim
 [ -f /etc/crishim/config.toml ] || install -m 0644 hack/config.toml /etc/crishim/config.toml
