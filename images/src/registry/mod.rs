@@ -22,6 +22,7 @@ pub use self::config::{Credentials, RegistryConfig};
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
 use crate::reference::{Reference, DEFAULT_REGISTRY};
+use crate::shown::shown;
 
 /// Media types we accept for manifests, most preferred first.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
@@ -29,15 +30,27 @@ application/vnd.docker.distribution.manifest.list.v2+json, \
 application/vnd.oci.image.manifest.v1+json, \
 application/vnd.docker.distribution.manifest.v2+json";
 
-/// Manifests and configs are small; refuse anything absurd before buffering it.
-const MAX_SMALL_BLOB: u64 = 16 << 20;
+/// Replies read whole into memory are capped by the bytes actually read, whatever their
+/// `Content-Length` or chunking says. Manifests as containerd caps them; configs with room for
+/// long histories; tokens (JWTs of a few KiB in practice); error bodies only as much as is shown.
+pub const MAX_MANIFEST: u64 = 4 << 20;
+pub const MAX_CONFIG: u64 = 8 << 20;
+pub const MAX_TOKEN_REPLY: u64 = 1 << 20;
+pub const MAX_ERROR_BODY: u64 = 4 << 10;
+/// Redirects followed per request (blobs are commonly redirected to object storage).
+const MAX_REDIRECTS: usize = 10;
+/// Cached `Authorization` values; a flood of distinct credentials empties the cache.
+const MAX_CACHED_AUTH: usize = 1024;
 
 pub struct RegistryClient {
     config: RegistryConfig,
     verify: reqwest::Client,
     no_verify: reqwest::Client,
-    /// `Authorization` values that worked, per endpoint and repository.
+    /// `Authorization` values that worked, per endpoint, repository and the credentials that
+    /// earned them: a pull with other credentials, or none, never reuses one.
     auth_cache: Mutex<HashMap<String, String>>,
+    /// Hosts (`host[:port]`) that may see plain HTTP: loopback and `insecure_skip_verify` ones.
+    plain_http: PlainHttp,
 }
 
 /// One place to fetch a registry's content from: a mirror or the upstream.
@@ -70,12 +83,63 @@ pub struct Manifest {
     pub digest: Digest,
 }
 
+/// Which hosts may be spoken to over plain HTTP, where credentials could be read on the wire.
+#[derive(Clone)]
+struct PlainHttp {
+    insecure: Vec<String>,
+}
+
+impl PlainHttp {
+    fn allows(&self, url: &Url) -> bool {
+        url.scheme() == "https" || {
+            let host = url_host(url);
+            is_loopback(&host) || self.insecure.contains(&host)
+        }
+    }
+}
+
+/// `host[:port]` of a URL, as config keys spell hosts.
+fn url_host(url: &Url) -> String {
+    match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    }
+}
+
 impl RegistryClient {
     pub fn new(config: RegistryConfig) -> Result<Self> {
+        let plain_http = PlainHttp {
+            insecure: config
+                .configs
+                .iter()
+                .filter(|(_, h)| h.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
+                .map(|(host, _)| host.clone())
+                .collect(),
+        };
+        // reqwest drops `Authorization` when a redirect changes host or port; this also refuses
+        // a redirect from HTTPS down to plain HTTP on a host that may not see plain HTTP.
+        let policy = || {
+            let allowed = plain_http.clone();
+            reqwest::redirect::Policy::custom(move |attempt| {
+                let downgrade = attempt
+                    .previous()
+                    .last()
+                    .is_some_and(|p| p.scheme() == "https")
+                    && !allowed.allows(attempt.url());
+                if attempt.previous().len() >= MAX_REDIRECTS {
+                    attempt.error("too many redirects")
+                } else if downgrade {
+                    attempt.error("refusing a redirect from HTTPS to plain HTTP")
+                } else {
+                    attempt.follow()
+                }
+            })
+        };
         let build = |insecure: bool| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .read_timeout(Duration::from_secs(120))
+                .redirect(policy())
                 .danger_accept_invalid_certs(insecure)
                 .user_agent(concat!("crishim/", env!("CARGO_PKG_VERSION")))
                 .build()
@@ -86,6 +150,7 @@ impl RegistryClient {
             verify: build(false)?,
             no_verify: build(true)?,
             auth_cache: Mutex::default(),
+            plain_http,
         })
     }
 
@@ -105,11 +170,7 @@ impl RegistryClient {
                 }
             }
         }
-        let upstream = if registry == DEFAULT_REGISTRY {
-            "registry-1.docker.io"
-        } else {
-            registry
-        };
+        let upstream = upstream_host(registry);
         let insecure = self.insecure(registry);
         if let Ok(base) = Url::parse(&format!("https://{upstream}")) {
             out.push(Endpoint {
@@ -135,19 +196,26 @@ impl RegistryClient {
             .is_some_and(|t| t.insecure_skip_verify)
     }
 
-    /// Credentials for an endpoint: the configured ones for its host win, then the caller's.
+    /// Credentials for an endpoint: the configured ones for its host win; the caller's (given for
+    /// the image's registry) go only to that registry itself, never to a mirror. Neither goes over
+    /// plain HTTP to a host that is not loopback or configured insecure.
     fn credentials_for(
         &self,
         endpoint: &Endpoint,
+        registry: &str,
         request: Option<&Credentials>,
     ) -> Option<Credentials> {
+        if !self.plain_http.allows(&endpoint.base) {
+            return None;
+        }
         let configured = self
             .config
             .host(&endpoint.host())
             .and_then(|h| h.auth.as_ref());
         match configured.map(|a| a.credentials()) {
             Some(Ok(Some(c))) => Some(c),
-            _ => request.cloned(),
+            _ if endpoint.host() == upstream_host(registry) => request.cloned(),
+            _ => None,
         }
     }
 
@@ -161,7 +229,7 @@ impl RegistryClient {
         for endpoint in self.endpoints(&reference.registry) {
             let repo = Repository {
                 client: self,
-                creds: self.credentials_for(&endpoint, creds),
+                creds: self.credentials_for(&endpoint, &reference.registry, creds),
                 endpoint,
                 repository: reference.repository.clone(),
             };
@@ -180,6 +248,15 @@ impl RegistryClient {
             registry: reference.registry.clone(),
             detail: "no endpoint configured".into(),
         }))
+    }
+}
+
+/// The host that serves `registry` itself (Docker Hub's API is not on `docker.io`).
+fn upstream_host(registry: &str) -> &str {
+    if registry == DEFAULT_REGISTRY {
+        "registry-1.docker.io"
+    } else {
+        registry
     }
 }
 
@@ -220,8 +297,21 @@ impl Repository<'_> {
         self.endpoint.base.to_string()
     }
 
+    /// Endpoint, repository and a hash of the credentials, so the cache never holds them in clear.
     fn cache_key(&self) -> String {
-        format!("{}|{}", self.endpoint.base, self.repository)
+        let who = match &self.creds {
+            None => "anonymous".to_string(),
+            Some(Credentials::Basic { username, password }) => {
+                Digest::of(format!("basic\0{username}\0{password}").as_bytes()).to_string()
+            }
+            Some(Credentials::IdentityToken(t)) => {
+                Digest::of(format!("identity\0{t}").as_bytes()).to_string()
+            }
+            Some(Credentials::RegistryToken(t)) => {
+                Digest::of(format!("registry\0{t}").as_bytes()).to_string()
+            }
+        };
+        format!("{}|{}|{who}", self.endpoint.base, self.repository)
     }
 
     /// GET with the auth dance: try with what we have, answer one 401 challenge, try once more.
@@ -249,11 +339,11 @@ impl Repository<'_> {
             let resp = req.send().await.map_err(|e| self.unavailable(e))?;
             if resp.status() != StatusCode::UNAUTHORIZED {
                 if let Some(h) = authorization {
-                    self.client
-                        .auth_cache
-                        .lock()
-                        .unwrap()
-                        .insert(self.cache_key(), h);
+                    let mut cache = self.client.auth_cache.lock().unwrap();
+                    if cache.len() >= MAX_CACHED_AUTH {
+                        cache.clear();
+                    }
+                    cache.insert(self.cache_key(), h);
                 }
                 return Ok(resp);
             }
@@ -308,10 +398,18 @@ impl Repository<'_> {
     }
 
     async fn fetch_token(&self, realm: &str, service: Option<&str>, scope: &str) -> Result<String> {
-        let mut url = Url::parse(realm)
-            .map_err(|e| self.unauthorized(&format!("bad token realm {realm:?}: {e}")))?;
+        let mut url = Url::parse(realm).map_err(|e| {
+            self.unauthorized(&format!("bad token realm \"{}\": {e}", shown(realm)))
+        })?;
+        let realm = shown(realm);
         let service = service.unwrap_or_default();
-        let resp = match TokenRequest::for_credentials(self.creds.as_ref()) {
+        let request = TokenRequest::for_credentials(self.creds.as_ref());
+        if !matches!(request, TokenRequest::Anonymous) && !self.client.plain_http.allows(&url) {
+            return Err(self.unauthorized(&format!(
+                "refusing to send credentials over plain HTTP to the token realm {realm}"
+            )));
+        }
+        let resp = match request {
             TokenRequest::Refresh(refresh) => {
                 let form = [
                     ("grant_type", "refresh_token"),
@@ -354,7 +452,15 @@ impl Repository<'_> {
                 detail: format!("token endpoint {realm} answered {status}"),
             });
         }
-        let body: TokenResponse = resp.json().await.map_err(|e| self.unavailable(e))?;
+        let body = self
+            .read_capped(resp, MAX_TOKEN_REPLY, &format!("token reply from {realm}"))
+            .await?;
+        let body: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
+            self.unauthorized(&format!(
+                "token endpoint {realm} sent malformed JSON: {}",
+                shown(&e.to_string())
+            ))
+        })?;
         body.into_token()
             .ok_or_else(|| self.unauthorized("token endpoint returned no token"))
     }
@@ -379,11 +485,9 @@ impl Repository<'_> {
         if status.is_success() {
             return Ok(resp);
         }
-        let body = resp.text().await.unwrap_or_default();
-        let detail = format!(
-            "{status}: {}",
-            body.chars().take(300).collect::<String>().trim()
-        );
+        // Only the head of an error body is read: it is shown cut anyway.
+        let body = read_head(resp, MAX_ERROR_BODY).await;
+        let detail = format!("{status}: {}", shown(String::from_utf8_lossy(&body).trim()));
         Err(match status {
             StatusCode::NOT_FOUND => ImageError::RegistryNotFound {
                 what,
@@ -403,7 +507,7 @@ impl Repository<'_> {
 
     /// Fetch a manifest or index by tag or digest; verify it when fetched by digest.
     pub async fn manifest(&self, reference: &str) -> Result<Manifest> {
-        let what = format!("manifest {}:{reference}", self.repository);
+        let what = format!("manifest {}:{}", self.repository, shown(reference));
         let resp = self
             .get(&self.url("manifests", reference), Some(MANIFEST_ACCEPT))
             .await?;
@@ -412,9 +516,9 @@ impl Repository<'_> {
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .map(|s| s.split(';').next().unwrap_or(s).trim().to_string())
+            .map(|s| shown(s.split(';').next().unwrap_or(s).trim()).into_owned())
             .unwrap_or_default();
-        let bytes = self.read_small(resp, &what).await?;
+        let bytes = self.read_capped(resp, MAX_MANIFEST, &what).await?;
         let digest = Digest::of(&bytes);
         if let Ok(expected) = Digest::parse(reference) {
             if expected != digest {
@@ -437,7 +541,7 @@ impl Repository<'_> {
     pub async fn small_blob(&self, digest: &Digest) -> Result<Bytes> {
         let what = format!("blob {digest}");
         let resp = self.blob_response(digest).await?;
-        let bytes = self.read_small(resp, &what).await?;
+        let bytes = self.read_capped(resp, MAX_CONFIG, &what).await?;
         let actual = Digest::of(&bytes);
         if &actual != digest {
             return Err(ImageError::DigestMismatch {
@@ -470,20 +574,48 @@ impl Repository<'_> {
         self.check(format!("blob {digest}"), resp).await
     }
 
-    async fn read_small(&self, resp: reqwest::Response, what: &str) -> Result<Bytes> {
-        if resp.content_length().is_some_and(|l| l > MAX_SMALL_BLOB) {
-            return Err(ImageError::BadContent(format!(
-                "{what} is larger than {MAX_SMALL_BLOB} bytes"
-            )));
+    /// The whole body, refused once more than `cap` bytes have actually arrived.
+    async fn read_capped(&self, resp: reqwest::Response, cap: u64, what: &str) -> Result<Bytes> {
+        let too_big = || ImageError::BadContent(format!("{what} is larger than {cap} bytes"));
+        // Content-Length is only a hint: a larger one is refused early, a smaller one is not trusted.
+        if resp.content_length().is_some_and(|l| l > cap) {
+            return Err(too_big());
         }
-        let bytes = resp.bytes().await.map_err(|e| self.unavailable(e))?;
-        if bytes.len() as u64 > MAX_SMALL_BLOB {
-            return Err(ImageError::BadContent(format!(
-                "{what} is larger than {MAX_SMALL_BLOB} bytes"
-            )));
-        }
-        Ok(bytes)
+        read_body(resp, cap).await.map_err(|e| match e {
+            ReadError::TooBig => too_big(),
+            ReadError::Http(e) => self.unavailable(e),
+        })
     }
+}
+
+enum ReadError {
+    TooBig,
+    Http(reqwest::Error),
+}
+
+/// Read `resp` chunk by chunk, stopping with `TooBig` as soon as more than `cap` bytes arrived.
+async fn read_body(mut resp: reqwest::Response, cap: u64) -> Result<Bytes, ReadError> {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(ReadError::Http)? {
+        if (buf.len() + chunk.len()) as u64 > cap {
+            return Err(ReadError::TooBig);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// At most the first `cap` bytes of a body, for showing; errors end it early.
+async fn read_head(mut resp: reqwest::Response, cap: u64) -> Vec<u8> {
+    let mut buf = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = cap as usize - buf.len();
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if buf.len() as u64 >= cap {
+            break;
+        }
+    }
+    buf
 }
 
 /// reqwest's Display hides the cause ("error sending request"); show the whole chain.
