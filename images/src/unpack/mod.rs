@@ -20,7 +20,7 @@ pub(crate) use sys::{open_dir, syncfs};
 use crate::digest::{Digest, Hasher};
 use crate::error::{ImageError, Result, StreamAborted};
 use crate::limits::Budget;
-use crate::shown::shown_bytes;
+use crate::shown::{shown, shown_bytes};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
@@ -108,10 +108,8 @@ pub fn unpack_with(
             budget.add_entry(&state.root)?;
             let kind = entry.header().entry_type();
             if let Some(what) = extension_kind(kind) {
-                ext.read(&mut entry, kind, what).map_err(|e| match e {
-                    EntryError::Hostile(reason) => hostile(reason),
-                    EntryError::Io(_, e) => read_error(layer, e),
-                })?;
+                ext.read(&mut entry, kind, what)
+                    .map_err(|e| entry_error(layer, e))?;
                 continue;
             }
             if kind == EntryType::GNUSparse {
@@ -122,16 +120,7 @@ pub fn unpack_with(
                 .map_err(hostile)?;
             state
                 .entry(&mut entry, &meta, budget)
-                .map_err(|e| match e {
-                    EntryError::Hostile(reason) => hostile(reason),
-                    EntryError::Io(what, e) => {
-                        if is_read_error(&e) {
-                            read_error(layer, e)
-                        } else {
-                            ImageError::io(format!("layer {layer}: {what}"), e)
-                        }
-                    }
-                })?;
+                .map_err(|e| entry_error(layer, e))?;
         }
         if !ext.is_empty() {
             return Err(hostile(
@@ -142,6 +131,8 @@ pub fn unpack_with(
     // Trailing padding after the end-of-archive blocks still belongs to the diff ID.
     io::copy(&mut hashed, &mut io::sink()).map_err(|e| read_error(layer, e))?;
     state.finish_dirs();
+    // The last few MiB since the previous check.
+    budget.check_free_space(&state.root, 0)?;
     Ok(Unpacked {
         diff_id: hashed.hasher.finish(),
         entries: state.entries,
@@ -279,6 +270,18 @@ impl Extensions {
     }
 }
 
+fn entry_error(layer: &str, e: EntryError) -> ImageError {
+    match e {
+        EntryError::Fatal(e) => e,
+        EntryError::Hostile(reason) => ImageError::HostileLayer {
+            layer: layer.to_string(),
+            reason,
+        },
+        EntryError::Io(_, e) if is_read_error(&e) => read_error(layer, e),
+        EntryError::Io(what, e) => ImageError::io(format!("layer {layer}: {what}"), e),
+    }
+}
+
 fn is_read_error(e: &io::Error) -> bool {
     matches!(
         e.kind(),
@@ -304,7 +307,8 @@ fn read_error(layer: &str, e: io::Error) -> ImageError {
         },
         _ => ImageError::HostileLayer {
             layer: layer.to_string(),
-            reason: format!("malformed layer stream: {e}"),
+            // The tar crate's messages quote entry names.
+            reason: format!("malformed layer stream: {}", shown(&e.to_string())),
         },
     }
 }
@@ -331,6 +335,8 @@ impl<R: Read> Read for HashingReader<'_, R> {
 enum EntryError {
     Hostile(String),
     Io(String, io::Error),
+    /// Passed through as is (a limit of the pull's budget).
+    Fatal(ImageError),
 }
 
 trait Ctx<T> {
@@ -459,9 +465,7 @@ impl Extractor<'_> {
                 }
             }
             EntryType::Regular | EntryType::Continuous => {
-                budget
-                    .fits(entry.size())
-                    .map_err(|e| EntryError::Hostile(e.to_string()))?;
+                budget.fits(entry.size()).map_err(EntryError::Fatal)?;
                 self.remove_existing(&dir, &cname, &shown)?;
                 let mut file =
                     sys::create_file(&dir, &cname).at(|| format!("creating \"{shown}\""))?;
