@@ -691,4 +691,228 @@ mod tests {
             .collect();
         assert_eq!(urls, ["https://127.0.0.1:5001/", "http://127.0.0.1:5001/"]);
     }
+
+    /// A one-request-per-connection HTTP server on loopback; `answer` gets each request's head.
+    async fn serve(answer: impl Fn(&str, u16) -> Vec<u8> + Send + Sync + 'static) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answer = std::sync::Arc::new(answer);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let reply = answer(&String::from_utf8_lossy(&head), port);
+                    let _ = sock.write_all(&reply).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        port
+    }
+
+    fn repo(client: &RegistryClient, port: u16, creds: Option<Credentials>) -> Repository<'_> {
+        Repository {
+            client,
+            endpoint: Endpoint {
+                base: Url::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
+                insecure_tls: false,
+            },
+            repository: "r".into(),
+            creds,
+        }
+    }
+
+    fn chunked(total: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let chunk = vec![b'{'; 64 << 10];
+        let mut sent = 0;
+        while sent < total {
+            out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            out.extend_from_slice(&chunk);
+            out.extend_from_slice(b"\r\n");
+            sent += chunk.len();
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    #[tokio::test]
+    async fn replies_are_capped_by_the_bytes_read_not_by_their_headers() {
+        let over = MAX_MANIFEST as usize + (1 << 20);
+        for head in [
+            // Chunked, no length at all.
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // A Content-Length that lies small next to a chunked body (chunked wins).
+            "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let reply = [head.as_bytes(), &chunked(over)].concat();
+            let port = serve(move |_, _| reply.clone()).await;
+            let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+            let e = repo(&client, port, None)
+                .manifest("v1")
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                e.to_string()
+                    .contains(&format!("larger than {MAX_MANIFEST} bytes")),
+                "{head:?}: {e}"
+            );
+        }
+        // Delimited by the connection's end.
+        let port = serve(move |_, _| {
+            let mut r = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_vec();
+            r.extend(vec![b'x'; over]);
+            r
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let e = repo(&client, port, None)
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn error_bodies_are_read_only_as_far_as_they_are_shown() {
+        let port = serve(|_, _| {
+            [
+                &b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+                &chunked(64 << 20),
+            ]
+            .concat()
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let e = repo(&client, port, None)
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), crate::ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().len() < 1024, "{} bytes", e.to_string().len());
+    }
+
+    const TOKEN_USER: &str = "token-for-user";
+
+    /// A registry whose manifest needs the token that only `user:pass` earns; anonymous token
+    /// requests get a token the registry refuses.
+    fn token_registry(head: &str, port: u16) -> Vec<u8> {
+        let ok = |body: &str, ctype: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        };
+        let auth = head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("authorization: ")
+                    .or(l.strip_prefix("Authorization: "))
+            })
+            .unwrap_or("");
+        if head.starts_with("GET /token") {
+            let token = if auth == basic_header("user", "pass") {
+                TOKEN_USER
+            } else {
+                "token-for-nobody"
+            };
+            return ok(&format!("{{\"token\":\"{token}\"}}"), "application/json");
+        }
+        if auth == format!("Bearer {TOKEN_USER}") {
+            return ok("{}", "application/vnd.oci.image.manifest.v1+json");
+        }
+        format!(
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"test\"\r\nContent-Length: 0\r\n\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_token_earned_by_credentials_is_never_reused_without_them() {
+        let port = serve(token_registry).await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let user = Credentials::Basic {
+            username: "user".into(),
+            password: "pass".into(),
+        };
+        repo(&client, port, Some(user.clone()))
+            .manifest("v1")
+            .await
+            .expect("pull with credentials");
+        let e = repo(&client, port, None).manifest("v1").await.err();
+        assert_eq!(
+            e.map(|e| e.kind()),
+            Some(crate::ErrorKind::Unauthenticated),
+            "an anonymous pull reused the token of a pull with credentials"
+        );
+        let other = Credentials::Basic {
+            username: "user".into(),
+            password: "wrong".into(),
+        };
+        let e = repo(&client, port, Some(other)).manifest("v1").await.err();
+        assert!(e.is_some(), "other credentials reused the token");
+        // The rightful owner still gets it from the cache.
+        repo(&client, port, Some(user))
+            .manifest("v1")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn credentials_never_go_to_a_plain_http_realm_or_to_mirrors() {
+        let port = serve(|_, _| {
+            b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://realm.example.com/token\"\r\nContent-Length: 0\r\n\r\n".to_vec()
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let creds = Credentials::Basic {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let e = repo(&client, port, Some(creds.clone()))
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("plain HTTP"), "{e}");
+
+        let mut cfg = RegistryConfig::default();
+        cfg.mirrors.insert(
+            "r.example.com".into(),
+            MirrorConfig {
+                endpoint: vec![
+                    "https://mirror.example.com".into(),
+                    "http://plain.example.com".into(),
+                ],
+            },
+        );
+        let client = RegistryClient::new(cfg).unwrap();
+        let eps = client.endpoints("r.example.com");
+        let given: Vec<bool> = eps
+            .iter()
+            .map(|e| {
+                client
+                    .credentials_for(e, "r.example.com", Some(&creds))
+                    .is_some()
+            })
+            .collect();
+        assert_eq!(
+            given,
+            [false, false, true],
+            "only the upstream gets the caller's credentials"
+        );
+    }
 }
