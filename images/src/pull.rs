@@ -212,10 +212,10 @@ impl ImageStore {
             std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'f>>;
         // Before downloading: the compressed layers alone must leave enough free space.
         let budget = Arc::new(Budget::new(&self.limits));
-        let need = parsed
-            .layers()
+        let need = layers
             .iter()
-            .map(|l| l.size())
+            .filter(|(_, _, chain)| !self.layout.snapshot(chain).exists())
+            .map(|(l, _, _)| l.size())
             .fold(config_bytes.len() as u64, u64::saturating_add);
         budget.check_free_space(
             &unpack::open_dir(self.layout.root()).ctx(|| "opening image store".into())?,
@@ -366,13 +366,14 @@ impl ImageStore {
                     });
                 }
                 hasher.update(&chunk);
-                file.write_all(&chunk)
-                    .await
-                    .ctx(|| format!("writing {}", ingest.display()))?;
                 // If the unpacker failed it stopped reading; keep hashing so a corrupt blob is
-                // reported as a digest mismatch rather than as a broken archive.
-                if feeding && tx.send(Chunk::Data(chunk)).await.is_err() {
-                    feeding = false;
+                // reported as a digest mismatch rather than as a broken archive, but write no
+                // more of a blob that will not be kept (it may have hit a disk limit).
+                if feeding {
+                    file.write_all(&chunk)
+                        .await
+                        .ctx(|| format!("writing {}", ingest.display()))?;
+                    feeding = tx.send(Chunk::Data(chunk)).await.is_ok();
                 }
             }
             file.flush()

@@ -37,6 +37,8 @@ pub const MAX_MANIFEST: u64 = 4 << 20;
 pub const MAX_CONFIG: u64 = 8 << 20;
 pub const MAX_TOKEN_REPLY: u64 = 1 << 20;
 pub const MAX_ERROR_BODY: u64 = 4 << 10;
+/// The longest a reply read whole may take, so a registry dripping bytes cannot hold a pull.
+const SMALL_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Redirects followed per request (blobs are commonly redirected to object storage).
 const MAX_REDIRECTS: usize = 10;
 /// Cached `Authorization` values; a flood of distinct credentials empties the cache.
@@ -486,7 +488,9 @@ impl Repository<'_> {
             return Ok(resp);
         }
         // Only the head of an error body is read: it is shown cut anyway.
-        let body = read_head(resp, MAX_ERROR_BODY).await;
+        let body = tokio::time::timeout(SMALL_REPLY_TIMEOUT, read_head(resp, MAX_ERROR_BODY))
+            .await
+            .unwrap_or_default();
         let detail = format!("{status}: {}", shown(String::from_utf8_lossy(&body).trim()));
         Err(match status {
             StatusCode::NOT_FOUND => ImageError::RegistryNotFound {
@@ -581,10 +585,15 @@ impl Repository<'_> {
         if resp.content_length().is_some_and(|l| l > cap) {
             return Err(too_big());
         }
-        read_body(resp, cap).await.map_err(|e| match e {
-            ReadError::TooBig => too_big(),
-            ReadError::Http(e) => self.unavailable(e),
-        })
+        match tokio::time::timeout(SMALL_REPLY_TIMEOUT, read_body(resp, cap)).await {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(ReadError::TooBig)) => Err(too_big()),
+            Ok(Err(ReadError::Http(e))) => Err(self.unavailable(e)),
+            Err(_) => Err(ImageError::RegistryUnavailable {
+                registry: self.registry(),
+                detail: format!("{what} took longer than {SMALL_REPLY_TIMEOUT:?} to arrive"),
+            }),
+        }
     }
 }
 
