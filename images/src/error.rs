@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::shown::shown;
+
 /// What went wrong, coarsely, so callers can choose a status code without parsing messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -19,19 +21,22 @@ pub enum ErrorKind {
     BadContent,
     /// The operation conflicts with current state (an image in use).
     FailedPrecondition,
+    /// A limit was reached: `[images]` size, entry or free-space limits.
+    ResourceExhausted,
     /// A local failure (disk, database, kernel).
     Internal,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
-    #[error("invalid image reference {reference:?}: {reason}")]
+    // Fields holding names from images or requests are shown cut (see `crate::shown`).
+    #[error("invalid image reference {:?}: {reason}", shown(reference))]
     InvalidReference { reference: String, reason: String },
-    #[error("invalid digest {0:?}: expected sha256:<64 hex digits>")]
+    #[error("invalid digest {:?}: expected sha256:<64 hex digits>", shown(.0))]
     InvalidDigest(String),
-    #[error("image {0:?} not found")]
+    #[error("image {:?} not found", shown(.0))]
     ImageNotFound(String),
-    #[error("{what} not found in registry {registry}: {detail}")]
+    #[error("{} not found in registry {registry}: {}", shown(what), shown(detail))]
     RegistryNotFound {
         what: String,
         registry: String,
@@ -51,6 +56,9 @@ pub enum ImageError {
     BadContent(String),
     #[error("layer {layer}: {reason}")]
     HostileLayer { layer: String, reason: String },
+    /// An `[images]` limit: `max_unpacked_bytes`, `max_layer_entries` or `min_free_percent`.
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("no manifest in index {digest} matches platform {platform}")]
     NoMatchingPlatform { digest: String, platform: String },
     #[error("image {image} is in use by container {container}")]
@@ -83,6 +91,7 @@ impl ImageError {
             RegistryUnavailable { .. } => ErrorKind::Unavailable,
             DigestMismatch { .. } => ErrorKind::DataLoss,
             BadContent(_) | HostileLayer { .. } => ErrorKind::BadContent,
+            ResourceExhausted(_) => ErrorKind::ResourceExhausted,
             InUse { .. } => ErrorKind::FailedPrecondition,
             Io { .. } | Metadata(_) | Mount { .. } => ErrorKind::Internal,
         }

@@ -5,10 +5,12 @@
 
 pub mod digest;
 pub mod error;
+pub mod limits;
 mod pull;
 pub mod reference;
 pub mod registry;
 pub mod rootfs;
+pub mod shown;
 pub mod store;
 pub mod unpack;
 
@@ -21,6 +23,7 @@ use tracing::{info, warn};
 pub use crate::digest::Digest;
 use crate::error::IoContext;
 pub use crate::error::{ErrorKind, ImageError, Result};
+pub use crate::limits::ImagesConfig;
 pub use crate::pull::host_arch;
 pub use crate::reference::Reference;
 use crate::registry::RegistryClient;
@@ -34,6 +37,8 @@ pub struct ImageStore {
     layout: Layout,
     meta: Meta,
     client: RegistryClient,
+    /// `[images]`: limits every pull is held to.
+    limits: ImagesConfig,
     /// Shared by pulls and prepares, exclusive for garbage collection.
     gc_lock: tokio::sync::RwLock<()>,
     inflight: pull::KeyedLocks,
@@ -56,11 +61,18 @@ impl ImageStore {
             layout,
             meta,
             client: RegistryClient::new(registry)?,
+            limits: ImagesConfig::default(),
             gc_lock: Default::default(),
             inflight: Default::default(),
         };
         store.gc().await?;
         Ok(store)
+    }
+
+    /// Hold every later pull to `limits` (the `[images]` table; the defaults apply until then).
+    pub fn with_limits(mut self, limits: ImagesConfig) -> Self {
+        self.limits = limits;
+        self
     }
 
     pub fn root(&self) -> &Path {

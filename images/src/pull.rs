@@ -13,8 +13,10 @@ use tracing::{debug, info};
 
 use crate::digest::{chain_ids, Digest, Hasher};
 use crate::error::{ImageError, IoContext, Result, StreamAborted};
+use crate::limits::Budget;
 use crate::reference::Reference;
 use crate::registry::{Credentials, Repository};
+use crate::shown::shown;
 use crate::store::meta::ImageRecord;
 use crate::store::{remove_any, Layout};
 use crate::unpack;
@@ -22,8 +24,9 @@ use crate::ImageStore;
 
 /// Layers downloaded at once per pull.
 const LAYER_CONCURRENCY: usize = 4;
-/// Chunks buffered between the download and the unpacker.
-const PIPE_DEPTH: usize = 32;
+/// Chunks buffered between the download and the unpacker: each is at most hyper's read buffer
+/// (about 400 KiB), so a layer holds at most a few MiB in flight.
+const PIPE_DEPTH: usize = 16;
 
 const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
@@ -85,13 +88,18 @@ pub fn host_arch() -> &'static str {
     }
 }
 
+/// Parser errors quote the offending input, so they are cut like any name from an image.
 fn bad(what: &str, e: impl std::fmt::Display) -> ImageError {
-    ImageError::BadContent(format!("malformed {what}: {e}"))
+    ImageError::BadContent(format!("malformed {what}: {}", shown(&e.to_string())))
 }
 
 fn digest_of(d: &Descriptor) -> Result<Digest> {
-    Digest::parse(d.digest().as_ref())
-        .map_err(|_| bad("descriptor", format!("unsupported digest {}", d.digest())))
+    Digest::parse(d.digest().as_ref()).map_err(|_| {
+        bad(
+            "descriptor",
+            format!("unsupported digest {}", shown(d.digest().as_ref())),
+        )
+    })
 }
 
 fn is_index(media_type: &str, bytes: &[u8]) -> bool {
@@ -202,10 +210,21 @@ impl ImageStore {
         // Boxed so the future stays Send without higher-ranked closure lifetimes tripping the compiler.
         type LayerFetch<'f> =
             std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'f>>;
-        let repo = &repo;
+        // Before downloading: the compressed layers alone must leave enough free space.
+        let budget = Arc::new(Budget::new(&self.limits));
+        let need = layers
+            .iter()
+            .filter(|(_, _, chain)| !self.layout.snapshot(chain).exists())
+            .map(|(l, _, _)| l.size())
+            .fold(config_bytes.len() as u64, u64::saturating_add);
+        budget.check_free_space(
+            &unpack::open_dir(self.layout.root()).ctx(|| "opening image store".into())?,
+            need,
+        )?;
+        let (repo, budget) = (&repo, &budget);
         let mut fetches: Vec<LayerFetch<'_>> = Vec::with_capacity(layers.len());
         for (desc, diff, chain) in &layers {
-            fetches.push(Box::pin(self.fetch_layer(repo, desc, diff, chain)));
+            fetches.push(Box::pin(self.fetch_layer(repo, desc, diff, chain, budget)));
         }
         futures::stream::iter(fetches)
             .buffer_unordered(LAYER_CONCURRENCY)
@@ -248,7 +267,7 @@ impl ImageStore {
                 .unwrap_or_default(),
         };
         let record = self.meta.commit_image(record)?;
-        info!(image = %reference, id = %record.id, elapsed_ms = started.elapsed().as_millis() as u64, "pulled image");
+        info!(image = %shown(&reference.to_string()), id = %record.id, elapsed_ms = started.elapsed().as_millis() as u64, "pulled image");
         Ok(record)
     }
 
@@ -259,6 +278,7 @@ impl ImageStore {
         desc: &Descriptor,
         diff_id: &Digest,
         chain: &Digest,
+        budget: &Arc<Budget>,
     ) -> Result<()> {
         let digest = digest_of(desc)?;
         let _guard = self.inflight.lock(chain.as_str()).await;
@@ -272,17 +292,19 @@ impl ImageStore {
         let result = if self.layout.blob(&digest).exists() {
             let path = self.layout.blob(&digest);
             let (dir, layer) = (tmp.clone(), digest.to_string());
+            let budget = budget.clone();
             tokio::task::spawn_blocking(move || {
                 let file =
                     std::fs::File::open(&path).ctx(|| format!("opening {}", path.display()))?;
-                unpack::unpack(file, &dir, &layer)
+                unpack::unpack_with(file, &dir, &layer, &budget)
             })
             .await
             .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))
             .and_then(|r| r)
             .map(|u| (u, None))
         } else {
-            self.download_and_unpack(repo, desc, &digest, &tmp).await
+            self.download_and_unpack(repo, desc, &digest, &tmp, budget)
+                .await
         };
         let outcome = result.and_then(|(unpacked, ingest)| {
             if &unpacked.diff_id != diff_id {
@@ -313,12 +335,13 @@ impl ImageStore {
         desc: &Descriptor,
         digest: &Digest,
         dir: &std::path::Path,
+        budget: &Arc<Budget>,
     ) -> Result<(unpack::Unpacked, Option<std::path::PathBuf>)> {
         let ingest = self.layout.ingest().join(Layout::tmp_name());
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_DEPTH);
-        let (dir, layer) = (dir.to_path_buf(), digest.to_string());
+        let (dir, layer, budget) = (dir.to_path_buf(), digest.to_string(), budget.clone());
         let unpacker = tokio::task::spawn_blocking(move || {
-            unpack::unpack(ChannelReader::new(rx), &dir, &layer)
+            unpack::unpack_with(ChannelReader::new(rx), &dir, &layer, &budget)
         });
 
         let downloaded = async {
@@ -343,13 +366,14 @@ impl ImageStore {
                     });
                 }
                 hasher.update(&chunk);
-                file.write_all(&chunk)
-                    .await
-                    .ctx(|| format!("writing {}", ingest.display()))?;
                 // If the unpacker failed it stopped reading; keep hashing so a corrupt blob is
-                // reported as a digest mismatch rather than as a broken archive.
-                if feeding && tx.send(Chunk::Data(chunk)).await.is_err() {
-                    feeding = false;
+                // reported as a digest mismatch rather than as a broken archive, but write no
+                // more of a blob that will not be kept (it may have hit a disk limit).
+                if feeding {
+                    file.write_all(&chunk)
+                        .await
+                        .ctx(|| format!("writing {}", ingest.display()))?;
+                    feeding = tx.send(Chunk::Data(chunk)).await.is_ok();
                 }
             }
             file.flush()

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crishim_images::RegistryConfig;
+use crishim_images::{ImagesConfig, RegistryConfig};
 use serde::Deserialize;
 
 pub const DEFAULT_CONFIG: &str = "/etc/crishim/config.toml";
@@ -38,6 +38,9 @@ pub struct Config {
     pub state_dir: PathBuf,
     #[serde(default)]
     pub registry: RegistryConfig,
+    /// `[images]`: what one pull may unpack, and the free space it must leave.
+    #[serde(default)]
+    pub images: ImagesConfig,
     /// Images reported as pinned, so the kubelet's image GC keeps them.
     #[serde(default)]
     pub pinned_images: Vec<String>,
@@ -145,6 +148,7 @@ impl Default for Config {
             root_dir: default_root_dir(),
             state_dir: default_state_dir(),
             registry: RegistryConfig::default(),
+            images: ImagesConfig::default(),
             pinned_images: Vec::new(),
             shim_binary: None,
             init: false,
@@ -201,6 +205,7 @@ impl Config {
         }
         self.streaming_server()?;
         self.gpu.validate()?;
+        self.images.validate()?;
         self.registry.validate()
     }
 
@@ -289,6 +294,24 @@ insecure_skip_verify = true
         assert!(e.contains("registry.mirrors"), "{e}");
         let e = parse("socket = 5").unwrap_err().to_string();
         assert!(e.contains("socket"), "{e}");
+    }
+
+    #[test]
+    fn images_limits_parse_and_are_checked() {
+        let c = parse(
+            "[images]\nmax_unpacked_bytes = 1048576\nmax_layer_entries = 10\nmin_free_percent = 20",
+        )
+        .unwrap();
+        assert_eq!(c.images.max_unpacked_bytes, 1 << 20);
+        assert_eq!(c.images.max_layer_entries, 10);
+        assert_eq!(c.images.min_free_percent, 20);
+        assert_eq!(parse("").unwrap().images, ImagesConfig::default());
+        let e = parse("[images]\nmin_free_percent = 101")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("min_free_percent"), "{e}");
+        let e = parse("[images]\nmax_entries = 1").unwrap_err().to_string();
+        assert!(e.contains("max_entries"), "{e}");
     }
 
     #[test]

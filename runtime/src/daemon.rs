@@ -49,7 +49,8 @@ pub async fn serve_until(
     }
     let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
         .await
-        .context("opening the image store")?;
+        .context("opening the image store")?
+        .with_limits(config.images.clone());
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone());
     let runtime =

@@ -63,6 +63,10 @@ pub struct DaemonOptions {
     pub args: Vec<String>,
     /// Extra environment variables for the daemon.
     pub env: Vec<(String, String)>,
+    /// `[images]` keys (`max_unpacked_bytes = 1048576`, …). Unless one sets `min_free_percent`,
+    /// it is 1 rather than the default 5, so the suite does not depend on how full the test
+    /// machine's disk is.
+    pub images: Vec<String>,
     /// A command the daemon runs under (`nsenter … --`); it then gets its own process group, and
     /// stopping signals the whole group, since such a wrapper does not pass signals on.
     pub wrapper: Vec<String>,
@@ -84,6 +88,12 @@ impl DaemonOptions {
     pub fn auth(mut self, host: &str, username: &str, password: &str) -> Self {
         self.auths
             .push((host.to_string(), username.to_string(), password.to_string()));
+        self
+    }
+
+    /// Add `key = value` to the `[images]` table.
+    pub fn images(mut self, key: &str, value: u64) -> Self {
+        self.images.push(format!("{key} = {value}"));
         self
     }
 
@@ -141,6 +151,17 @@ impl DaemonOptions {
         for host in &self.insecure_hosts {
             writeln!(t, "\n[registry.configs.{}.tls]", toml_str(host)).unwrap();
             writeln!(t, "insecure_skip_verify = true").unwrap();
+        }
+        writeln!(t, "\n[images]").unwrap();
+        for line in &self.images {
+            writeln!(t, "{line}").unwrap();
+        }
+        if !self
+            .images
+            .iter()
+            .any(|l| l.starts_with("min_free_percent"))
+        {
+            writeln!(t, "min_free_percent = 1").unwrap();
         }
         // A private, empty CNI config dir (`<dir>/cni`), so the host's configs never leak in;
         // network tests write theirs there.

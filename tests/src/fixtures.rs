@@ -96,3 +96,53 @@ pub fn truncated_layer(c: Compression) -> Layer {
     let cut = at + 512 + 30_000;
     Layer::from_tar(&full[..cut], c)
 }
+
+/// A GNU long-name header (`L`) carrying a name of `len` bytes, then the entry it names.
+/// Gzip'd, so a 64 MiB name is a blob of a few hundred KiB.
+pub fn long_name_layer(len: usize) -> Layer {
+    let mut t = RawTar::new();
+    t.entry(
+        tar::EntryType::GNULongName,
+        "././@LongLink",
+        "",
+        0o644,
+        &vec![b'n'; len],
+    )
+    .file("named-by-the-long-name", b"x\n", 0o644);
+    Layer::from_tar(&t.finish(), Compression::Gzip)
+}
+
+/// One PAX record, `"<len> key=value\n"`, its length counting itself.
+pub fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while len.to_string().len() + body.len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+/// A PAX header of `kind` (`x` local or `g` global) with `records`, then a small file. Gzip'd.
+pub fn pax_layer(kind: tar::EntryType, records: &[u8]) -> Layer {
+    let mut t = RawTar::new();
+    t.entry(kind, "PaxHeaders/f", "", 0o644, records)
+        .file("f", b"x\n", 0o644);
+    Layer::from_tar(&t.finish(), Compression::Gzip)
+}
+
+/// One file of `len` zero bytes. Gzip'd: a few KiB per MiB.
+pub fn zeros_layer(len: usize) -> Layer {
+    let mut t = RawTar::new();
+    t.file("zeros", &vec![0u8; len], 0o644);
+    Layer::from_tar(&t.finish(), Compression::Gzip)
+}
+
+/// `n` empty files in one directory. Gzip'd.
+pub fn empty_files_layer(n: usize) -> Layer {
+    let mut t = RawTar::new();
+    t.dir("many/", 0o755);
+    for i in 0..n {
+        t.file(&format!("many/{i}"), b"", 0o644);
+    }
+    Layer::from_tar(&t.finish(), Compression::Gzip)
+}

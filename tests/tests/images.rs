@@ -904,6 +904,188 @@ async fn layer_truncated_inside_file_data_is_rejected_and_stores_nothing() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Layers that would blow up memory, disk or logs
+
+/// What one pull may add to the daemon's peak RSS, whatever its layer holds.
+const RSS_BUDGET: u64 = 64 << 20;
+
+/// The daemon's peak resident set (`VmHWM`), in bytes.
+fn peak_rss(d: &Daemon) -> u64 {
+    let pid = d.pid().expect("daemon pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib << 10
+}
+
+/// Push a one-layer image of `layer` and pull it: it must fail with `code`, a short message,
+/// nothing stored, and a daemon that still answers and never logged a huge line.
+async fn pull_refused(
+    reg: &Registry,
+    d: &Daemon,
+    repo: &str,
+    layer: crishim_tests::Layer,
+    code: Code,
+) -> tonic::Status {
+    let bad = layer.digest.clone();
+    let p = push(reg, repo, "v1", &Image::new(vec![layer])).await;
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("pull must be refused");
+    assert_code(&err, code);
+    assert!(
+        err.message().len() <= 1024,
+        "a message of {} bytes",
+        err.message().len()
+    );
+    assert_nothing_stored(d, &p.tag_ref(), &bad).await;
+    let longest = d.log_text().lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest <= 8192,
+        "the daemon logged a line of {longest} bytes"
+    );
+    err
+}
+
+#[tokio::test]
+async fn a_64_mib_gnu_long_name_is_refused_naming_the_layer_within_the_memory_budget() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let layer = fixtures::long_name_layer(64 << 20);
+    let digest = layer.digest.clone();
+    let before = peak_rss(&d);
+    let err = pull_refused(&reg, &d, "longname", layer, Code::InvalidArgument).await;
+    let after = peak_rss(&d);
+    eprintln!(
+        "daemon VmHWM: {} KiB before the pull, {} KiB after",
+        before >> 10,
+        after >> 10
+    );
+    assert!(err.message().contains(&digest), "{}", err.message());
+    assert_message_mentions(&err, &["GNU long name header of 67108864 bytes"]);
+    assert!(
+        after - before <= RSS_BUDGET,
+        "peak RSS grew by {} KiB",
+        (after - before) >> 10
+    );
+    d.list_images(None).await.expect("the daemon still answers");
+}
+
+#[tokio::test]
+async fn pax_header_bombs_are_refused_within_the_memory_budget() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let before = peak_rss(&d);
+    let huge_record = fixtures::pax_record("path", &"p".repeat(16 << 20));
+    let mut many_records = Vec::new();
+    while many_records.len() < 4 << 20 {
+        many_records.extend(fixtures::pax_record("SCHILY.xattr.user.k", "v"));
+    }
+    let global = fixtures::pax_record("comment", &"g".repeat(8 << 20));
+    for (repo, kind, records) in [
+        ("pax-huge", tar::EntryType::XHeader, huge_record),
+        ("pax-many", tar::EntryType::XHeader, many_records),
+        ("pax-global", tar::EntryType::XGlobalHeader, global),
+    ] {
+        let layer = fixtures::pax_layer(kind, &records);
+        let digest = layer.digest.clone();
+        let err = pull_refused(&reg, &d, repo, layer, Code::InvalidArgument).await;
+        assert!(err.message().contains(&digest), "{repo}: {}", err.message());
+        assert_message_mentions(&err, &["PAX"]);
+    }
+    let grew = peak_rss(&d) - before;
+    assert!(grew <= RSS_BUDGET, "peak RSS grew by {} KiB", grew >> 10);
+    d.list_images(None).await.expect("the daemon still answers");
+}
+
+#[tokio::test]
+async fn a_layer_of_zeros_past_max_unpacked_bytes_is_resource_exhausted_and_leaves_nothing() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new().images("max_unpacked_bytes", 1 << 20)).await;
+    let err = pull_refused(
+        &reg,
+        &d,
+        "zeros",
+        fixtures::zeros_layer(16 << 20),
+        Code::ResourceExhausted,
+    )
+    .await;
+    assert_message_mentions(&err, &["max_unpacked_bytes = 1048576"]);
+}
+
+#[tokio::test]
+async fn two_hundred_thousand_empty_files_past_max_layer_entries_are_resource_exhausted() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new().images("max_layer_entries", 1000)).await;
+    let err = pull_refused(
+        &reg,
+        &d,
+        "many",
+        fixtures::empty_files_layer(200_000),
+        Code::ResourceExhausted,
+    )
+    .await;
+    assert_message_mentions(&err, &["max_layer_entries = 1000"]);
+}
+
+#[tokio::test]
+async fn a_pull_that_would_leave_too_little_free_space_is_resource_exhausted() {
+    let reg = registry().await;
+    let d = daemon(DaemonOptions::new().images("min_free_percent", 100)).await;
+    let err = pull_refused(
+        &reg,
+        &d,
+        "nospace",
+        fixtures::zeros_layer(1 << 20),
+        Code::ResourceExhausted,
+    )
+    .await;
+    assert_message_mentions(&err, &["min_free_percent = 100"]);
+}
+
+#[tokio::test]
+async fn a_huge_image_reference_is_shown_cut_in_the_error() {
+    let d = daemon(DaemonOptions::new()).await;
+    for r in [
+        format!("127.0.0.1:1/{}:v1", "a".repeat(100_000)),
+        format!("busybox:{}", "t".repeat(3000)),
+    ] {
+        let err = d.pull(&r).await.expect_err("pull of a huge reference");
+        assert_code(&err, Code::InvalidArgument);
+        assert!(err.message().len() <= 512, "{} bytes", err.message().len());
+    }
+    let longest = d.log_text().lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest <= 2048,
+        "the daemon logged a line of {longest} bytes"
+    );
+}
+
+#[tokio::test]
+async fn a_pull_without_credentials_never_reuses_what_a_pull_with_them_earned() {
+    let (_reg, p) = auth_registry().await;
+    let d = daemon(DaemonOptions::new()).await;
+    let r = d
+        .pull_with_auth(&p.tag_ref(), Some(basic_auth("user", "pass")))
+        .await;
+    assert_eq!(r.expect("pull with credentials"), p.image_id());
+    let err = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("an anonymous pull after an authenticated one");
+    assert_code(&err, Code::Unauthenticated);
+    let err = d
+        .pull_with_auth(&p.tag_ref(), Some(basic_auth("user", "wrong")))
+        .await
+        .expect_err("a pull with a wrong password after an authenticated one");
+    assert_code(&err, Code::Unauthenticated);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Daemon configuration and lifecycle
 
 const BAD_CONFIG_TIMEOUT: Duration = Duration::from_secs(20);

@@ -22,6 +22,7 @@ pub use self::config::{Credentials, RegistryConfig};
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
 use crate::reference::{Reference, DEFAULT_REGISTRY};
+use crate::shown::shown;
 
 /// Media types we accept for manifests, most preferred first.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
@@ -29,15 +30,29 @@ application/vnd.docker.distribution.manifest.list.v2+json, \
 application/vnd.oci.image.manifest.v1+json, \
 application/vnd.docker.distribution.manifest.v2+json";
 
-/// Manifests and configs are small; refuse anything absurd before buffering it.
-const MAX_SMALL_BLOB: u64 = 16 << 20;
+/// Replies read whole into memory are capped by the bytes actually read, whatever their
+/// `Content-Length` or chunking says. Manifests as containerd caps them; configs with room for
+/// long histories; tokens (JWTs of a few KiB in practice); error bodies only as much as is shown.
+pub const MAX_MANIFEST: u64 = 4 << 20;
+pub const MAX_CONFIG: u64 = 8 << 20;
+pub const MAX_TOKEN_REPLY: u64 = 1 << 20;
+pub const MAX_ERROR_BODY: u64 = 4 << 10;
+/// The longest a reply read whole may take, so a registry dripping bytes cannot hold a pull.
+const SMALL_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Redirects followed per request (blobs are commonly redirected to object storage).
+const MAX_REDIRECTS: usize = 10;
+/// Cached `Authorization` values; a flood of distinct credentials empties the cache.
+const MAX_CACHED_AUTH: usize = 1024;
 
 pub struct RegistryClient {
     config: RegistryConfig,
     verify: reqwest::Client,
     no_verify: reqwest::Client,
-    /// `Authorization` values that worked, per endpoint and repository.
+    /// `Authorization` values that worked, per endpoint, repository and the credentials that
+    /// earned them: a pull with other credentials, or none, never reuses one.
     auth_cache: Mutex<HashMap<String, String>>,
+    /// Hosts (`host[:port]`) that may see plain HTTP: loopback and `insecure_skip_verify` ones.
+    plain_http: PlainHttp,
 }
 
 /// One place to fetch a registry's content from: a mirror or the upstream.
@@ -70,12 +85,63 @@ pub struct Manifest {
     pub digest: Digest,
 }
 
+/// Which hosts may be spoken to over plain HTTP, where credentials could be read on the wire.
+#[derive(Clone)]
+struct PlainHttp {
+    insecure: Vec<String>,
+}
+
+impl PlainHttp {
+    fn allows(&self, url: &Url) -> bool {
+        url.scheme() == "https" || {
+            let host = url_host(url);
+            is_loopback(&host) || self.insecure.contains(&host)
+        }
+    }
+}
+
+/// `host[:port]` of a URL, as config keys spell hosts.
+fn url_host(url: &Url) -> String {
+    match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    }
+}
+
 impl RegistryClient {
     pub fn new(config: RegistryConfig) -> Result<Self> {
+        let plain_http = PlainHttp {
+            insecure: config
+                .configs
+                .iter()
+                .filter(|(_, h)| h.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
+                .map(|(host, _)| host.clone())
+                .collect(),
+        };
+        // reqwest drops `Authorization` when a redirect changes host or port; this also refuses
+        // a redirect from HTTPS down to plain HTTP on a host that may not see plain HTTP.
+        let policy = || {
+            let allowed = plain_http.clone();
+            reqwest::redirect::Policy::custom(move |attempt| {
+                let downgrade = attempt
+                    .previous()
+                    .last()
+                    .is_some_and(|p| p.scheme() == "https")
+                    && !allowed.allows(attempt.url());
+                if attempt.previous().len() >= MAX_REDIRECTS {
+                    attempt.error("too many redirects")
+                } else if downgrade {
+                    attempt.error("refusing a redirect from HTTPS to plain HTTP")
+                } else {
+                    attempt.follow()
+                }
+            })
+        };
         let build = |insecure: bool| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .read_timeout(Duration::from_secs(120))
+                .redirect(policy())
                 .danger_accept_invalid_certs(insecure)
                 .user_agent(concat!("crishim/", env!("CARGO_PKG_VERSION")))
                 .build()
@@ -86,6 +152,7 @@ impl RegistryClient {
             verify: build(false)?,
             no_verify: build(true)?,
             auth_cache: Mutex::default(),
+            plain_http,
         })
     }
 
@@ -105,11 +172,7 @@ impl RegistryClient {
                 }
             }
         }
-        let upstream = if registry == DEFAULT_REGISTRY {
-            "registry-1.docker.io"
-        } else {
-            registry
-        };
+        let upstream = upstream_host(registry);
         let insecure = self.insecure(registry);
         if let Ok(base) = Url::parse(&format!("https://{upstream}")) {
             out.push(Endpoint {
@@ -135,19 +198,26 @@ impl RegistryClient {
             .is_some_and(|t| t.insecure_skip_verify)
     }
 
-    /// Credentials for an endpoint: the configured ones for its host win, then the caller's.
+    /// Credentials for an endpoint: the configured ones for its host win; the caller's (given for
+    /// the image's registry) go only to that registry itself, never to a mirror. Neither goes over
+    /// plain HTTP to a host that is not loopback or configured insecure.
     fn credentials_for(
         &self,
         endpoint: &Endpoint,
+        registry: &str,
         request: Option<&Credentials>,
     ) -> Option<Credentials> {
+        if !self.plain_http.allows(&endpoint.base) {
+            return None;
+        }
         let configured = self
             .config
             .host(&endpoint.host())
             .and_then(|h| h.auth.as_ref());
         match configured.map(|a| a.credentials()) {
             Some(Ok(Some(c))) => Some(c),
-            _ => request.cloned(),
+            _ if endpoint.host() == upstream_host(registry) => request.cloned(),
+            _ => None,
         }
     }
 
@@ -161,7 +231,7 @@ impl RegistryClient {
         for endpoint in self.endpoints(&reference.registry) {
             let repo = Repository {
                 client: self,
-                creds: self.credentials_for(&endpoint, creds),
+                creds: self.credentials_for(&endpoint, &reference.registry, creds),
                 endpoint,
                 repository: reference.repository.clone(),
             };
@@ -180,6 +250,15 @@ impl RegistryClient {
             registry: reference.registry.clone(),
             detail: "no endpoint configured".into(),
         }))
+    }
+}
+
+/// The host that serves `registry` itself (Docker Hub's API is not on `docker.io`).
+fn upstream_host(registry: &str) -> &str {
+    if registry == DEFAULT_REGISTRY {
+        "registry-1.docker.io"
+    } else {
+        registry
     }
 }
 
@@ -220,8 +299,21 @@ impl Repository<'_> {
         self.endpoint.base.to_string()
     }
 
+    /// Endpoint, repository and a hash of the credentials, so the cache never holds them in clear.
     fn cache_key(&self) -> String {
-        format!("{}|{}", self.endpoint.base, self.repository)
+        let who = match &self.creds {
+            None => "anonymous".to_string(),
+            Some(Credentials::Basic { username, password }) => {
+                Digest::of(format!("basic\0{username}\0{password}").as_bytes()).to_string()
+            }
+            Some(Credentials::IdentityToken(t)) => {
+                Digest::of(format!("identity\0{t}").as_bytes()).to_string()
+            }
+            Some(Credentials::RegistryToken(t)) => {
+                Digest::of(format!("registry\0{t}").as_bytes()).to_string()
+            }
+        };
+        format!("{}|{}|{who}", self.endpoint.base, self.repository)
     }
 
     /// GET with the auth dance: try with what we have, answer one 401 challenge, try once more.
@@ -249,11 +341,11 @@ impl Repository<'_> {
             let resp = req.send().await.map_err(|e| self.unavailable(e))?;
             if resp.status() != StatusCode::UNAUTHORIZED {
                 if let Some(h) = authorization {
-                    self.client
-                        .auth_cache
-                        .lock()
-                        .unwrap()
-                        .insert(self.cache_key(), h);
+                    let mut cache = self.client.auth_cache.lock().unwrap();
+                    if cache.len() >= MAX_CACHED_AUTH {
+                        cache.clear();
+                    }
+                    cache.insert(self.cache_key(), h);
                 }
                 return Ok(resp);
             }
@@ -308,10 +400,18 @@ impl Repository<'_> {
     }
 
     async fn fetch_token(&self, realm: &str, service: Option<&str>, scope: &str) -> Result<String> {
-        let mut url = Url::parse(realm)
-            .map_err(|e| self.unauthorized(&format!("bad token realm {realm:?}: {e}")))?;
+        let mut url = Url::parse(realm).map_err(|e| {
+            self.unauthorized(&format!("bad token realm \"{}\": {e}", shown(realm)))
+        })?;
+        let realm = shown(realm);
         let service = service.unwrap_or_default();
-        let resp = match TokenRequest::for_credentials(self.creds.as_ref()) {
+        let request = TokenRequest::for_credentials(self.creds.as_ref());
+        if !matches!(request, TokenRequest::Anonymous) && !self.client.plain_http.allows(&url) {
+            return Err(self.unauthorized(&format!(
+                "refusing to send credentials over plain HTTP to the token realm {realm}"
+            )));
+        }
+        let resp = match request {
             TokenRequest::Refresh(refresh) => {
                 let form = [
                     ("grant_type", "refresh_token"),
@@ -354,7 +454,15 @@ impl Repository<'_> {
                 detail: format!("token endpoint {realm} answered {status}"),
             });
         }
-        let body: TokenResponse = resp.json().await.map_err(|e| self.unavailable(e))?;
+        let body = self
+            .read_capped(resp, MAX_TOKEN_REPLY, &format!("token reply from {realm}"))
+            .await?;
+        let body: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
+            self.unauthorized(&format!(
+                "token endpoint {realm} sent malformed JSON: {}",
+                shown(&e.to_string())
+            ))
+        })?;
         body.into_token()
             .ok_or_else(|| self.unauthorized("token endpoint returned no token"))
     }
@@ -379,11 +487,11 @@ impl Repository<'_> {
         if status.is_success() {
             return Ok(resp);
         }
-        let body = resp.text().await.unwrap_or_default();
-        let detail = format!(
-            "{status}: {}",
-            body.chars().take(300).collect::<String>().trim()
-        );
+        // Only the head of an error body is read: it is shown cut anyway.
+        let body = tokio::time::timeout(SMALL_REPLY_TIMEOUT, read_head(resp, MAX_ERROR_BODY))
+            .await
+            .unwrap_or_default();
+        let detail = format!("{status}: {}", shown(String::from_utf8_lossy(&body).trim()));
         Err(match status {
             StatusCode::NOT_FOUND => ImageError::RegistryNotFound {
                 what,
@@ -403,7 +511,7 @@ impl Repository<'_> {
 
     /// Fetch a manifest or index by tag or digest; verify it when fetched by digest.
     pub async fn manifest(&self, reference: &str) -> Result<Manifest> {
-        let what = format!("manifest {}:{reference}", self.repository);
+        let what = format!("manifest {}:{}", self.repository, shown(reference));
         let resp = self
             .get(&self.url("manifests", reference), Some(MANIFEST_ACCEPT))
             .await?;
@@ -412,9 +520,9 @@ impl Repository<'_> {
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .map(|s| s.split(';').next().unwrap_or(s).trim().to_string())
+            .map(|s| shown(s.split(';').next().unwrap_or(s).trim()).into_owned())
             .unwrap_or_default();
-        let bytes = self.read_small(resp, &what).await?;
+        let bytes = self.read_capped(resp, MAX_MANIFEST, &what).await?;
         let digest = Digest::of(&bytes);
         if let Ok(expected) = Digest::parse(reference) {
             if expected != digest {
@@ -437,7 +545,7 @@ impl Repository<'_> {
     pub async fn small_blob(&self, digest: &Digest) -> Result<Bytes> {
         let what = format!("blob {digest}");
         let resp = self.blob_response(digest).await?;
-        let bytes = self.read_small(resp, &what).await?;
+        let bytes = self.read_capped(resp, MAX_CONFIG, &what).await?;
         let actual = Digest::of(&bytes);
         if &actual != digest {
             return Err(ImageError::DigestMismatch {
@@ -470,20 +578,53 @@ impl Repository<'_> {
         self.check(format!("blob {digest}"), resp).await
     }
 
-    async fn read_small(&self, resp: reqwest::Response, what: &str) -> Result<Bytes> {
-        if resp.content_length().is_some_and(|l| l > MAX_SMALL_BLOB) {
-            return Err(ImageError::BadContent(format!(
-                "{what} is larger than {MAX_SMALL_BLOB} bytes"
-            )));
+    /// The whole body, refused once more than `cap` bytes have actually arrived.
+    async fn read_capped(&self, resp: reqwest::Response, cap: u64, what: &str) -> Result<Bytes> {
+        let too_big = || ImageError::BadContent(format!("{what} is larger than {cap} bytes"));
+        // Content-Length is only a hint: a larger one is refused early, a smaller one is not trusted.
+        if resp.content_length().is_some_and(|l| l > cap) {
+            return Err(too_big());
         }
-        let bytes = resp.bytes().await.map_err(|e| self.unavailable(e))?;
-        if bytes.len() as u64 > MAX_SMALL_BLOB {
-            return Err(ImageError::BadContent(format!(
-                "{what} is larger than {MAX_SMALL_BLOB} bytes"
-            )));
+        match tokio::time::timeout(SMALL_REPLY_TIMEOUT, read_body(resp, cap)).await {
+            Ok(Ok(body)) => Ok(body),
+            Ok(Err(ReadError::TooBig)) => Err(too_big()),
+            Ok(Err(ReadError::Http(e))) => Err(self.unavailable(e)),
+            Err(_) => Err(ImageError::RegistryUnavailable {
+                registry: self.registry(),
+                detail: format!("{what} took longer than {SMALL_REPLY_TIMEOUT:?} to arrive"),
+            }),
         }
-        Ok(bytes)
     }
+}
+
+enum ReadError {
+    TooBig,
+    Http(reqwest::Error),
+}
+
+/// Read `resp` chunk by chunk, stopping with `TooBig` as soon as more than `cap` bytes arrived.
+async fn read_body(mut resp: reqwest::Response, cap: u64) -> Result<Bytes, ReadError> {
+    let mut buf = bytes::BytesMut::new();
+    while let Some(chunk) = resp.chunk().await.map_err(ReadError::Http)? {
+        if (buf.len() + chunk.len()) as u64 > cap {
+            return Err(ReadError::TooBig);
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
+}
+
+/// At most the first `cap` bytes of a body, for showing; errors end it early.
+async fn read_head(mut resp: reqwest::Response, cap: u64) -> Vec<u8> {
+    let mut buf = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = cap as usize - buf.len();
+        buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if buf.len() as u64 >= cap {
+            break;
+        }
+    }
+    buf
 }
 
 /// reqwest's Display hides the cause ("error sending request"); show the whole chain.
@@ -558,5 +699,229 @@ mod tests {
             .map(|e| e.base.to_string())
             .collect();
         assert_eq!(urls, ["https://127.0.0.1:5001/", "http://127.0.0.1:5001/"]);
+    }
+
+    /// A one-request-per-connection HTTP server on loopback; `answer` gets each request's head.
+    async fn serve(answer: impl Fn(&str, u16) -> Vec<u8> + Send + Sync + 'static) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answer = std::sync::Arc::new(answer);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let reply = answer(&String::from_utf8_lossy(&head), port);
+                    let _ = sock.write_all(&reply).await;
+                    let _ = sock.shutdown().await;
+                });
+            }
+        });
+        port
+    }
+
+    fn repo(client: &RegistryClient, port: u16, creds: Option<Credentials>) -> Repository<'_> {
+        Repository {
+            client,
+            endpoint: Endpoint {
+                base: Url::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
+                insecure_tls: false,
+            },
+            repository: "r".into(),
+            creds,
+        }
+    }
+
+    fn chunked(total: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let chunk = vec![b'{'; 64 << 10];
+        let mut sent = 0;
+        while sent < total {
+            out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+            out.extend_from_slice(&chunk);
+            out.extend_from_slice(b"\r\n");
+            sent += chunk.len();
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    #[tokio::test]
+    async fn replies_are_capped_by_the_bytes_read_not_by_their_headers() {
+        let over = MAX_MANIFEST as usize + (1 << 20);
+        for head in [
+            // Chunked, no length at all.
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            // A Content-Length that lies small next to a chunked body (chunked wins).
+            "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            let reply = [head.as_bytes(), &chunked(over)].concat();
+            let port = serve(move |_, _| reply.clone()).await;
+            let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+            let e = repo(&client, port, None)
+                .manifest("v1")
+                .await
+                .err()
+                .unwrap();
+            assert!(
+                e.to_string()
+                    .contains(&format!("larger than {MAX_MANIFEST} bytes")),
+                "{head:?}: {e}"
+            );
+        }
+        // Delimited by the connection's end.
+        let port = serve(move |_, _| {
+            let mut r = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_vec();
+            r.extend(vec![b'x'; over]);
+            r
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let e = repo(&client, port, None)
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("larger than"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn error_bodies_are_read_only_as_far_as_they_are_shown() {
+        let port = serve(|_, _| {
+            [
+                &b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+                &chunked(64 << 20),
+            ]
+            .concat()
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let e = repo(&client, port, None)
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.kind(), crate::ErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().len() < 1024, "{} bytes", e.to_string().len());
+    }
+
+    const TOKEN_USER: &str = "token-for-user";
+
+    /// A registry whose manifest needs the token that only `user:pass` earns; anonymous token
+    /// requests get a token the registry refuses.
+    fn token_registry(head: &str, port: u16) -> Vec<u8> {
+        let ok = |body: &str, ctype: &str| {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        };
+        let auth = head
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("authorization: ")
+                    .or(l.strip_prefix("Authorization: "))
+            })
+            .unwrap_or("");
+        if head.starts_with("GET /token") {
+            let token = if auth == basic_header("user", "pass") {
+                TOKEN_USER
+            } else {
+                "token-for-nobody"
+            };
+            return ok(&format!("{{\"token\":\"{token}\"}}"), "application/json");
+        }
+        if auth == format!("Bearer {TOKEN_USER}") {
+            return ok("{}", "application/vnd.oci.image.manifest.v1+json");
+        }
+        format!(
+            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"test\"\r\nContent-Length: 0\r\n\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[tokio::test]
+    async fn a_token_earned_by_credentials_is_never_reused_without_them() {
+        let port = serve(token_registry).await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let user = Credentials::Basic {
+            username: "user".into(),
+            password: "pass".into(),
+        };
+        repo(&client, port, Some(user.clone()))
+            .manifest("v1")
+            .await
+            .expect("pull with credentials");
+        let e = repo(&client, port, None).manifest("v1").await.err();
+        assert_eq!(
+            e.map(|e| e.kind()),
+            Some(crate::ErrorKind::Unauthenticated),
+            "an anonymous pull reused the token of a pull with credentials"
+        );
+        let other = Credentials::Basic {
+            username: "user".into(),
+            password: "wrong".into(),
+        };
+        let e = repo(&client, port, Some(other)).manifest("v1").await.err();
+        assert!(e.is_some(), "other credentials reused the token");
+        // The rightful owner still gets it from the cache.
+        repo(&client, port, Some(user))
+            .manifest("v1")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn credentials_never_go_to_a_plain_http_realm_or_to_mirrors() {
+        let port = serve(|_, _| {
+            b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://realm.example.com/token\"\r\nContent-Length: 0\r\n\r\n".to_vec()
+        })
+        .await;
+        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+        let creds = Credentials::Basic {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        let e = repo(&client, port, Some(creds.clone()))
+            .manifest("v1")
+            .await
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("plain HTTP"), "{e}");
+
+        let mut cfg = RegistryConfig::default();
+        cfg.mirrors.insert(
+            "r.example.com".into(),
+            MirrorConfig {
+                endpoint: vec![
+                    "https://mirror.example.com".into(),
+                    "http://plain.example.com".into(),
+                ],
+            },
+        );
+        let client = RegistryClient::new(cfg).unwrap();
+        let eps = client.endpoints("r.example.com");
+        let given: Vec<bool> = eps
+            .iter()
+            .map(|e| {
+                client
+                    .credentials_for(e, "r.example.com", Some(&creds))
+                    .is_some()
+            })
+            .collect();
+        assert_eq!(
+            given,
+            [false, false, true],
+            "only the upstream gets the caller's credentials"
+        );
     }
 }

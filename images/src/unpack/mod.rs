@@ -18,11 +18,26 @@ pub use sys::openat2;
 pub(crate) use sys::{open_dir, syncfs};
 
 use crate::digest::{Digest, Hasher};
-use crate::error::{ImageError, Result};
+use crate::error::{ImageError, Result, StreamAborted};
+use crate::limits::Budget;
+use crate::shown::{shown, shown_bytes};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";
 const OPAQUE_XATTR: &[u8] = b"trusted.overlay.opaque";
+
+/// Tar extension headers (GNU long names and links, PAX local and global headers) are read into
+/// memory, so their size is checked against this cap before a byte of them is read. Go's
+/// `archive/tar` uses the same 1 MiB.
+pub const MAX_EXTENSION_HEADER: u64 = 1 << 20;
+
+/// zstd frames may ask for a window of up to 2 GiB; refuse those over 32 MiB (zstd's levels up to
+/// 19 use at most 8 MiB), so one layer's decoder stays within the daemon's memory budget.
+const ZSTD_WINDOW_LOG_MAX: u32 = 25;
+
+/// Directory paths kept for restoring mtimes at the end; past this, later directories keep the
+/// time of the unpack rather than let a layer of a million directories grow this list.
+const MAX_DEFERRED_DIR_BYTES: usize = 16 << 20;
 
 /// What an unpack produced.
 #[derive(Debug)]
@@ -32,57 +47,239 @@ pub struct Unpacked {
     pub entries: u64,
 }
 
-/// Unpack a (possibly compressed) layer stream into the existing, empty directory `dest`.
-/// The whole stream is consumed, so a hashing reader underneath sees every byte.
+/// Unpack a (possibly compressed) layer stream into the existing, empty directory `dest`, with no
+/// limits but the fixed caps on extension headers. See [`unpack_with`].
 pub fn unpack(reader: impl Read, dest: &Path, layer: &str) -> Result<Unpacked> {
+    unpack_with(reader, dest, layer, &Budget::unlimited())
+}
+
+/// Unpack a (possibly compressed) layer stream into the existing, empty directory `dest`, counting
+/// its uncompressed bytes and entries against `budget`, which also checks the free space of
+/// `dest`'s filesystem as it goes. The whole stream is consumed, so a hashing reader underneath
+/// sees every byte.
+pub fn unpack_with(
+    reader: impl Read,
+    dest: &Path,
+    layer: &str,
+    budget: &Budget,
+) -> Result<Unpacked> {
     let hostile = |reason: String| ImageError::HostileLayer {
         layer: layer.to_string(),
         reason,
     };
+    let root = sys::open_dir(dest)
+        .map_err(|e| ImageError::io(format!("opening {}", dest.display()), e))?;
     let mut buffered = BufReader::with_capacity(256 * 1024, reader);
     let head = buffered.fill_buf().map_err(|e| read_error(layer, e))?;
     let decoder: Box<dyn Read> = match head {
         [0x1f, 0x8b, ..] => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
-        [0x28, 0xb5, 0x2f, 0xfd, ..] => Box::new(
-            zstd::stream::read::Decoder::with_buffer(buffered).map_err(|e| read_error(layer, e))?,
-        ),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => {
+            let mut d = zstd::stream::read::Decoder::with_buffer(buffered)
+                .map_err(|e| read_error(layer, e))?;
+            d.window_log_max(ZSTD_WINDOW_LOG_MAX)
+                .map_err(|e| read_error(layer, e))?;
+            Box::new(d)
+        }
         _ => Box::new(buffered),
     };
     let mut hashed = HashingReader {
         inner: decoder,
         hasher: Hasher::default(),
+        budget,
+        fs: &root,
     };
-    let root = sys::open_dir(dest)
-        .map_err(|e| ImageError::io(format!("opening {}", dest.display()), e))?;
     let mut state = Extractor {
-        root,
+        root: root.try_clone().map_err(|e| ImageError::io("dup", e))?,
         layer,
         dirs: Vec::new(),
+        dir_bytes: 0,
         entries: 0,
     };
     {
         let mut archive = tar::Archive::new(&mut hashed);
-        for entry in archive.entries().map_err(|e| read_error(layer, e))? {
+        // Raw entries: extension headers come to us unread, so we cap them before reading them.
+        let entries = archive
+            .entries()
+            .map_err(|e| read_error(layer, e))?
+            .raw(true);
+        let mut ext = Extensions::default();
+        for entry in entries {
             let mut entry = entry.map_err(|e| read_error(layer, e))?;
-            state.entry(&mut entry).map_err(|e| match e {
-                EntryError::Hostile(reason) => hostile(reason),
-                EntryError::Io(what, e) => {
-                    if is_read_error(&e) {
-                        read_error(layer, e)
-                    } else {
-                        ImageError::io(format!("layer {layer}: {what}"), e)
-                    }
-                }
-            })?;
+            budget.add_entry(&state.root)?;
+            let kind = entry.header().entry_type();
+            if let Some(what) = extension_kind(kind) {
+                ext.read(&mut entry, kind, what)
+                    .map_err(|e| entry_error(layer, e))?;
+                continue;
+            }
+            if kind == EntryType::GNUSparse {
+                return Err(hostile("GNU sparse entries are not supported".into()));
+            }
+            let meta = std::mem::take(&mut ext)
+                .resolve(entry.header())
+                .map_err(hostile)?;
+            state
+                .entry(&mut entry, &meta, budget)
+                .map_err(|e| entry_error(layer, e))?;
+        }
+        if !ext.is_empty() {
+            return Err(hostile(
+                "extension headers at the end of the archive describe no entry".into(),
+            ));
         }
     }
     // Trailing padding after the end-of-archive blocks still belongs to the diff ID.
     io::copy(&mut hashed, &mut io::sink()).map_err(|e| read_error(layer, e))?;
     state.finish_dirs();
+    // The last few MiB since the previous check.
+    budget.check_free_space(&state.root, 0)?;
     Ok(Unpacked {
         diff_id: hashed.hasher.finish(),
         entries: state.entries,
     })
+}
+
+/// The extension header kinds, named for messages; `None` for an ordinary entry.
+fn extension_kind(kind: EntryType) -> Option<&'static str> {
+    match kind {
+        EntryType::GNULongName => Some("GNU long name"),
+        EntryType::GNULongLink => Some("GNU long link"),
+        EntryType::XHeader => Some("PAX"),
+        EntryType::XGlobalHeader => Some("PAX global"),
+        _ => None,
+    }
+}
+
+/// Extension headers seen since the last entry; they describe the next one.
+#[derive(Default)]
+struct Extensions {
+    long_name: Option<Vec<u8>>,
+    long_link: Option<Vec<u8>>,
+    pax: Option<Vec<u8>>,
+}
+
+/// An entry's names and PAX records, resolved from its header and the extensions before it.
+struct EntryMeta {
+    path: Vec<u8>,
+    link: Option<Vec<u8>>,
+    pax: Option<Vec<u8>>,
+    uid: Option<u64>,
+    gid: Option<u64>,
+}
+
+impl Extensions {
+    fn is_empty(&self) -> bool {
+        self.long_name.is_none() && self.long_link.is_none() && self.pax.is_none()
+    }
+
+    /// Read one extension header's body, refusing it before reading when it is over the cap.
+    fn read<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        kind: EntryType,
+        what: &str,
+    ) -> Result<(), EntryError> {
+        let size = entry.size();
+        if size > MAX_EXTENSION_HEADER {
+            return Err(EntryError::Hostile(format!(
+                "{what} header of {size} bytes is over the {MAX_EXTENSION_HEADER} byte cap"
+            )));
+        }
+        if kind == EntryType::XGlobalHeader {
+            // Global records (Go writes none that matter here) are skipped unread by the archive.
+            return Ok(());
+        }
+        let slot = match kind {
+            EntryType::GNULongName => &mut self.long_name,
+            EntryType::GNULongLink => &mut self.long_link,
+            _ => &mut self.pax,
+        };
+        if slot.is_some() {
+            return Err(EntryError::Hostile(format!(
+                "two {what} headers describe the same entry"
+            )));
+        }
+        let mut body = Vec::with_capacity(size as usize);
+        entry
+            .take(MAX_EXTENSION_HEADER)
+            .read_to_end(&mut body)
+            .map_err(|e| EntryError::Io(format!("{what} header"), e))?;
+        if (body.len() as u64) < size {
+            return Err(EntryError::Io(
+                format!("{what} header"),
+                io::Error::new(io::ErrorKind::UnexpectedEof, "truncated extension header"),
+            ));
+        }
+        *slot = Some(body);
+        Ok(())
+    }
+
+    /// Names as GNU tar and Go resolve them: a long name or PAX `path` over the header's field.
+    fn resolve(self, header: &tar::Header) -> Result<EntryMeta, String> {
+        let trim = |mut v: Vec<u8>| {
+            while v.last() == Some(&0) {
+                v.pop();
+            }
+            v
+        };
+        let mut meta = EntryMeta {
+            path: header.path_bytes().into_owned(),
+            link: header.link_name_bytes().map(|l| l.into_owned()),
+            pax: None,
+            uid: None,
+            gid: None,
+        };
+        if let Some(pax) = &self.pax {
+            for record in tar::PaxExtensions::new(pax) {
+                let record = record.map_err(|e| format!("malformed PAX header: {e}"))?;
+                let number = || {
+                    record
+                        .value()
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| {
+                            format!(
+                                "PAX record {} is not a number",
+                                shown_bytes(record.key_bytes())
+                            )
+                        })
+                };
+                match record.key_bytes() {
+                    b"path" => meta.path = record.value_bytes().to_vec(),
+                    b"linkpath" => meta.link = Some(record.value_bytes().to_vec()),
+                    b"uid" => meta.uid = Some(number()?),
+                    b"gid" => meta.gid = Some(number()?),
+                    // The archive is framed by the header's size; a different PAX size would make
+                    // this parser and others see different entries.
+                    b"size" if Some(number()?) != header.entry_size().ok() => return Err(
+                        "a PAX size record that differs from the header's size is not supported"
+                            .into(),
+                    ),
+                    _ => {}
+                }
+            }
+        }
+        if let Some(name) = self.long_name {
+            meta.path = trim(name);
+        }
+        if let Some(link) = self.long_link {
+            meta.link = Some(trim(link));
+        }
+        meta.pax = self.pax;
+        Ok(meta)
+    }
+}
+
+fn entry_error(layer: &str, e: EntryError) -> ImageError {
+    match e {
+        EntryError::Fatal(e) => e,
+        EntryError::Hostile(reason) => ImageError::HostileLayer {
+            layer: layer.to_string(),
+            reason,
+        },
+        EntryError::Io(_, e) if is_read_error(&e) => read_error(layer, e),
+        EntryError::Io(what, e) => ImageError::io(format!("layer {layer}: {what}"), e),
+    }
 }
 
 fn is_read_error(e: &io::Error) -> bool {
@@ -95,10 +292,7 @@ fn is_read_error(e: &io::Error) -> bool {
 /// Errors from the stream itself: a cut or corrupt archive, or a failed download underneath.
 fn read_error(layer: &str, e: io::Error) -> ImageError {
     // The download side reports its own error through the reader; keep it intact.
-    if let Some(inner) = e
-        .get_ref()
-        .and_then(|i| i.downcast_ref::<crate::error::StreamAborted>())
-    {
+    if let Some(inner) = e.get_ref().and_then(|i| i.downcast_ref::<StreamAborted>()) {
         return inner
             .0
             .lock()
@@ -113,20 +307,27 @@ fn read_error(layer: &str, e: io::Error) -> ImageError {
         },
         _ => ImageError::HostileLayer {
             layer: layer.to_string(),
-            reason: format!("malformed layer stream: {e}"),
+            // The tar crate's messages quote entry names.
+            reason: format!("malformed layer stream: {}", shown(&e.to_string())),
         },
     }
 }
 
-struct HashingReader<R> {
+/// Hashes the uncompressed stream and counts it against the pull's budget.
+struct HashingReader<'b, R> {
     inner: R,
     hasher: Hasher,
+    budget: &'b Budget,
+    fs: &'b OwnedFd,
 }
 
-impl<R: Read> Read for HashingReader<R> {
+impl<R: Read> Read for HashingReader<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.hasher.update(&buf[..n]);
+        self.budget
+            .add_bytes(n as u64, self.fs)
+            .map_err(|e| io::Error::other(StreamAborted(std::sync::Mutex::new(Some(e)))))?;
         Ok(n)
     }
 }
@@ -134,6 +335,8 @@ impl<R: Read> Read for HashingReader<R> {
 enum EntryError {
     Hostile(String),
     Io(String, io::Error),
+    /// Passed through as is (a limit of the pull's budget).
+    Fatal(ImageError),
 }
 
 trait Ctx<T> {
@@ -156,6 +359,7 @@ struct Extractor<'a> {
     layer: &'a str,
     /// Directories and their mtimes, applied last because creating children changes them.
     dirs: Vec<(PathBuf, i64)>,
+    dir_bytes: usize,
     entries: u64,
 }
 
@@ -167,14 +371,18 @@ fn clean_path(raw: &[u8], what: &str) -> Result<Vec<Vec<u8>>, EntryError> {
             b"" | b"." => {}
             b".." => {
                 return Err(EntryError::Hostile(format!(
-                    "{what} {:?} contains '..' and escapes the layer",
-                    String::from_utf8_lossy(raw)
+                    "{what} \"{}\" contains '..' and escapes the layer",
+                    shown_bytes(raw)
                 )))
             }
             c => out.push(c.to_vec()),
         }
     }
     Ok(out)
+}
+
+fn shown_path(p: &Path) -> String {
+    shown_bytes(p.as_os_str().as_bytes())
 }
 
 fn join(components: &[Vec<u8>]) -> PathBuf {
@@ -186,11 +394,16 @@ fn c(name: &[u8]) -> Result<CString, EntryError> {
 }
 
 impl Extractor<'_> {
-    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), EntryError> {
+    fn entry<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        meta: &EntryMeta,
+        budget: &Budget,
+    ) -> Result<(), EntryError> {
         self.entries += 1;
-        let raw = entry.path_bytes().into_owned();
-        let shown = String::from_utf8_lossy(&raw).into_owned();
-        let comps = clean_path(&raw, "entry")?;
+        let raw = &meta.path;
+        let shown = shown_bytes(raw);
+        let comps = clean_path(raw, "entry")?;
         let Some((name, parent)) = comps.split_last() else {
             return Ok(()); // the layer root itself ("./"): its directory already exists
         };
@@ -199,28 +412,38 @@ impl Extractor<'_> {
         let dir = self.ensure_dir(parent)?;
 
         if name.as_slice() == OPAQUE_MARKER {
-            return sys::lsetxattrat(&dir, c(b".")?.as_c_str(), OPAQUE_XATTR, b"y")
-                .at(|| format!("marking {} opaque", parent_path.display()));
+            return sys::lsetxattrat(&dir, c(b".")?.as_c_str(), OPAQUE_XATTR, b"y").at(|| {
+                format!(
+                    "marking \"{}\" opaque",
+                    shown_bytes(parent_path.as_os_str().as_bytes())
+                )
+            });
         }
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
             let cname = c(hidden)?;
             self.remove_existing(&dir, &cname, &shown)?;
             return sys::mknodat(&dir, &cname, libc::S_IFCHR, 0, 0)
-                .at(|| format!("whiteout {shown:?}"));
+                .at(|| format!("whiteout \"{shown}\""));
         }
 
         let cname = c(name)?;
         let header = entry.header();
         let mode = header
             .mode()
-            .map_err(|e| EntryError::Io(format!("mode of {shown:?}"), e))?
+            .map_err(|e| EntryError::Io(format!("mode of \"{shown}\""), e))?
             & 0o7777;
-        let uid = header
-            .uid()
-            .map_err(|e| EntryError::Io(format!("uid of {shown:?}"), e))? as u32;
-        let gid = header
-            .gid()
-            .map_err(|e| EntryError::Io(format!("gid of {shown:?}"), e))? as u32;
+        let id = |pax: Option<u64>, field: io::Result<u64>, what: &str| {
+            let v = match pax {
+                Some(v) => v,
+                None => field.map_err(|e| EntryError::Io(format!("{what} of \"{shown}\""), e))?,
+            };
+            // Truncating would turn uid 2^32 into root.
+            u32::try_from(v).map_err(|_| {
+                EntryError::Hostile(format!("{what} {v} of \"{shown}\" is out of range"))
+            })
+        };
+        let uid = id(meta.uid, header.uid(), "uid")?;
+        let gid = id(meta.gid, header.gid(), "gid")?;
         let mtime = header.mtime().unwrap_or(0) as i64;
 
         match kind {
@@ -230,58 +453,62 @@ impl Extractor<'_> {
                     Ok(_) => {
                         self.remove_existing(&dir, &cname, &shown)?;
                         sys::mkdirat(&dir, &cname, 0o700)
-                            .at(|| format!("creating directory {shown:?}"))?;
+                            .at(|| format!("creating directory \"{shown}\""))?;
                     }
                     Err(_) => sys::mkdirat(&dir, &cname, 0o700)
-                        .at(|| format!("creating directory {shown:?}"))?,
+                        .at(|| format!("creating directory \"{shown}\""))?,
                 }
-                self.dirs
-                    .push((parent_path.join(std::ffi::OsStr::from_bytes(name)), mtime));
+                let path = parent_path.join(std::ffi::OsStr::from_bytes(name));
+                if self.dir_bytes + path.as_os_str().len() <= MAX_DEFERRED_DIR_BYTES {
+                    self.dir_bytes += path.as_os_str().len();
+                    self.dirs.push((path, mtime));
+                }
             }
             EntryType::Regular | EntryType::Continuous => {
+                budget.fits(entry.size()).map_err(EntryError::Fatal)?;
                 self.remove_existing(&dir, &cname, &shown)?;
                 let mut file =
-                    sys::create_file(&dir, &cname).at(|| format!("creating {shown:?}"))?;
+                    sys::create_file(&dir, &cname).at(|| format!("creating \"{shown}\""))?;
                 let expected = entry.size();
                 let copied = io::copy(entry, &mut file)
-                    .map_err(|e| EntryError::Io(format!("writing {shown:?}"), e))?;
+                    .map_err(|e| EntryError::Io(format!("writing \"{shown}\""), e))?;
                 if copied != expected {
                     return Err(EntryError::Io(
-                        format!("writing {shown:?}"),
+                        format!("writing \"{shown}\""),
                         io::Error::new(
                             io::ErrorKind::UnexpectedEof,
-                            format!("{shown:?} has {copied} of its {expected} bytes: layer stream is truncated"),
+                            format!("\"{shown}\" has {copied} of its {expected} bytes: layer stream is truncated"),
                         ),
                     ));
                 }
             }
             EntryType::Symlink => {
-                let target = entry.link_name_bytes().ok_or_else(|| {
-                    EntryError::Hostile(format!("symlink {shown:?} has no target"))
+                let target = meta.link.as_deref().ok_or_else(|| {
+                    EntryError::Hostile(format!("symlink \"{shown}\" has no target"))
                 })?;
                 self.remove_existing(&dir, &cname, &shown)?;
-                sys::symlinkat(&c(&target)?, &dir, &cname).at(|| format!("symlink {shown:?}"))?;
+                sys::symlinkat(&c(target)?, &dir, &cname).at(|| format!("symlink \"{shown}\""))?;
             }
             EntryType::Link => {
-                let target = entry.link_name_bytes().ok_or_else(|| {
-                    EntryError::Hostile(format!("hardlink {shown:?} has no target"))
+                let target = meta.link.as_deref().ok_or_else(|| {
+                    EntryError::Hostile(format!("hardlink \"{shown}\" has no target"))
                 })?;
-                let tcomps = clean_path(&target, "hardlink target")?;
+                let tcomps = clean_path(target, "hardlink target")?;
                 let Some((tname, tparent)) = tcomps.split_last() else {
                     return Err(EntryError::Hostile(format!(
-                        "hardlink {shown:?} points at the layer root"
+                        "hardlink \"{shown}\" points at the layer root"
                     )));
                 };
                 let not_in_layer = || {
                     EntryError::Hostile(format!(
-                        "hardlink {shown:?} -> {:?}: the target is not a file in this layer",
-                        String::from_utf8_lossy(&target)
+                        "hardlink \"{shown}\" -> \"{}\": the target is not a file in this layer",
+                        shown_bytes(target)
                     ))
                 };
                 let tdir = match sys::open_dir_beneath(&self.root, &join(tparent)) {
                     Ok(d) => d,
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(not_in_layer()),
-                    Err(e) => return Err(e).at(|| format!("hardlink {shown:?} target")),
+                    Err(e) => return Err(e).at(|| format!("hardlink \"{shown}\" target")),
                 };
                 let tname = c(tname)?;
                 match sys::lstatat(&tdir, &tname) {
@@ -290,7 +517,7 @@ impl Extractor<'_> {
                 }
                 self.remove_existing(&dir, &cname, &shown)?;
                 return sys::linkat(&tdir, &tname, &dir, &cname)
-                    .at(|| format!("hardlink {shown:?}"));
+                    .at(|| format!("hardlink \"{shown}\""));
             }
             EntryType::Char | EntryType::Block | EntryType::Fifo => {
                 let fmt = match kind {
@@ -302,7 +529,7 @@ impl Extractor<'_> {
                 let minor = header.device_minor().ok().flatten().unwrap_or(0);
                 self.remove_existing(&dir, &cname, &shown)?;
                 sys::mknodat(&dir, &cname, fmt | mode, major, minor)
-                    .at(|| format!("device {shown:?}"))?;
+                    .at(|| format!("device \"{shown}\""))?;
             }
             other => {
                 tracing::debug!(layer = self.layer, entry = %shown, kind = ?other, "skipping unsupported tar entry");
@@ -311,23 +538,20 @@ impl Extractor<'_> {
         }
 
         // Ownership before mode: chown clears set-id bits.
-        sys::lchownat(&dir, &cname, uid, gid).at(|| format!("chown {shown:?}"))?;
+        sys::lchownat(&dir, &cname, uid, gid).at(|| format!("chown \"{shown}\""))?;
         if kind != EntryType::Symlink {
-            sys::chmodat(&dir, &cname, mode).at(|| format!("chmod {shown:?}"))?;
+            sys::chmodat(&dir, &cname, mode).at(|| format!("chmod \"{shown}\""))?;
         }
-        if let Some(exts) = entry
-            .pax_extensions()
-            .map_err(|e| EntryError::Io(format!("pax headers of {shown:?}"), e))?
-        {
-            for ext in exts.flatten() {
+        if let Some(pax) = &meta.pax {
+            for ext in tar::PaxExtensions::new(pax).flatten() {
                 if let Some(key) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
                     sys::lsetxattrat(&dir, &cname, key, ext.value_bytes())
-                        .at(|| format!("xattr {} on {shown:?}", String::from_utf8_lossy(key)))?;
+                        .at(|| format!("xattr \"{}\" on \"{shown}\"", shown_bytes(key)))?;
                 }
             }
         }
         if kind != EntryType::Directory {
-            sys::lutimesat(&dir, &cname, mtime).at(|| format!("mtime of {shown:?}"))?;
+            sys::lutimesat(&dir, &cname, mtime).at(|| format!("mtime of \"{shown}\""))?;
         }
         Ok(())
     }
@@ -338,9 +562,7 @@ impl Extractor<'_> {
         match sys::open_dir_beneath(&self.root, &path) {
             Ok(fd) => return Ok(fd),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => {
-                return Err(e).at(|| format!("parent directory {:?}", path.display().to_string()))
-            }
+            Err(e) => return Err(e).at(|| format!("parent directory \"{}\"", shown_path(&path))),
         }
         let mut fd = sys::open_dir_beneath(&self.root, Path::new("")).at(|| "layer root".into())?;
         for (i, comp) in comps.iter().enumerate() {
@@ -350,13 +572,12 @@ impl Extractor<'_> {
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                     let name = c(comp)?;
                     sys::mkdirat(&fd, &name, 0o755)
-                        .at(|| format!("creating directory {:?}", prefix.display().to_string()))?;
+                        .at(|| format!("creating directory \"{}\"", shown_path(&prefix)))?;
                     fd = sys::open_dir_beneath(&self.root, &prefix)
-                        .at(|| format!("directory {:?}", prefix.display().to_string()))?;
+                        .at(|| format!("directory \"{}\"", shown_path(&prefix)))?;
                 }
                 Err(e) => {
-                    return Err(e)
-                        .at(|| format!("parent directory {:?}", prefix.display().to_string()))
+                    return Err(e).at(|| format!("parent directory \"{}\"", shown_path(&prefix)))
                 }
             }
         }
@@ -368,8 +589,8 @@ impl Extractor<'_> {
         match sys::lstatat(dir, name) {
             Err(_) => Ok(()),
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => sys::unlinkat(dir, name, true)
-                .at(|| format!("replacing directory {shown:?} (it must be empty)")),
-            Ok(_) => sys::unlinkat(dir, name, false).at(|| format!("replacing {shown:?}")),
+                .at(|| format!("replacing directory \"{shown}\" (it must be empty)")),
+            Ok(_) => sys::unlinkat(dir, name, false).at(|| format!("replacing \"{shown}\"")),
         }
     }
 

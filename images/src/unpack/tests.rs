@@ -247,3 +247,232 @@ fn later_entries_replace_earlier_ones() {
     );
     assert_eq!(std::fs::read(l.join("d")).unwrap(), b"file-now");
 }
+
+/// A header of `kind` claiming `size` bytes of body, as GNU tar writes `././@LongLink`.
+fn extension_header(kind: tar::EntryType, size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_cksum();
+    h.as_bytes().to_vec()
+}
+
+/// A PAX record `"<len> key=value\n"`.
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}").len() + body.len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+/// One extension header with `body`, then an entry `name`.
+fn with_extension(kind: tar::EntryType, body: &[u8], name: &str) -> Vec<u8> {
+    let mut tar = extension_header(kind, body.len() as u64);
+    tar.extend_from_slice(body);
+    tar.extend(std::iter::repeat_n(0u8, (512 - body.len() % 512) % 512));
+    tar.extend(RawTar::new().file(name, b"x").finish());
+    tar
+}
+
+/// Counts what the unpacker pulled from it, so a test can tell a header was refused unread.
+struct Counted<R> {
+    inner: R,
+    read: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.set(self.read.get() + n as u64);
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_long_name_over_the_cap_is_refused_before_its_body_is_read() {
+    for kind in [
+        tar::EntryType::GNULongName,
+        tar::EntryType::GNULongLink,
+        tar::EntryType::XHeader,
+        tar::EntryType::XGlobalHeader,
+    ] {
+        // A header claiming 2 GiB, followed by an endless body.
+        let stream = io::Cursor::new(extension_header(kind, 2 << 30)).chain(io::repeat(b'a'));
+        let read = std::rc::Rc::new(std::cell::Cell::new(0));
+        let base = tempfile::tempdir().unwrap();
+        let dest = base.path().join("layer");
+        std::fs::create_dir(&dest).unwrap();
+        let r = unpack(
+            Counted {
+                inner: stream,
+                read: read.clone(),
+            },
+            &dest,
+            "sha256:test",
+        );
+        let e = err_text(r);
+        assert!(
+            e.contains("2147483648 bytes is over the 1048576 byte cap"),
+            "{e}"
+        );
+        assert!(e.contains("sha256:test"), "names the layer: {e}");
+        assert!(read.get() <= 1 << 20, "read {} bytes of it", read.get());
+    }
+}
+
+#[test]
+fn long_names_and_pax_paths_within_the_cap_are_used() {
+    let long = format!("{}/file", "d".repeat(200));
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(2);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    b.append_data(&mut h, &long, &b"hi"[..]).unwrap();
+    let (base, r) = run(&b.into_inner().unwrap());
+    r.unwrap();
+    assert_eq!(
+        std::fs::read(base.path().join("layer").join(&long)).unwrap(),
+        b"hi"
+    );
+
+    let mut pax = pax_record("path", "from-pax");
+    pax.extend(pax_record("uid", "4242"));
+    let (base, r) = run(&with_extension(
+        tar::EntryType::XHeader,
+        &pax,
+        "from-header",
+    ));
+    r.unwrap();
+    let md = std::fs::metadata(base.path().join("layer/from-pax")).unwrap();
+    assert_eq!(md.uid(), 4242, "PAX uid applies");
+    assert!(!base.path().join("layer/from-header").exists());
+}
+
+#[test]
+fn pax_bombs_and_ambiguous_pax_records_are_refused() {
+    // Many records, together just over the cap.
+    let mut many = Vec::new();
+    while many.len() as u64 <= MAX_EXTENSION_HEADER {
+        many.extend(pax_record("SCHILY.xattr.user.x", "y"));
+    }
+    let e = err_text(run(&with_extension(tar::EntryType::XHeader, &many, "f")).1);
+    assert!(e.contains("PAX header of") && e.contains("cap"), "{e}");
+
+    let mut twice = with_extension(tar::EntryType::XHeader, &pax_record("path", "a"), "f");
+    let second = with_extension(tar::EntryType::XHeader, &pax_record("path", "b"), "g");
+    twice.truncate(1024); // the first PAX header and its body, no entry
+    twice.extend(second);
+    let e = err_text(run(&twice).1);
+    assert!(e.contains("two PAX headers"), "{e}");
+
+    let e = err_text(
+        run(&with_extension(
+            tar::EntryType::XHeader,
+            &pax_record("size", "999"),
+            "f",
+        ))
+        .1,
+    );
+    assert!(e.contains("PAX size"), "{e}");
+
+    let e = err_text(
+        run(&with_extension(
+            tar::EntryType::XHeader,
+            &pax_record("uid", "4294967296"),
+            "f",
+        ))
+        .1,
+    );
+    assert!(
+        e.contains("out of range"),
+        "uid 2^32 must not wrap to root: {e}"
+    );
+
+    let e = err_text(run(&extension_header(tar::EntryType::GNULongName, 10)).1);
+    assert!(!e.is_empty());
+}
+
+#[test]
+fn a_huge_hostile_name_is_shown_cut_in_the_error() {
+    let name = format!("{}/../x", "n".repeat(900_000));
+    let (_base, r) = run(&with_extension(
+        tar::EntryType::GNULongName,
+        name.as_bytes(),
+        "f",
+    ));
+    let e = err_text(r);
+    assert!(e.contains("escapes the layer"), "{e}");
+    assert!(e.len() < 512, "error of {} bytes", e.len());
+}
+
+fn run_with(tar: &[u8], limits: crate::ImagesConfig) -> (tempfile::TempDir, Result<Unpacked>) {
+    let base = tempfile::tempdir().unwrap();
+    let dest = base.path().join("layer");
+    std::fs::create_dir(&dest).unwrap();
+    let r = unpack_with(tar, &dest, "sha256:test", &Budget::new(&limits));
+    (base, r)
+}
+
+#[test]
+fn unpacked_bytes_and_entries_are_limited() {
+    let limits = crate::ImagesConfig {
+        max_unpacked_bytes: 64 << 10,
+        max_layer_entries: 100,
+        min_free_percent: 0,
+    };
+    let big = RawTar::new().file("zeros", &vec![0u8; 128 << 10]).finish();
+    let e = run_with(&big, limits.clone()).1.unwrap_err();
+    assert_eq!(e.kind(), crate::ErrorKind::ResourceExhausted, "{e}");
+    assert!(e.to_string().contains("max_unpacked_bytes = 65536"), "{e}");
+
+    let mut many = RawTar::new();
+    for i in 0..101 {
+        many = many.file(&format!("f{i}"), b"");
+    }
+    let e = run_with(&many.finish(), limits.clone()).1.unwrap_err();
+    assert_eq!(e.kind(), crate::ErrorKind::ResourceExhausted, "{e}");
+    assert!(e.to_string().contains("max_layer_entries = 100"), "{e}");
+
+    // Junk after the end of the archive still counts: it is hashed and read.
+    let mut junk = RawTar::new().file("a", b"").finish();
+    junk.extend(vec![7u8; 128 << 10]);
+    let e = run_with(&junk, limits).1.unwrap_err();
+    assert_eq!(e.kind(), crate::ErrorKind::ResourceExhausted, "{e}");
+}
+
+#[test]
+fn unpacking_stops_when_the_filesystem_gets_too_full() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let base = tempfile::tempdir().unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        base.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=16m"),
+    )
+    .unwrap();
+    let dest = base.path().join("layer");
+    std::fs::create_dir(&dest).unwrap();
+    let tar = RawTar::new().file("zeros", &vec![0u8; 12 << 20]).finish();
+    let limits = crate::ImagesConfig {
+        min_free_percent: 50,
+        ..Default::default()
+    };
+    let r = unpack_with(&tar[..], &dest, "sha256:test", &Budget::new(&limits));
+    let _ = nix::mount::umount2(base.path(), nix::mount::MntFlags::MNT_DETACH);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), crate::ErrorKind::ResourceExhausted, "{e}");
+    assert!(e.to_string().contains("min_free_percent = 50"), "{e}");
+}

@@ -11,6 +11,7 @@ pub fn from_image_error(e: ImageError) -> Status {
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::DataLoss => Code::DataLoss,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ErrorKind::Internal => Code::Internal,
     };
     Status::new(code, e.to_string())
