@@ -640,7 +640,9 @@ fn write_exec_process(
         .and_then(|l| l.seccomp().clone())
         .map(|s| SeccompExecutor::prepare(&mut process, s));
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
-    std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))?;
+    // It carries the container's environment: 0600 from the start.
+    crishim_proto::hostfs::write_private(out, &json)
+        .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
 }
 
