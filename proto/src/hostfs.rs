@@ -67,6 +67,21 @@ pub fn tighten(path: &Path, mode: u32) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// [`tighten`] `dir` to [`DIR_MODE`] and the regular files directly in it to [`FILE_MODE`];
+/// nothing deeper. `report` hears of each path tried.
+pub fn tighten_dir_and_files(dir: &Path, mut report: impl FnMut(&Path, std::io::Result<bool>)) {
+    report(dir, tighten(dir, DIR_MODE));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            let p = e.path();
+            report(&p, tighten(&p, FILE_MODE));
+        }
+    }
+}
+
 /// `fsync` the directory `dir`, so that a rename or a new entry in it survives a crash.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::File::open(dir)?.sync_all()

@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use crishim_proto::hostfs::{self, DIR_MODE, FILE_MODE};
+use crishim_proto::hostfs::{self, DIR_MODE};
 
 use crate::config::Config;
 
@@ -72,7 +72,7 @@ pub fn prepare(config: &Config) -> std::io::Result<()> {
         let lc_root = pod.join("runc");
         tighten(&lc_root, DIR_MODE);
         for c in subdirs(&lc_root) {
-            tighten(&c, DIR_MODE);
+            tighten_dir_and_files(&c);
         }
     }
     Ok(())
@@ -82,17 +82,8 @@ fn annotate(p: &Path, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("creating {}: {e}", p.display()))
 }
 
-/// `dir` to 0700 and its regular files to 0600; nothing deeper.
 fn tighten_dir_and_files(dir: &Path) {
-    tighten(dir, DIR_MODE);
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_file()) {
-            tighten(&e.path(), FILE_MODE);
-        }
-    }
+    hostfs::tighten_dir_and_files(dir, report);
 }
 
 /// The directories (not symlinks) directly in `dir`.
@@ -107,7 +98,11 @@ fn subdirs(dir: &Path) -> Vec<std::path::PathBuf> {
 }
 
 fn tighten(p: &Path, mode: u32) {
-    match hostfs::tighten(p, mode) {
+    report(p, hostfs::tighten(p, mode))
+}
+
+fn report(p: &Path, result: std::io::Result<bool>) {
+    match result {
         Ok(true) => tracing::info!(path = %p.display(), "tightened the mode of a root-only path"),
         Ok(false) => {}
         Err(e) => tracing::warn!(path = %p.display(), error = %e, "tightening a root-only path"),
