@@ -17,6 +17,7 @@ pub mod unpack;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
+use crishim_proto::hostfs::{self, create_private_dir};
 use oci_spec::image::ImageConfiguration;
 use tracing::{info, warn};
 
@@ -31,6 +32,7 @@ pub use crate::registry::{Credentials, RegistryConfig};
 pub use crate::rootfs::RootfsMount;
 use crate::store::meta::Meta;
 pub use crate::store::meta::{ContainerRef, ImageRecord};
+use crate::store::CONTENT_DIR_MODE;
 use crate::store::{remove_any, Layout};
 
 pub struct ImageStore {
@@ -57,6 +59,7 @@ impl ImageStore {
         let layout = Layout::new(root);
         layout.init()?;
         let meta = Meta::open(&layout.meta())?;
+        layout.tighten()?;
         let store = ImageStore {
             layout,
             meta,
@@ -187,14 +190,17 @@ impl ImageStore {
         }
         let dir = self.layout.container(container_id);
         let made = (|| {
+            let private =
+                |d: &Path| create_private_dir(d).ctx(|| format!("creating {}", d.display()));
+            private(&dir)?;
             if readonly {
-                std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
                 return Ok(RootfsMount::overlay(lowers, None));
             }
             let (upper, work) = (dir.join("upper"), dir.join("work"));
-            for d in [&upper, &work] {
-                std::fs::create_dir_all(d).ctx(|| format!("creating {}", d.display()))?;
-            }
+            // The upper dir's mode becomes the mode of the container's `/`.
+            hostfs::create_dir(&upper, CONTENT_DIR_MODE)
+                .ctx(|| format!("creating {}", upper.display()))?;
+            private(&work)?;
             Ok(RootfsMount::overlay(lowers, Some((upper, work))))
         })();
         if made.is_err() {

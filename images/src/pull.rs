@@ -18,7 +18,7 @@ use crate::reference::Reference;
 use crate::registry::{Credentials, Repository};
 use crate::shown::shown;
 use crate::store::meta::ImageRecord;
-use crate::store::{remove_any, Layout};
+use crate::store::{remove_any, Layout, CONTENT_DIR_MODE};
 use crate::unpack;
 use crate::ImageStore;
 
@@ -288,7 +288,10 @@ impl ImageStore {
             return Ok(());
         }
         let tmp = self.layout.snapshots_tmp().join(Layout::tmp_name());
-        std::fs::create_dir(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
+        // The layer's root: overlay's `/` when it is the top layer, so it stays traversable by a
+        // container's non-root user (everything above it is 0700).
+        crishim_proto::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
+            .ctx(|| format!("creating {}", tmp.display()))?;
         let result = if self.layout.blob(&digest).exists() {
             let path = self.layout.blob(&digest);
             let (dir, layer) = (tmp.clone(), digest.to_string());

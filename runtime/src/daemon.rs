@@ -44,9 +44,7 @@ pub async fn serve_until(
         .cgroup_driver
         .check_host()
         .map_err(anyhow::Error::msg)?;
-    for dir in [&config.root_dir, &config.state_dir] {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
+    crate::host_files::prepare(&config).context("preparing the root and state directories")?;
     let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
         .await
         .context("opening the image store")?

@@ -8,6 +8,7 @@ pub mod config;
 pub mod cri_client;
 pub mod daemon;
 pub mod gpu;
+pub mod host_files;
 pub mod records;
 pub mod server;
 pub mod shim_client;

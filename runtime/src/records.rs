@@ -1,12 +1,15 @@
 //! The daemon's records of pods and containers: in memory for serving, and one JSON file each on
 //! disk, written atomically (temp file + rename), so a restart finds them and a torn write cannot
-//! corrupt them. CRI configs are kept as their protobuf encoding.
+//! corrupt them. CRI configs are kept as their protobuf encoding. A record that cannot be read at
+//! start-up is moved to `<root_dir>/records/quarantine/`, and its pod's or container's files are
+//! kept.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use crishim_proto::cri;
+use crishim_proto::hostfs;
 use crishim_proto::shim::ContainerState;
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -94,7 +97,39 @@ mod pb {
     }
 }
 
-/// A directory of `<id>.json` records.
+/// The largest record read at start-up. A record holds a CRI config (at most the 16 MiB message
+/// limit, a third more as base64) and a little state; anything larger is damage.
+const MAX_RECORD_BYTES: u64 = 32 << 20;
+
+/// Names in logs are cut to this many bytes.
+const MAX_LOGGED_NAME: usize = 256;
+
+/// What a record says about itself, checked against the file it was read from.
+pub trait Record {
+    fn id(&self) -> &str;
+}
+
+impl Record for PodRecord {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Record for ContainerRecord {
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// What [`RecordDir::load_all`] found.
+pub struct Loaded<T> {
+    pub records: Vec<T>,
+    /// The ids (file stems) of records that could not be read and were moved to quarantine.
+    pub quarantined: Vec<String>,
+}
+
+/// A directory of `<id>.json` records, root's alone (0700, files 0600). Records that cannot be
+/// read go to the sibling `quarantine/` directory as `<dir name>-<file name>`.
 #[derive(Debug, Clone)]
 pub struct RecordDir {
     dir: PathBuf,
@@ -102,12 +137,17 @@ pub struct RecordDir {
 
 impl RecordDir {
     pub fn new(dir: PathBuf) -> std::io::Result<Self> {
-        std::fs::create_dir_all(&dir)?;
+        hostfs::create_private_dir(&dir)?;
         Ok(RecordDir { dir })
     }
 
     fn path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.json"))
+    }
+
+    /// Where unreadable records are kept for a person to look at: `<records>/quarantine/`.
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.dir.parent().unwrap_or(&self.dir).join(QUARANTINE)
     }
 
     pub fn save<T: Serialize>(&self, id: &str, value: &T) -> std::io::Result<()> {
@@ -137,28 +177,107 @@ impl RecordDir {
         }
     }
 
-    /// Every readable record; unreadable ones are reported and skipped, never fatal.
-    pub fn load_all<T: for<'de> Deserialize<'de>>(&self) -> Vec<T> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
+    /// Every readable record. One that cannot be read (an I/O error, over the size cap, not
+    /// JSON of the right shape, or naming another id than its file) is moved to quarantine and
+    /// reported, never fatal. Files left with a looser mode are tightened to 0600.
+    pub fn load_all<T: for<'de> Deserialize<'de> + Record>(&self) -> Loaded<T> {
+        let mut loaded = Loaded {
+            records: Vec::new(),
+            quarantined: Vec::new(),
         };
-        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return loaded;
+        };
         for e in entries.flatten() {
             let p = e.path();
-            if p.extension().is_some_and(|x| x == "json") {
-                match std::fs::read(&p)
-                    .map_err(|e| e.to_string())
-                    .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-                {
-                    Ok(v) => out.push(v),
-                    Err(e) => {
-                        tracing::warn!(path = %p.display(), error = %e, "skipping unreadable record")
+            if p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            match read_record::<T>(&p).and_then(|r| {
+                if r.id() == stem {
+                    Ok(r)
+                } else {
+                    Err(format!("it names id {:?}", cut(r.id())))
+                }
+            }) {
+                Ok(r) => {
+                    if let Err(e) = hostfs::tighten(&p, hostfs::FILE_MODE) {
+                        tracing::warn!(path = %p.display(), error = %e, "tightening a record's mode");
                     }
+                    loaded.records.push(r)
+                }
+                Err(error) => {
+                    self.quarantine(&p, &error);
+                    loaded.quarantined.push(stem);
                 }
             }
         }
-        out
+        loaded
     }
+
+    /// Move the unreadable record `p` into quarantine (under a fresh name if one is taken).
+    fn quarantine(&self, p: &Path, error: &str) {
+        let q = self.quarantine_dir();
+        let kind = self.dir.file_name().unwrap_or_default().to_string_lossy();
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let mut to = q.join(format!("{kind}-{name}"));
+        if to.exists() {
+            to = q.join(format!("{kind}-{name}.{}", now_nanos()));
+        }
+        let moved = hostfs::create_private_dir(&q)
+            .and_then(|()| crishim_proto::record::rename_synced(p, &to));
+        match moved {
+            Ok(()) => tracing::warn!(
+                record = %cut(&name),
+                error = %cut(error),
+                quarantine = %q.display(),
+                "moved an unreadable record to quarantine; its pod or container's files are kept"
+            ),
+            Err(e) => tracing::warn!(
+                record = %cut(&name),
+                error = %cut(error),
+                move_error = %e,
+                "skipping an unreadable record that could not be moved to quarantine"
+            ),
+        }
+    }
+}
+
+/// The quarantine's directory name, beside `pods/` and `containers/`.
+pub const QUARANTINE: &str = "quarantine";
+
+fn read_record<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, String> {
+    use std::io::Read;
+    let f = std::fs::File::open(p).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len > MAX_RECORD_BYTES {
+        return Err(format!("{len} bytes, over the {MAX_RECORD_BYTES}-byte cap"));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    // The length is rechecked while reading: the file may have grown since.
+    f.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > MAX_RECORD_BYTES {
+        return Err(format!("over the {MAX_RECORD_BYTES}-byte cap"));
+    }
+    serde_json::from_slice(&buf).map_err(|e| e.to_string())
+}
+
+/// `s` cut to at most [`MAX_LOGGED_NAME`] bytes, on a character boundary.
+fn cut(s: &str) -> &str {
+    if s.len() <= MAX_LOGGED_NAME {
+        return s;
+    }
+    let mut end = MAX_LOGGED_NAME;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 pub use crishim_proto::record::{now_nanos, write_atomic};
@@ -220,8 +339,8 @@ mod tests {
 
     #[test]
     fn records_round_trip_with_protobuf_configs() {
-        let dir = tempfile::tempdir().unwrap();
-        let rd = RecordDir::new(dir.path().to_path_buf()).unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let rd = RecordDir::new(root.path().join("pods")).unwrap();
         let config = cri::PodSandboxConfig {
             hostname: "h".into(),
             labels: [("a".to_string(), "b".to_string())].into(),
@@ -245,12 +364,99 @@ mod tests {
             ips: vec![],
         };
         rd.save(&rec.id, &rec).unwrap();
-        std::fs::write(dir.path().join("broken.json"), b"{").unwrap();
-        let back: Vec<PodRecord> = rd.load_all();
-        assert_eq!(back.len(), 1, "the torn record is skipped");
+        let back = rd.load_all::<PodRecord>().records;
+        assert_eq!(back.len(), 1);
         assert_eq!(back[0].config.hostname, "h");
         assert_eq!(back[0].config.labels["a"], "b");
         assert_eq!(rec.id.len(), 64);
+    }
+
+    fn pod_record(id: &str) -> PodRecord {
+        PodRecord {
+            id: id.into(),
+            config: Default::default(),
+            runtime_handler: String::new(),
+            state: PodState::Ready,
+            created_at: 1,
+            infra_pid: 2,
+            host_network: false,
+            host_pid: false,
+            host_ipc: false,
+            shared_pid: false,
+            shm: None,
+            cgroup_parent: String::new(),
+            cgroup_driver: Default::default(),
+            owned_cgroups: vec![],
+            ips: vec![],
+        }
+    }
+
+    #[test]
+    fn unreadable_records_go_to_quarantine() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let rd = RecordDir::new(root.path().join("pods")).unwrap();
+        rd.save("good", &pod_record("good")).unwrap();
+        let dir = root.path().join("pods");
+        std::fs::write(dir.join("torn.json"), b"{").unwrap();
+        std::fs::write(
+            dir.join("liar.json"),
+            serde_json::to_vec(&pod_record("x")).unwrap(),
+        )
+        .unwrap();
+        std::fs::create_dir(dir.join("adir.json")).unwrap();
+        // A record too large to be one: never read into memory.
+        std::fs::File::create(dir.join("huge.json"))
+            .unwrap()
+            .set_len(MAX_RECORD_BYTES + 1)
+            .unwrap();
+        std::fs::set_permissions(
+            dir.join("good.json"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let loaded = rd.load_all::<PodRecord>();
+        assert_eq!(loaded.records.len(), 1);
+        assert_eq!(loaded.records[0].id, "good");
+        let mut q = loaded.quarantined.clone();
+        q.sort();
+        assert_eq!(q, ["adir", "huge", "liar", "torn"]);
+        let mut names: Vec<_> = std::fs::read_dir(rd.quarantine_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "pods-adir.json",
+                "pods-huge.json",
+                "pods-liar.json",
+                "pods-torn.json"
+            ]
+        );
+        assert_eq!(rd.quarantine_dir(), root.path().join("quarantine"));
+        assert_eq!(
+            std::fs::metadata(dir.join("good.json"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o600,
+            "a loose record is tightened"
+        );
+        // A second torn record of the same name does not overwrite the first one's copy.
+        std::fs::write(dir.join("torn.json"), b"[").unwrap();
+        assert_eq!(rd.load_all::<PodRecord>().quarantined, ["torn"]);
+        assert_eq!(std::fs::read_dir(rd.quarantine_dir()).unwrap().count(), 5);
+    }
+
+    #[test]
+    fn logged_names_are_cut_on_a_character_boundary() {
+        let long = "é".repeat(300);
+        let c = cut(&long);
+        assert!(c.len() <= MAX_LOGGED_NAME && c.len() >= MAX_LOGGED_NAME - 1);
+        assert_eq!(cut("short"), "short");
     }
 
     #[test]

@@ -190,6 +190,14 @@ impl Shim {
             }
             outputs = vec![(out_r, "stdout"), (err_r, "stderr")];
         }
+        // libcontainer creates its root (and each container's directory in it, holding its
+        // state and notify socket) with 0755; the root is made first, root's alone.
+        if let Err(e) = crishim_proto::hostfs::create_private_dir(&self.lc_root) {
+            if let Some((_, path)) = &console {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(internal(&format!("creating {}", self.lc_root.display()), e));
+        }
         let built = builder
             .with_root_path(&self.lc_root)
             .and_then(|b| b.validate_id())
@@ -200,7 +208,11 @@ impl Shim {
                     .build()
             });
         let container = match built {
-            Ok(c) => c,
+            Ok(c) => {
+                // Its state and config (hooks with their env) become root's alone.
+                crishim_proto::hostfs::tighten_dir_and_files(&self.lc_root.join(id), |_, _| {});
+                c
+            }
             Err(e) => {
                 if let Some((_, path)) = &console {
                     let _ = std::fs::remove_file(path);
@@ -640,7 +652,9 @@ fn write_exec_process(
         .and_then(|l| l.seccomp().clone())
         .map(|s| SeccompExecutor::prepare(&mut process, s));
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
-    std::fs::write(out, json).map_err(|e| internal(&format!("writing {}", out.display()), e))?;
+    // It carries the container's environment: 0600 from the start.
+    crishim_proto::hostfs::write_private(out, &json)
+        .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
 }
 

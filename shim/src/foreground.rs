@@ -94,8 +94,11 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 fn main(o: &Opts) -> Result<i32, String> {
     crate::server::become_subreaper()?;
     // `crishim bundle delete` waits for this pid to be gone.
-    std::fs::write(o.dir.join(paths::SHIM_PID), std::process::id().to_string())
-        .map_err(|e| format!("writing {}: {e}", o.dir.display()))?;
+    crishim_proto::hostfs::write_private(
+        &o.dir.join(paths::SHIM_PID),
+        std::process::id().to_string().as_bytes(),
+    )
+    .map_err(|e| format!("writing {}: {e}", o.dir.display()))?;
     let tty = wants_terminal(&o.bundle)?;
     let rt = crate::server::runtime()?;
     let local = tokio::task::LocalSet::new();

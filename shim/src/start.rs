@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::PathBuf;
 
 use crishim_proto::shim::{paths, InfraSpec};
@@ -29,7 +30,7 @@ pub fn run(args: &[String]) -> ! {
         Some(Err(e)) => fail(&format!("--infra: {e}")),
         None => None,
     };
-    if let Err(e) = std::fs::create_dir_all(&dir) {
+    if let Err(e) = crishim_proto::hostfs::create_private_dir(&dir) {
         fail(&format!("creating {}: {e}", dir.display()));
     }
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -79,6 +80,7 @@ fn redirect_stdio(dir: &std::path::Path) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(crishim_proto::hostfs::FILE_MODE)
         .open(dir.join("shim.log"));
     if let Ok(null) = null {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
@@ -87,7 +89,10 @@ fn redirect_stdio(dir: &std::path::Path) {
     if let Ok(log) = log {
         let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
     }
-    let _ = std::fs::write(dir.join(paths::SHIM_PID), std::process::id().to_string());
+    let _ = crishim_proto::hostfs::write_private(
+        &dir.join(paths::SHIM_PID),
+        std::process::id().to_string().as_bytes(),
+    );
 }
 
 fn fail(msg: &str) -> ! {

@@ -127,6 +127,13 @@ pub enum Entry {
         path: String,
         target: String,
     },
+    /// A character device node, owned by root.
+    CharDevice {
+        path: String,
+        major: u32,
+        minor: u32,
+        mode: u32,
+    },
 }
 
 /// Builds a well-formed layer tar from in-memory entries (appended in order).
@@ -195,6 +202,16 @@ impl LayerBuilder {
         self.entry(Entry::Hardlink {
             path: rel(path),
             target: rel(target),
+        })
+    }
+
+    /// A character device node `major:minor` (e.g. 1:3, `/dev/null`), owned by root.
+    pub fn char_device(self, path: &str, major: u32, minor: u32, mode: u32) -> Self {
+        self.entry(Entry::CharDevice {
+            path: rel(path),
+            major,
+            minor,
+            mode,
         })
     }
 
@@ -267,6 +284,20 @@ impl LayerBuilder {
                     h.set_mode(0o644);
                     h.set_size(0);
                     b.append_link(&mut h, path, target).expect("tar hardlink");
+                }
+                Entry::CharDevice {
+                    path,
+                    major,
+                    minor,
+                    mode,
+                } => {
+                    h.set_entry_type(tar::EntryType::Char);
+                    h.set_mode(*mode);
+                    h.set_size(0);
+                    h.set_device_major(*major).expect("device major");
+                    h.set_device_minor(*minor).expect("device minor");
+                    b.append_data(&mut h, path, std::io::empty())
+                        .expect("tar device");
                 }
             }
         }

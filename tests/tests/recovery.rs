@@ -633,10 +633,12 @@ async fn daemon_sigkill_during_concurrent_run_and_create_then_restart() {
     let root = env.d.root_dir();
     let pod_records: Vec<PodRecord> = RecordDir::new(root.join("records/pods"))
         .unwrap()
-        .load_all();
+        .load_all()
+        .records;
     let container_records: Vec<ContainerRecord> = RecordDir::new(root.join("records/containers"))
         .unwrap()
-        .load_all();
+        .load_all()
+        .records;
     let record_of = |cfg: &cri::PodSandboxConfig| {
         pod_records
             .iter()

@@ -11,11 +11,17 @@
 //! Files are written first and renamed into place once verified; an image becomes visible only when
 //! its metadata transaction commits. Anything on disk that no committed record references is garbage,
 //! collected at start-up and after removals.
+//!
+//! Every directory of the store is root's alone (0700), so no host user reaches a setuid binary
+//! or a device node that a layer holds. Only the roots of content that a container sees as its `/`
+//! (a snapshot, an upper dir) are 0755: past the mount, its non-root user must traverse them.
 
 pub mod meta;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crishim_proto::hostfs::{self, create_private_dir};
 
 use crate::digest::Digest;
 use crate::error::{IoContext, Result};
@@ -26,6 +32,9 @@ pub struct Layout {
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The root of a layer or of a container's upper dir: overlay's `/` for the container.
+pub(crate) const CONTENT_DIR_MODE: u32 = 0o755;
 
 impl Layout {
     pub fn new(root: &Path) -> Self {
@@ -83,20 +92,47 @@ impl Layout {
         )
     }
 
-    /// Create the directory tree; clear what a crash left half-written.
+    /// Create the directory tree, root-only, tightening one that exists; clear what a crash left
+    /// half-written.
     pub fn init(&self) -> Result<()> {
         for d in [
+            self.root.clone(),
+            self.root.join("blobs"),
             self.blobs(),
             self.ingest(),
+            self.snapshots(),
             self.snapshots_tmp(),
             self.containers(),
         ] {
-            std::fs::create_dir_all(&d).ctx(|| format!("creating {}", d.display()))?;
+            create_private_dir(&d).ctx(|| format!("creating {}", d.display()))?;
         }
         for d in [self.ingest(), self.snapshots_tmp()] {
             for entry in std::fs::read_dir(&d).ctx(|| format!("reading {}", d.display()))? {
                 let path = entry.ctx(|| format!("reading {}", d.display()))?.path();
                 remove_any(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What an older daemon (or an admin) left looser than the layout wants: each container's
+    /// directory and its work dir, and the metadata database. Never anything inside a snapshot or
+    /// an upper dir: that is image and container content. Run once the database is open (redb
+    /// creates its file with the umask's mode).
+    pub fn tighten(&self) -> Result<()> {
+        let mut paths = vec![(self.meta(), hostfs::FILE_MODE)];
+        for entry in std::fs::read_dir(self.containers())
+            .ctx(|| format!("reading {}", self.containers().display()))?
+        {
+            let dir = entry
+                .ctx(|| format!("reading {}", self.containers().display()))?
+                .path();
+            paths.push((dir.join("work"), hostfs::DIR_MODE));
+            paths.push((dir, hostfs::DIR_MODE));
+        }
+        for (p, mode) in paths {
+            if hostfs::tighten(&p, mode).ctx(|| format!("chmod {}", p.display()))? {
+                tracing::info!(path = %p.display(), "tightened the mode of a root-only path");
             }
         }
         Ok(())

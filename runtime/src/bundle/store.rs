@@ -3,6 +3,7 @@
 //! default, the log. The directory's existence is the id's reservation: it is made with a plain
 //! `mkdir`, so two concurrent creates of one id cannot both win.
 
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -80,10 +81,15 @@ impl Store {
     /// Claim `id`'s directory and write its record there.
     pub fn reserve(&self, record: &BundleRecord) -> Result<Reservation, BundleError> {
         validate_id(&record.id)?;
-        std::fs::create_dir_all(&self.root)
+        crishim_proto::hostfs::create_private_dir(&self.root)
             .map_err(|e| BundleError::io("creating", &self.root, e))?;
         let dir = self.dir(&record.id);
-        match std::fs::create_dir(&dir) {
+        // Created, not reused: an existing directory means the id is taken.
+        match std::fs::DirBuilder::new()
+            .mode(crishim_proto::hostfs::DIR_MODE)
+            .create(&dir)
+            .and_then(|()| crishim_proto::hostfs::create_private_dir(&dir))
+        {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(BundleError::AlreadyExists {

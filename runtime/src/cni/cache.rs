@@ -6,7 +6,6 @@
 //! removed after a successful DEL.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -51,17 +50,11 @@ pub fn load(dir: &Path, id: &str) -> Result<Option<CacheEntry>, String> {
         .map_err(|e| format!("{}: invalid cache entry: {e}", p.display()))
 }
 
-/// Writes the entry atomically (a temp file renamed over it).
+/// Writes the entry atomically (a temp file renamed over it), root's alone.
 pub fn store(dir: &Path, entry: &CacheEntry) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let dest = path(dir, &entry.container_id);
-    let tmp = dir.join(format!(".{}.json.tmp", entry.container_id));
+    crishim_proto::hostfs::create_private_dir(dir)?;
     let data = serde_json::to_vec_pretty(entry).expect("serializing a cache entry");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(&data)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, &dest)
+    crishim_proto::record::write_atomic(&path(dir, &entry.container_id), &data)
 }
 
 /// Removes the entry; a missing one is fine.

@@ -42,7 +42,7 @@ pub fn pin_path(source: &Path, path: &Path) -> io::Result<()> {
         ));
     }
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+        crishim_proto::hostfs::create_private_dir(parent)?;
     }
     let created = match std::fs::OpenOptions::new()
         .write(true)

@@ -50,8 +50,9 @@ pub struct ContainerDir {
 }
 
 impl ContainerDir {
+    /// Root's alone (0700, parents too): what a container needs of it is bind-mounted.
     pub fn create(path: PathBuf) -> Result<ContainerDir, GpuError> {
-        std::fs::create_dir_all(&path)
+        crishim_proto::hostfs::create_private_dir(&path)
             .map_err(|e| GpuError::io(format!("creating {}", path.display()), e))?;
         Ok(ContainerDir { path })
     }

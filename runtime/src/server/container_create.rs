@@ -152,7 +152,9 @@ impl Inner {
         // crash means "half created", and start-up recovery undoes it.
         self.save_container(&record)?;
 
-        std::fs::create_dir_all(&rootfs)
+        // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
+        // root (the upper dir) has the mode the container sees.
+        crishim_proto::hostfs::create_private_dir(&rootfs)
             .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
         // Always writable here: the runtime still creates mount points in the rootfs, and then
         // remounts it read-only itself when the spec says `root.readonly` (as runc does).
@@ -205,7 +207,10 @@ impl Inner {
         let mut annotations = spec.annotations().clone().unwrap_or_default();
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
-        spec.save(bundle.join("config.json"))
+        // It holds the container's environment: 0600 from the start.
+        let json = serde_json::to_vec(&spec)
+            .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
+        crishim_proto::hostfs::write_private(&bundle.join("config.json"), &json)
             .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
 
         let req = Request::Create {

@@ -228,7 +228,8 @@ impl Inner {
         self.remove_strays().await;
     }
 
-    /// Directories (and their mounts) of pods and containers that have no record.
+    /// Directories (and their mounts) of pods and containers that have no record. Those whose
+    /// record was quarantined are kept.
     async fn remove_strays(&self) {
         let (pods, containers) = {
             let index = self.index.lock().unwrap();
@@ -252,7 +253,7 @@ impl Inner {
                     .flatten()
                     .flatten()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| !known.contains(n))
+                    .filter(|n| !known.contains(n) && !self.quarantined.contains(n))
                     .collect()
             };
         for id in stray(self.config.state_dir.join("containers"), &containers) {

@@ -1,7 +1,7 @@
 //! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
 //! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +30,9 @@ pub struct Inner {
     pub(super) index: Mutex<Index>,
     pub(super) pod_records: RecordDir,
     pub(super) container_records: RecordDir,
+    /// Ids of pods and containers whose record was unreadable at start-up and quarantined: their
+    /// directories are never removed as strays.
+    pub(super) quarantined: HashSet<String>,
     /// Serialises lifecycle operations on one pod or container.
     pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) shim_binary: PathBuf,
@@ -64,13 +67,21 @@ impl RuntimeService {
         pod_records.remove_temporaries();
         container_records.remove_temporaries();
         let mut index = Index::default();
-        for p in pod_records.load_all::<PodRecord>() {
+        let pods = pod_records.load_all::<PodRecord>();
+        let containers = container_records.load_all::<ContainerRecord>();
+        // Their files stay: a person may recover them from the quarantined record.
+        let quarantined: HashSet<String> = pods
+            .quarantined
+            .into_iter()
+            .chain(containers.quarantined)
+            .collect();
+        for p in pods.records {
             if let Some(m) = &p.config.metadata {
                 let _ = index.reserve(&crate::records::pod_name(m), &p.id);
             }
             index.pods.insert(p.id.clone(), p);
         }
-        for c in container_records.load_all::<ContainerRecord>() {
+        for c in containers.records {
             let pod_meta = index
                 .pods
                 .get(&c.pod_id)
@@ -104,6 +115,7 @@ impl RuntimeService {
                 index: Mutex::new(index),
                 pod_records,
                 container_records,
+                quarantined,
                 locks: Mutex::default(),
                 shim_binary,
                 init_binary,

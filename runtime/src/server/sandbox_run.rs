@@ -180,7 +180,7 @@ impl Inner {
         self.save_pod(&record)?;
 
         for d in [&files, &state] {
-            std::fs::create_dir_all(d)
+            crishim_proto::hostfs::create_private_dir(d)
                 .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
         }
         let hostname = if host_network {
@@ -254,7 +254,7 @@ impl Inner {
 
 /// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
 fn mount_shm(dir: &Path) -> Result<(), Status> {
-    std::fs::create_dir_all(dir)
+    crishim_proto::hostfs::create_private_dir(dir)
         .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
     nix::mount::mount(
         Some("shm"),
