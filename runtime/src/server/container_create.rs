@@ -62,7 +62,10 @@ impl RuntimeService {
             .resolve(&image_name)
             .map_err(from_image_error)?
             .ok_or_else(|| {
-                Status::not_found(format!("image {image_name:?} not found: pull it first"))
+                Status::not_found(format!(
+                    "image {:?} not found: pull it first",
+                    crishim_images::shown::shown(&image_name)
+                ))
             })?;
 
         let id = new_id();
