@@ -1,6 +1,7 @@
 //! `RunPodSandbox`: reserve the name, write the pod's files (hostname, resolv.conf, hosts), mount its
 //! /dev/shm, start its shim and infra process, record it. Any failure undoes what was done.
 
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
@@ -284,8 +285,12 @@ fn write_pod_files(
     dns: Option<&cri::DnsConfig>,
     host_network: bool,
 ) -> Result<(), Status> {
+    // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
+    // (the directory holding them is root's alone).
     let write = |name: &str, data: String| {
-        std::fs::write(dir.join(name), data)
+        let path = dir.join(name);
+        std::fs::write(&path, data)
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
             .map_err(|e| Status::internal(format!("writing pod {name}: {e}")))
     };
     write("hostname", format!("{hostname}\n"))?;
