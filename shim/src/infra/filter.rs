@@ -2,8 +2,11 @@
 //! by libseccomp, so a pod's start costs no libseccomp work and no memory for it.
 //!
 //! The infra process only waits for signals and reaps; those are the calls the filter lets through
-//! (found with `strace -f -p <infra pid>` on a running pod, plus `exit` and `restart_syscall`, which
-//! the kernel or libc may issue). Any other call, a foreign architecture or an x32 call kills the
+//! (glibc's `sigwait` is `rt_sigtimedwait`, `waitpid` is `wait4`, `_exit` is `exit_group`), plus
+//! `waitid`, `exit`, `rt_sigreturn` and `restart_syscall`, which libc or the kernel may issue.
+//! `strace -f -p` of a shared-pid pod's infra while orphans exit shows only `rt_sigtimedwait` and
+//! `wait4`. Everything else (mounts, capabilities, closing descriptors) happens before the filter
+//! is loaded. Any other call, a foreign architecture or an x32 call kills the
 //! process: it can only mean the process was subverted (say through `ptrace` by a container with
 //! `CAP_SYS_PTRACE`), and an error code would leave a subverted loop running. Its death is logged by
 //! the shim, and the pod's namespaces stay pinned by the containers in them.
