@@ -317,7 +317,7 @@ fn validate_id(id: &str) -> Result<()> {
 }
 
 /// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };

@@ -8,7 +8,8 @@
 //!   `--infra`, the detached OCI bundle) whose state lives in DIR; exits once its socket is ready.
 //! - `crishim-shim run --dir DIR --id ID --bundle BUNDLE`: run one bundle in the foreground
 //!   (`crishim bundle run`) and exit with its exit code.
-//! - `crishim-shim infra`: the pod's infra process (pins namespaces; PID 1 of a shared pid namespace).
+//! - `crishim-shim infra`: the pod's infra process (pins namespaces; PID 1 of a shared pid
+//!   namespace), confined to an empty root with no privileges; reports readiness on fd 3.
 //! - `crishim-shim cleanup --dir DIR`: kill and remove what a dead shim left behind.
 
 mod cleanup;

@@ -182,6 +182,24 @@ impl Daemon {
             .ok_or_else(|| Status::internal("PodSandboxStatus answered without a status"))
     }
 
+    /// The pod's infra process, as the verbose PodSandboxStatus reports it.
+    pub async fn infra_pid(&self, pod_id: &str) -> Result<i32, Status> {
+        let info = self
+            .runtime_client()
+            .pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: pod_id.to_string(),
+                verbose: true,
+            })
+            .await?
+            .into_inner()
+            .info;
+        info.get("info")
+            .and_then(|i| serde_json::from_str::<serde_json::Value>(i).ok())
+            .and_then(|v| v["pid"].as_i64())
+            .map(|pid| pid as i32)
+            .ok_or_else(|| Status::internal("the verbose PodSandboxStatus has no pid"))
+    }
+
     pub async fn list_pods(
         &self,
         filter: Option<cri::PodSandboxFilter>,

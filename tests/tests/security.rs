@@ -1,14 +1,14 @@
 //! Security contexts, checked from inside real busybox containers: users and groups, privileged
 //! mode, capabilities, no_new_privs, read-only rootfs and masked/read-only paths, sysctls,
-//! seccomp, AppArmor/SELinux options on a host without them, and CRI devices. Every test ends
-//! with a leak check.
+//! seccomp, AppArmor/SELinux options on a host without them, CRI devices, and the infra process
+//! as seen from a container. Every test ends with a leak check.
 
 use crishim_proto::cri;
 use crishim_tests::image::{busybox_layer, Image};
 use crishim_tests::pods::{
     assert_no_leaks, container_security, marker, namespaces, set_container_privileged,
-    set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_CONTAINER, NS_NODE,
-    NS_POD,
+    set_pod_namespaces, set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM,
+    NS_CONTAINER, NS_NODE, NS_POD,
 };
 
 /// containerd's default capability set (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW,
@@ -252,6 +252,66 @@ async fn no_new_privs_is_set_on_the_process() {
     let plain = start(&env, &pod, &pod_cfg, &mut traces, "plain", |_| {}).await;
     let st = env.d.exec_ok(&plain, &["cat", "/proc/self/status"]).await;
     assert_eq!(status_field(&st, "NoNewPrivs"), "0");
+
+    finish(env, &pod, traces).await;
+}
+
+/// Issue 13's `/proc/1/root` experiment: in a pod sharing its pid namespace, PID 1 is the infra
+/// process. A container given CAP_SYS_PTRACE (as `kubectl debug --profile=general` does) looks
+/// through it and finds an empty root, no descriptors, and a process with no privileges.
+#[tokio::test]
+async fn infra_process_shows_an_empty_root_and_holds_no_privileges() {
+    let env = PodEnv::start().await;
+    let mut pod_cfg = env.pod_config("infra-door");
+    set_pod_namespaces(&mut pod_cfg, namespaces(NS_POD, NS_POD, NS_POD));
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &pod_cfg);
+    let debug = start(&env, &pod, &pod_cfg, &mut traces, "debug", |c| {
+        container_security(c).capabilities = Some(cri::Capability {
+            add_capabilities: vec!["SYS_PTRACE".to_string()],
+            ..Default::default()
+        });
+    })
+    .await;
+    let pid1 = env.d.exec_ok(&debug, &["cat", "/proc/1/cmdline"]).await;
+    assert_eq!(pid1.trim_end_matches('\0'), "crishim-shim\0infra");
+
+    let (code, out, err) = exec(&env, &debug, &["head", "-2", "/proc/1/root/etc/shadow"]).await;
+    assert!(
+        code != 0 && !out.contains("root:"),
+        "the host's /etc/shadow through /proc/1/root: exit {code}\n{out}{err}"
+    );
+    // Reachable (CAP_SYS_PTRACE), and empty.
+    let (code, out, err) = exec(&env, &debug, &["ls", "-A", "/proc/1/root/"]).await;
+    assert_eq!((code, out.trim()), (0, ""), "ls /proc/1/root/: {err}");
+    let (code, out, err) = exec(&env, &debug, &["ls", "/proc/1/fd/"]).await;
+    assert_eq!((code, out.trim()), (0, ""), "ls /proc/1/fd/: {err}");
+    // The pod's namespaces still work: the container shares the infra's network namespace.
+    let (ctr_net, infra_net) = (
+        env.d
+            .exec_ok(&debug, &["readlink", "/proc/self/ns/net"])
+            .await,
+        env.d.exec_ok(&debug, &["readlink", "/proc/1/ns/net"]).await,
+    );
+    assert_eq!(ctr_net, infra_net);
+
+    let infra = env.d.infra_pid(&pod).await.unwrap();
+    let st = std::fs::read_to_string(format!("/proc/{infra}/status")).unwrap();
+    for field in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(hex(&status_field(&st, field)), 0, "infra {field}: {st}");
+    }
+    assert_eq!(status_field(&st, "NoNewPrivs"), "1", "{st}");
+    assert_eq!(status_field(&st, "Seccomp"), "2", "{st}");
+    let root: Vec<_> = std::fs::read_dir(format!("/proc/{infra}/root"))
+        .unwrap()
+        .collect();
+    assert!(root.is_empty(), "the infra's root is not empty: {root:?}");
+    let mnt = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(
+        mnt(&infra.to_string()),
+        mnt("self"),
+        "infra in the host's mount namespace"
+    );
 
     finish(env, &pod, traces).await;
 }

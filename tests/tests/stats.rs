@@ -238,20 +238,6 @@ async fn container_pid(env: &PodEnv, id: &str) -> i32 {
     verbose_pid(&r.info)
 }
 
-async fn infra_pid(env: &PodEnv, id: &str) -> i32 {
-    let r = env
-        .d
-        .runtime_client()
-        .pod_sandbox_status(cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.to_string(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    verbose_pid(&r.info)
-}
-
 fn sorted(v: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
     v.sort();
@@ -565,7 +551,7 @@ async fn pod_sandbox_stats_cover_cpu_memory_processes_and_network() {
 
     // The pod with its own cgroup: CPU and memory of the pod cgroup, network of its eth0.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let infra = infra_pid(&env, &own_pod).await;
+    let infra = env.d.infra_pid(&own_pod).await.unwrap();
     let parent = own_cfg.linux.as_ref().unwrap().cgroup_parent.clone();
     let (pod_cpu, pod_mem) = (
         cgroup_dir(&parent, "cpuacct"),

@@ -6,7 +6,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use crishim_tests::daemon::{daemon_bin, workspace_root, DaemonOptions};
-use crishim_tests::pods::{host_processes, PodEnv};
+use crishim_tests::pods::{host_processes, mounts_of, PodEnv};
 use serde_json::Value;
 
 /// Run `crishim run [args] MANIFEST` with `manifest` written to a file; returns the process output.
@@ -54,13 +54,19 @@ fn time_of(c: &Value, field: &str) -> std::time::SystemTime {
     .unwrap()
 }
 
-/// The run left no pod, no run directory and no process behind.
+/// The run left no pod, no run directory, no mount and no process behind.
 async fn assert_run_left_nothing(env: &PodEnv) {
     assert!(
         env.d.list_pod_ids(None).await.unwrap().is_empty(),
         "the run's pod is still listed"
     );
     let runs = env.d.state_dir().join("runs");
+    let mounted: Vec<String> = mounts_of(None)
+        .into_iter()
+        .filter(|m| Path::new(&m.mount_point).starts_with(&runs))
+        .map(|m| m.line)
+        .collect();
+    assert!(mounted.is_empty(), "mounts of the run left: {mounted:#?}");
     let left: Vec<PathBuf> = std::fs::read_dir(&runs)
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default();
@@ -349,6 +355,106 @@ async fn an_image_that_cannot_be_pulled_fails_the_run_and_leaves_nothing() {
         .unwrap()
         .iter()
         .all(|c| c["reason"] == "NotStarted"));
+    assert_run_left_nothing(&env).await;
+    env.stop();
+}
+
+/// Issue 13's subPath attack: an init container plants `ln -s / /data/esc` in an emptyDir, and the
+/// main container mounts `subPath: esc`; a hostPath volume holds a `link -> /` the same way. Each
+/// subPath is resolved inside its volume, so the main container sees the volumes, never the
+/// host's `/` (a marker file put there for the test).
+#[tokio::test]
+async fn subpath_symlinks_resolve_inside_their_volume() {
+    let env = PodEnv::start().await;
+    let host_marker = Path::new("/").join(format!("crishim-subpath-{}", std::process::id()));
+    std::fs::write(&host_marker, "host\n").unwrap();
+    let hostdir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("/", hostdir.path().join("link")).unwrap();
+    std::fs::write(hostdir.path().join("in-hostpath"), "").unwrap();
+    let manifest = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: subpath-attack}}
+spec:
+  initContainers:
+  - name: plant
+    image: {image}
+    command: ["sh", "-c", "ln -s / /data/esc && touch /data/in-emptydir"]
+    volumeMounts: [{{name: data, mountPath: /data}}]
+  containers:
+  - name: main
+    image: {image}
+    command: ["sh", "-c", "ls -A /esc; echo --; ls -A /hp; echo --; ls -A /hp-etc"]
+    volumeMounts:
+    - {{name: data, mountPath: /esc, subPath: esc}}
+    - {{name: host, mountPath: /hp, subPath: link}}
+    - {{name: host, mountPath: /hp-etc, subPath: link/etc}}
+  volumes:
+  - {{name: data, emptyDir: {{}}}}
+  - {{name: host, hostPath: {{path: {host}, type: Directory}}}}
+"#,
+        image = env.image(),
+        host = hostdir.path().display(),
+    );
+    let (out, _) = crishim_run(env.d.config_path(), &manifest, &[]).await;
+    let _ = std::fs::remove_file(&host_marker);
+    let r = result_of(&out);
+    let stdout = container(&r, "main")["stdout"].as_str().unwrap_or_default();
+    let name = host_marker.file_name().unwrap().to_string_lossy();
+    assert!(
+        !stdout.contains(&*name),
+        "a subPath showed the host's /: {r:#}"
+    );
+    let parts: Vec<Vec<&str>> = stdout.split("--\n").map(|p| p.lines().collect()).collect();
+    assert_eq!(parts.len(), 3, "{r:#}");
+    assert!(
+        parts[0].contains(&"in-emptydir"),
+        "/esc is not the emptyDir: {r:#}"
+    );
+    assert!(
+        parts[1].contains(&"in-hostpath"),
+        "/hp is not the hostPath: {r:#}"
+    );
+    assert!(
+        parts[2].is_empty(),
+        "/hp-etc is not a new directory of the volume: {r:#}"
+    );
+    assert!(
+        hostdir.path().join("etc").is_dir(),
+        "link/etc was not made in the volume"
+    );
+    assert_eq!(r["phase"], "Succeeded", "{r:#}");
+    assert_run_left_nothing(&env).await;
+
+    // A subPath that cannot be resolved inside its volume (a dangling symlink out of it) fails the
+    // run before the container is created, and undoes the binds already made.
+    std::os::unix::fs::symlink("/nonexistent-crishim", hostdir.path().join("dangling")).unwrap();
+    let failing = format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: subpath-dangling}}
+spec:
+  containers:
+  - name: main
+    image: {image}
+    command: ["true"]
+    volumeMounts:
+    - {{name: host, mountPath: /hp, subPath: link}}
+    - {{name: host, mountPath: /bad, subPath: dangling}}
+  volumes:
+  - {{name: host, hostPath: {{path: {host}, type: Directory}}}}
+"#,
+        image = env.image(),
+        host = hostdir.path().display(),
+    );
+    let (out, _) = crishim_run(env.d.config_path(), &failing, &[]).await;
+    let r = result_of(&out);
+    assert_eq!(r["phase"], "Failed", "{r:#}");
+    let message = r["message"].as_str().unwrap_or_default();
+    assert!(message.contains("subPath \"dangling\""), "{r:#}");
+    assert!(!Path::new("/nonexistent-crishim").exists());
     assert_run_left_nothing(&env).await;
     env.stop();
 }

@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 
 use super::manifest::{Plan, RestartPolicy, Role, Step, VolumeSource};
 use super::result::{self, ContainerResult, OutputResult, Phase, RunResult};
+use super::subpath;
 use super::translate;
 use super::WorkflowError;
 
@@ -264,6 +265,7 @@ impl Runner {
 
     /// Remove the failed attempt and wait out the back-off before the next.
     async fn backoff(&mut self, i: usize) {
+        let binds = self.binds_dir(i);
         let slot = &mut self.slots[i];
         if let Some(id) = slot.id.take() {
             let _ = self
@@ -272,6 +274,7 @@ impl Runner {
                 .remove_container(cri::RemoveContainerRequest { container_id: id })
                 .await;
         }
+        release_binds(&binds);
         slot.result.restart_count += 1;
         let wait = BACKOFF
             .saturating_mul(1 << (slot.result.restart_count - 1).min(5))
@@ -285,31 +288,43 @@ impl Runner {
 
     async fn start(&mut self, i: usize) -> Result<(), Ending> {
         let (pod_id, pod_config) = self.pod.clone().unwrap_or_default();
-        let run_dir = self.run_dir.clone();
         let slot = &self.slots[i];
         let name = slot.result.name.clone();
-        let config = translate::container_config(
-            &self.plan,
-            &slot.step.container,
-            slot.result.restart_count,
-            &|v| translate::host_dir(v, &run_dir),
-        )
-        .map_err(|e| Ending::Failed {
-            reason: "Error",
-            message: e.to_string(),
-        })?;
-        let id = self
-            .cri
-            .rt
-            .create_container(cri::CreateContainerRequest {
-                pod_sandbox_id: pod_id,
-                config: Some(config),
-                sandbox_config: Some(pod_config),
+        let binds = self.binds_dir(i);
+        let config = self
+            .mount_sources(i)
+            .and_then(|sources| {
+                translate::container_config(
+                    &self.plan,
+                    &slot.step.container,
+                    slot.result.restart_count,
+                    &sources,
+                )
             })
-            .await
-            .map_err(|s| cri_error("CreateContainer", &name, s))?
-            .into_inner()
-            .container_id;
+            .map_err(|e| Ending::Failed {
+                reason: "Error",
+                message: e.to_string(),
+            });
+        let created = match config {
+            Ok(config) => self
+                .cri
+                .rt
+                .create_container(cri::CreateContainerRequest {
+                    pod_sandbox_id: pod_id,
+                    config: Some(config),
+                    sandbox_config: Some(pod_config),
+                })
+                .await
+                .map_err(|s| cri_error("CreateContainer", &name, s)),
+            Err(e) => Err(e),
+        };
+        let id = match created {
+            Ok(r) => r.into_inner().container_id,
+            Err(e) => {
+                release_binds(&binds);
+                return Err(e);
+            }
+        };
         self.slots[i].id = Some(id.clone());
         self.cri
             .rt
@@ -317,6 +332,45 @@ impl Runner {
             .await
             .map_err(|s| cri_error("StartContainer", &name, s))?;
         Ok(())
+    }
+
+    /// Where slot `i`'s current attempt has its subPath binds (by index: names are not paths).
+    fn binds_dir(&self, i: usize) -> PathBuf {
+        subpath::attempt_dir(
+            &self.run_dir,
+            &i.to_string(),
+            self.slots[i].result.restart_count,
+        )
+    }
+
+    /// The host path of each of slot `i`'s volume mounts: the volume's directory, or a bind of
+    /// its subPath resolved inside it. On an error, the binds made so far are undone.
+    fn mount_sources(&self, i: usize) -> Result<Vec<PathBuf>, WorkflowError> {
+        let dir = self.binds_dir(i);
+        let c = &self.slots[i].step.container;
+        let sources = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(k, m)| {
+                let v = self
+                    .plan
+                    .volumes
+                    .iter()
+                    .find(|v| v.name == m.name)
+                    .expect("mounts were checked against the volumes");
+                let host = translate::host_dir(v, &self.run_dir);
+                match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
+                    Some(sub) => subpath::bind(&host, sub, &dir, k),
+                    None => Ok(host),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>();
+        if sources.is_err() {
+            release_binds(&dir);
+        }
+        sources
     }
 
     async fn status(&mut self, i: usize) -> Result<Option<cri::ContainerStatus>, Ending> {
@@ -524,7 +578,7 @@ impl Runner {
                 path == mp || path.starts_with(&format!("{mp}/"))
             })
             .max_by_key(|m| m.mount_path.len());
-        let (root, rel) = match mount {
+        let (root, sub, rel) = match mount {
             Some(m) => {
                 let v = self
                     .plan
@@ -532,16 +586,16 @@ impl Runner {
                     .iter()
                     .find(|v| v.name == m.name)
                     .ok_or("no such volume")?;
-                let mut root = translate::host_dir(v, &self.run_dir);
-                if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                    root = root.join(sub);
-                }
+                let root = translate::host_dir(v, &self.run_dir);
+                let sub = m.sub_path.as_deref().unwrap_or_default();
                 let rel = path[m.mount_path.trim_end_matches('/').len()..].to_string();
-                (root, rel)
+                (root, sub, rel)
             }
-            None => (self.rootfs(i).await?, path.to_string()),
+            None => (self.rootfs(i).await?, "", path.to_string()),
         };
-        let dir = std::fs::File::open(&root).map_err(|e| format!("{}: {e}", root.display()))?;
+        // The subPath too is resolved inside the volume: it may be a symlink a container made.
+        let dir =
+            subpath::open_dir(&root, sub).map_err(|e| format!("{}/{sub}: {e}", root.display()))?;
         let f = crate::spec::user::openat2_in_root(&dir, rel.trim_start_matches('/'))
             .map_err(|e| format!("{path}: {e}"))?;
         result::read_capped(f, self.opts.max_output)
@@ -604,11 +658,24 @@ impl Runner {
                 eprintln!("crishim run: RemovePodSandbox {pod}: {}", s.message());
             }
         }
+        if let Err(e) = subpath::release_all(&self.run_dir) {
+            eprintln!("crishim run: {e}");
+        }
         for v in &self.plan.volumes {
             if v.source == (VolumeSource::EmptyDir { memory: true }) {
                 let dir = translate::host_dir(v, &self.run_dir);
                 let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
             }
+        }
+        // Removing a directory with a mount below it would delete the mounted files: a subPath
+        // bind can show a hostPath's files.
+        let mounted = crishim_images::mounts_under(&self.run_dir);
+        if !mounted.is_empty() {
+            eprintln!(
+                "crishim run: {} is kept: still mounted below it: {mounted:?}",
+                self.run_dir.display()
+            );
+            return;
         }
         if let Err(e) = std::fs::remove_dir_all(&self.run_dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -665,6 +732,13 @@ impl Runner {
             containers,
             outputs,
         }
+    }
+}
+
+/// Undo an attempt's subPath binds; a failure is reported, and the run's directory then kept.
+fn release_binds(dir: &Path) {
+    if let Err(e) = subpath::release(dir) {
+        eprintln!("crishim run: {e}");
     }
 }
 

@@ -8,6 +8,7 @@ mod endpoint;
 mod lifecycle;
 pub mod manifest;
 mod result;
+mod subpath;
 mod translate;
 
 use std::io::Read;

@@ -56,41 +56,26 @@ pub fn log_path(name: &str, attempt: u32) -> String {
     format!("{name}/{attempt}.log")
 }
 
-/// The CRI config of `c`'s `attempt`; `volume_dir` gives each volume's directory on the host.
+/// The CRI config of `c`'s `attempt`; `sources` gives the host path of each of its volume mounts,
+/// in order (the volume's directory, or its subPath's bind: see [`super::subpath`]).
 pub fn container_config(
     plan: &Plan,
     c: &Container,
     attempt: u32,
-    volume_dir: &dyn Fn(&Volume) -> std::path::PathBuf,
+    sources: &[std::path::PathBuf],
 ) -> Result<cri::ContainerConfig, WorkflowError> {
     let mounts = c
         .volume_mounts
         .iter()
         .flatten()
-        .map(|m| {
-            let v = plan
-                .volumes
-                .iter()
-                .find(|v| v.name == m.name)
-                .expect("mounts were checked against the volumes");
-            let mut host = volume_dir(v);
-            if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
-                host = host.join(sub);
-                // Like the kubelet: a missing subPath of a volume is created.
-                if !host.exists() {
-                    std::fs::create_dir_all(&host).map_err(|e| {
-                        WorkflowError::Setup(format!("creating subPath {}: {e}", host.display()))
-                    })?;
-                }
-            }
-            Ok(cri::Mount {
-                container_path: m.mount_path.clone(),
-                host_path: host.to_string_lossy().into_owned(),
-                readonly: m.read_only.unwrap_or(false),
-                ..Default::default()
-            })
+        .zip(sources)
+        .map(|(m, host)| cri::Mount {
+            container_path: m.mount_path.clone(),
+            host_path: host.to_string_lossy().into_owned(),
+            readonly: m.read_only.unwrap_or(false),
+            ..Default::default()
         })
-        .collect::<Result<Vec<_>, WorkflowError>>()?;
+        .collect();
     let sc = c.security_context.as_ref();
     let caps = sc.and_then(|s| s.capabilities.as_ref());
     Ok(cri::ContainerConfig {

@@ -1,0 +1,188 @@
+//! The pod's infra process: crishim's own "pause". It is cloned into the pod's new namespaces, sets
+//! the hostname and brings loopback up, then execs `crishim-shim infra`, which only waits: it pins
+//! the namespaces, and as PID 1 of a shared pid namespace it reaps every orphan.
+//!
+//! Before it waits it confines itself ([`confine`], [`filter`]): a mount namespace of its own with
+//! an empty read-only root, no capabilities, `no_new_privs` and a seccomp filter. A container that
+//! can see it (shared pid namespace) and ptrace it finds nothing of the host behind it.
+
+mod confine;
+mod filter;
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+
+use crishim_proto::shim::InfraSpec;
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+
+/// Longest readiness report read from the infra process.
+const MAX_REPORT: u64 = 4096;
+
+/// The descriptor on which `crishim-shim infra` reports `ok` or `error: ...`: a fixed number, so
+/// that its command line stays `crishim-shim infra`, as `ps` in a shared-pid pod shows it.
+const READY_FD: i32 = 3;
+
+/// Clone the infra process into new namespaces; returns its pid (in our pid namespace) once it has
+/// confined itself, or why it could not.
+pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding own executable: {e}"))?;
+    let exe = CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
+    // The infra process reports `ok` or its error on `w`; EOF means it died before.
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("pipe for the infra process: {e}"))?;
+    let ready_fd = w.as_raw_fd();
+    let argv = [
+        CString::new("crishim-shim").unwrap(),
+        CString::new("infra").unwrap(),
+    ];
+    let hostname = spec.hostname.clone();
+    let mut flags = CloneFlags::empty();
+    for (on, f) in [
+        (spec.net, CloneFlags::CLONE_NEWNET),
+        (spec.ipc, CloneFlags::CLONE_NEWIPC),
+        (spec.uts, CloneFlags::CLONE_NEWUTS),
+        (spec.pid, CloneFlags::CLONE_NEWPID),
+    ] {
+        if on {
+            flags |= f;
+        }
+    }
+    let net = spec.net;
+    let uts = spec.uts;
+    let mut stack = vec![0u8; 64 * 1024];
+    let child = Box::new(move || -> isize {
+        if uts && !hostname.is_empty() && nix::unistd::sethostname(&hostname).is_err() {
+            return 10;
+        }
+        if net {
+            loopback_up();
+        }
+        // Our copy of the descriptor table: the report pipe becomes READY_FD, open across exec.
+        // SAFETY: dup2/fcntl on descriptors of this (about to exec) child.
+        let inherited = unsafe {
+            if ready_fd == READY_FD {
+                libc::fcntl(READY_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(ready_fd, READY_FD)
+            }
+        };
+        if inherited < 0 {
+            return 12;
+        }
+        let _ = nix::unistd::execv(&exe, &argv);
+        11
+    });
+    // SAFETY: the shim is single-threaded here; the child runs only the closure above, then execs.
+    let pid = unsafe { nix::sched::clone(child, &mut stack, flags, Some(Signal::SIGCHLD as i32)) }
+        .map_err(|e| format!("clone infra process ({flags:?}): {e}"))?;
+    drop(w);
+    let mut report = String::new();
+    let _ = std::fs::File::from(r)
+        .take(MAX_REPORT)
+        .read_to_string(&mut report);
+    if report.trim() == "ok" {
+        return Ok(pid.as_raw());
+    }
+    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    let status = waitpid(pid, None);
+    Err(match report.trim().strip_prefix("error: ") {
+        Some(e) => format!("infra process: {e}"),
+        None => format!("infra process exited before it was ready: {status:?}"),
+    })
+}
+
+/// `ip link set lo up`, with one ioctl, in the new network namespace.
+fn loopback_up() {
+    // SAFETY: plain socket/ioctl calls on a zeroed ifreq we own.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return;
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            req.ifr_name[i] = *b as libc::c_char;
+        }
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+        }
+        libc::close(fd);
+    }
+}
+
+/// `crishim-shim infra`: confine ourselves, report on [`READY_FD`], then wait.
+pub fn run() -> ! {
+    let set = signals();
+    // PID 1 ignores signals it has no handler for; blocking them and waiting makes them arrive.
+    let _ = set.thread_block();
+    let mut ready = ready_pipe();
+    let mut program = filter::program();
+    if let Err(e) = confine::empty_root().and_then(|()| confine::drop_privileges()) {
+        eprintln!("crishim-shim infra: {e}");
+        if let Some(r) = &mut ready {
+            let _ = r.write_all(format!("error: {e}").as_bytes());
+        }
+        // SAFETY: _exit ends the process at once, skipping atexit handlers.
+        unsafe { libc::_exit(1) }
+    }
+    if let Some(r) = &mut ready {
+        let _ = r.write_all(b"ok");
+    }
+    // The report pipe goes with every other descriptor.
+    std::mem::forget(ready);
+    confine::close_all_fds();
+    // Last, as it forbids everything but waiting; no_new_privs lets us load it without capabilities.
+    if filter::load(&mut program).is_err() {
+        // SAFETY: as above.
+        unsafe { libc::_exit(2) }
+    }
+    wait_loop(&set)
+}
+
+/// [`READY_FD`] when it is the pipe the shim left us (not when run by hand).
+fn ready_pipe() -> Option<std::fs::File> {
+    let st = nix::sys::stat::fstat(READY_FD).ok()?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
+        return None;
+    }
+    // SAFETY: the shim handed this descriptor to us alone, for this report.
+    Some(unsafe { std::fs::File::from_raw_fd(READY_FD) })
+}
+
+fn signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        set.add(s);
+    }
+    set
+}
+
+/// Wait for signals; reap on SIGCHLD; exit cleanly on SIGTERM or SIGINT. Only calls that
+/// [`filter::ALLOWED`] lets through.
+fn wait_loop(set: &SigSet) -> ! {
+    loop {
+        match set.wait() {
+            Ok(Signal::SIGCHLD) => reap_all(),
+            // SAFETY: _exit is exit_group, with no atexit handlers to run.
+            Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) => unsafe { libc::_exit(0) },
+            _ => {}
+        }
+    }
+}
+
+fn reap_all() {
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
