@@ -293,6 +293,16 @@ async fn connect_in_netns(
     tokio::net::TcpStream::from_std(s)
 }
 
+/// Why a one-time URL could not be made, as a status: too many outstanding is retryable.
+pub(super) fn url_status(e: crishim_streaming::StreamingError) -> tonic::Status {
+    match e {
+        crishim_streaming::StreamingError::TooManyInFlight => {
+            tonic::Status::resource_exhausted(e.to_string())
+        }
+        other => tonic::Status::internal(other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::DetachScanner;
