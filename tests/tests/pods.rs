@@ -688,6 +688,35 @@ async fn exec_sync_reports_exit_codes_and_output_and_kills_on_timeout() {
     assert_eq!(r.exit_code, 7, "{r:?}");
     assert_eq!(text(&r.stdout), "to-out\n");
     assert_eq!(text(&r.stderr), "to-err\n");
+
+    // 20 MB on each stream: the reply is truncated to fit one 16 MiB gRPC message (it used to
+    // exceed it), each stream keeping half.
+    // A client with the kubelet's 16 MiB message limit.
+    let r = d
+        .runtime_client()
+        .max_decoding_message_size(16 << 20)
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: [
+                "sh",
+                "-c",
+                "head -c 20000000 /dev/zero; head -c 20000000 /dev/zero >&2",
+            ]
+            .map(String::from)
+            .to_vec(),
+            timeout: 60,
+        })
+        .await
+        .expect("ExecSync of 40 MB of output")
+        .into_inner();
+    let max = crishim_proto::shim::MAX_EXEC_OUTPUT;
+    assert_eq!(
+        (r.stdout.len(), r.stderr.len()),
+        (max - max / 2, max / 2),
+        "exit {}",
+        r.exit_code
+    );
+    assert_eq!(r.exit_code, 0);
     for (cmd, code) in [
         (vec!["true"], 0),
         (vec!["false"], 1),
