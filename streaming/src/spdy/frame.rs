@@ -24,6 +24,7 @@ pub const WINDOW_UPDATE: u16 = 9;
 
 /// RST_STREAM status codes used here.
 pub const RST_PROTOCOL_ERROR: u32 = 1;
+pub const RST_REFUSED_STREAM: u32 = 3;
 pub const RST_CANCEL: u32 = 5;
 
 #[derive(Debug, PartialEq, Eq)]
