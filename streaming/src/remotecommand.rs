@@ -191,33 +191,6 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[tokio::test]
-    async fn a_resize_stream_of_garbage_ends_instead_of_growing() {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut sizes = super::resizes(rx);
-        tx.send(bytes::Bytes::from_static(b"{\"Width\":80,\"Height\":24}"))
-            .await
-            .unwrap();
-        assert_eq!(
-            sizes.recv().await.map(|s| (s.width, s.height)),
-            Some((80, 24))
-        );
-        // An object that never closes.
-        tx.send(bytes::Bytes::from_static(b"{\"Width\":"))
-            .await
-            .unwrap();
-        let junk = bytes::Bytes::from(vec![b' '; 1024]);
-        for _ in 0..8 {
-            if tx.send(junk.clone()).await.is_err() {
-                break;
-            }
-        }
-        assert!(sizes.recv().await.is_none());
-    }
-}
-
 /// WebSocket channel numbers.
 const STDIN: u8 = 0;
 const STDOUT: u8 = 1;
@@ -343,4 +316,31 @@ where
     drop(out_tx);
     let _ = writer.await;
     reader.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn a_resize_stream_of_garbage_ends_instead_of_growing() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut sizes = super::resizes(rx);
+        tx.send(bytes::Bytes::from_static(b"{\"Width\":80,\"Height\":24}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            sizes.recv().await.map(|s| (s.width, s.height)),
+            Some((80, 24))
+        );
+        // An object that never closes.
+        tx.send(bytes::Bytes::from_static(b"{\"Width\":"))
+            .await
+            .unwrap();
+        let junk = bytes::Bytes::from(vec![b' '; 1024]);
+        for _ in 0..8 {
+            if tx.send(junk.clone()).await.is_err() {
+                break;
+            }
+        }
+        assert!(sizes.recv().await.is_none());
+    }
 }
