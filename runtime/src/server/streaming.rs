@@ -227,6 +227,10 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<Option<i32>, String> {
                 .await
                 .map_err(|_| "the shim closed the stream before the process exited".to_string())?;
             let (kind, len) = frames::decode_header(h);
+            // The shim splits frames to MAX_PAYLOAD; a longer one is not allocated.
+            if len > frames::MAX_PAYLOAD {
+                return Err(format!("the shim sent a frame of {len} bytes"));
+            }
             let mut payload = vec![0u8; len];
             r.read_exact(&mut payload)
                 .await
