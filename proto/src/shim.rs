@@ -127,9 +127,12 @@ pub enum Response {
         shim_pid: i32,
     },
     State(ContainerState),
+    /// Output travels as base64 (4/3 of its size, where a JSON array of numbers took about 4×).
     Exec {
         exit_code: i32,
+        #[serde(with = "base64_bytes")]
         stdout: Vec<u8>,
+        #[serde(with = "base64_bytes")]
         stderr: Vec<u8>,
         timed_out: bool,
     },
@@ -155,6 +158,42 @@ impl Response {
             kind,
             message: message.into(),
         }
+    }
+}
+
+/// `ExecSync` output kept, stdout and stderr together: the CRI reply must fit the 16 MiB gRPC
+/// message limit, and the rest of it (the exit code, field tags) takes a few bytes.
+pub const MAX_EXEC_OUTPUT: usize = (16 << 20) - (64 << 10);
+
+/// The longest line either side sends on a shim connection: an `Exec` answer with all of
+/// [`MAX_EXEC_OUTPUT`] in base64, and room for the rest. Longer lines are refused, not buffered.
+pub const MAX_LINE: usize = MAX_EXEC_OUTPUT.div_ceil(3) * 4 + (64 << 10);
+
+/// Cut `stdout` and `stderr` to [`MAX_EXEC_OUTPUT`] together, keeping the start of each, as
+/// containerd truncates. Each stream keeps at least half of the budget when it has that much, so
+/// a flood on one still leaves the other readable; a shorter one is kept whole.
+pub fn truncate_exec_output(stdout: &mut Vec<u8>, stderr: &mut Vec<u8>) {
+    let keep_err = stderr
+        .len()
+        .min((MAX_EXEC_OUTPUT / 2).max(MAX_EXEC_OUTPUT.saturating_sub(stdout.len())));
+    stderr.truncate(keep_err);
+    stdout.truncate(MAX_EXEC_OUTPUT - keep_err);
+}
+
+/// `Vec<u8>` as a base64 string.
+mod base64_bytes {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -211,5 +250,51 @@ pub mod paths {
     /// Per container: `<id>.state.json`.
     pub fn state_file(id: &str) -> String {
         format!("{id}.state.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_output_travels_as_base64_within_the_line_cap() {
+        let mut stdout = vec![0xffu8; MAX_EXEC_OUTPUT];
+        let mut stderr = Vec::new();
+        truncate_exec_output(&mut stdout, &mut stderr);
+        let line = serde_json::to_vec(&Response::Exec {
+            exit_code: 0,
+            stdout: stdout.clone(),
+            stderr,
+            timed_out: false,
+        })
+        .unwrap();
+        assert!(line.len() < MAX_LINE, "{} bytes", line.len());
+        // Four thirds of the output, not a JSON array of numbers (about 4×).
+        assert!(line.len() < MAX_EXEC_OUTPUT / 3 * 4 + 200);
+        match serde_json::from_slice(&line).unwrap() {
+            Response::Exec { stdout: back, .. } => assert!(back == stdout),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn exec_output_is_truncated_to_fit_one_grpc_message() {
+        let cases = [
+            // (stdout, stderr) lengths before, after.
+            ((10, 20), (10, 20)),
+            ((MAX_EXEC_OUTPUT + 5, 0), (MAX_EXEC_OUTPUT, 0)),
+            ((MAX_EXEC_OUTPUT, 100), (MAX_EXEC_OUTPUT - 100, 100)),
+            ((100, 20 << 20), (100, MAX_EXEC_OUTPUT - 100)),
+            (
+                (20 << 20, 20 << 20),
+                (MAX_EXEC_OUTPUT - MAX_EXEC_OUTPUT / 2, MAX_EXEC_OUTPUT / 2),
+            ),
+        ];
+        for ((o, e), want) in cases {
+            let (mut out, mut err) = (vec![1u8; o], vec![2u8; e]);
+            truncate_exec_output(&mut out, &mut err);
+            assert_eq!((out.len(), err.len()), want, "from {o}, {e}");
+        }
     }
 }

@@ -83,6 +83,13 @@ pub struct StreamingConfig {
     /// How long a URL stays usable, once.
     #[serde(default = "default_token_ttl")]
     pub token_ttl_seconds: u64,
+    /// Streaming connections served at once; over it, new ones get HTTP 503.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Serve plain HTTP on a non-loopback address: the one-time URLs, and what flows over them,
+    /// then cross the network in clear. Refused unless set.
+    #[serde(default)]
+    pub allow_insecure: bool,
 }
 
 impl Default for StreamingConfig {
@@ -92,9 +99,20 @@ impl Default for StreamingConfig {
             tls_cert: None,
             tls_key: None,
             token_ttl_seconds: default_token_ttl(),
+            max_connections: default_max_connections(),
+            allow_insecure: false,
         }
     }
 }
+
+fn default_max_connections() -> usize {
+    crishim_streaming::server::DEFAULT_MAX_CONNECTIONS
+}
+
+/// Each streaming session holds a socket or two and a few tasks; past this, descriptors run out.
+const MAX_STREAMING_CONNECTIONS: usize = 65536;
+/// A one-time URL valid longer than a day is a standing credential.
+const MAX_TOKEN_TTL_SECONDS: u64 = 24 * 3600;
 
 fn default_streaming_address() -> String {
     "127.0.0.1:0".into()
@@ -212,7 +230,7 @@ impl Config {
     /// The streaming server's settings, checked.
     pub fn streaming_server(&self) -> Result<crishim_streaming::Config, String> {
         let s = &self.streaming;
-        let address = s
+        let address: std::net::SocketAddr = s
             .address
             .parse()
             .map_err(|e| format!("[streaming] address {:?} is not host:port ({e})", s.address))?;
@@ -221,10 +239,30 @@ impl Config {
             (None, None) => None,
             _ => return Err("[streaming] tls_cert and tls_key go together".into()),
         };
+        if tls.is_none() && !address.ip().is_loopback() && !s.allow_insecure {
+            return Err(format!(
+                "[streaming] address {address} is not a loopback address and has no TLS: set \
+                 tls_cert and tls_key, or allow_insecure = true to serve plain HTTP on it"
+            ));
+        }
+        if !(1..=MAX_STREAMING_CONNECTIONS).contains(&s.max_connections) {
+            return Err(format!(
+                "[streaming] max_connections must be 1 to {MAX_STREAMING_CONNECTIONS}, got {}",
+                s.max_connections
+            ));
+        }
+        if !(1..=MAX_TOKEN_TTL_SECONDS).contains(&s.token_ttl_seconds) {
+            return Err(format!(
+                "[streaming] token_ttl_seconds must be 1 to {MAX_TOKEN_TTL_SECONDS}, got {}",
+                s.token_ttl_seconds
+            ));
+        }
         Ok(crishim_streaming::Config {
             address,
             token_ttl: std::time::Duration::from_secs(s.token_ttl_seconds),
             tls,
+            max_connections: s.max_connections,
+            ..Default::default()
         })
     }
 }
@@ -235,6 +273,29 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, ConfigError> {
         Config::parse(s, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn a_non_loopback_streaming_address_needs_tls_or_an_explicit_opt_in() {
+        let e = parse("[streaming]\naddress = \"0.0.0.0:10010\"\n").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("0.0.0.0:10010") && msg.contains("allow_insecure"),
+            "{msg}"
+        );
+        assert!(parse("[streaming]\naddress = \"[::1]:0\"\n").is_ok());
+        let c = parse("[streaming]\naddress = \"0.0.0.0:0\"\nallow_insecure = true\n").unwrap();
+        assert!(c.streaming.allow_insecure);
+    }
+
+    #[test]
+    fn streaming_max_connections_defaults_to_256_and_is_bounded() {
+        let c = parse("").unwrap();
+        assert_eq!(c.streaming_server().unwrap().max_connections, 256);
+        let c = parse("[streaming]\nmax_connections = 8\n").unwrap();
+        assert_eq!(c.streaming_server().unwrap().max_connections, 8);
+        assert!(parse("[streaming]\nmax_connections = 0\n").is_err());
+        assert!(parse("[streaming]\ntoken_ttl_seconds = 100000000\n").is_err());
     }
 
     #[test]

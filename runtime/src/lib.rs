@@ -1,6 +1,7 @@
 //! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
 
 pub mod authority;
+pub mod bounds;
 pub mod bundle;
 pub mod cgroups;
 pub mod cni;

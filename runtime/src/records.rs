@@ -323,14 +323,14 @@ pub fn container_name(m: &cri::ContainerMetadata, pod: &cri::PodSandboxMetadata)
     )
 }
 
-/// A fresh 64-hex id.
-pub fn new_id() -> String {
-    let mut buf = [0u8; 32];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut buf);
-    }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+/// A fresh 64-hex id; an error if the kernel gives no random bytes (never a fixed id).
+pub fn new_id() -> std::io::Result<String> {
+    crishim_proto::random::hex(32)
+}
+
+/// [`new_id`] for an RPC: a failure is `Internal`.
+pub fn new_id_status() -> Result<String, tonic::Status> {
+    new_id().map_err(|e| tonic::Status::internal(format!("generating an id: {e}")))
 }
 
 #[cfg(test)]
@@ -347,7 +347,7 @@ mod tests {
             ..Default::default()
         };
         let rec = PodRecord {
-            id: new_id(),
+            id: new_id().unwrap(),
             config,
             runtime_handler: String::new(),
             state: PodState::Ready,

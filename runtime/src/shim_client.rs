@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crishim_proto::shim::{paths, ErrorKind, Request, Response};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use crishim_proto::shim::{paths, ErrorKind, Request, Response, MAX_LINE};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tonic::Status;
 
@@ -45,13 +45,14 @@ impl ShimClient {
     pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response, ShimError> {
         let fut = async {
             let conn = self.send(req).await?;
-            let mut answer = String::new();
-            BufReader::new(conn)
-                .read_line(&mut answer)
+            let answer = read_line(&mut BufReader::new(conn))
                 .await
-                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?;
-            serde_json::from_str(&answer)
-                .map_err(|e| ShimError::Protocol(self.socket.clone(), format!("{e}: {answer:?}")))
+                .map_err(|e| ShimError::Unreachable(self.socket.clone(), e))?
+                .unwrap_or_default();
+            serde_json::from_slice(&answer).map_err(|e| {
+                let shown = String::from_utf8_lossy(&answer[..answer.len().min(512)]);
+                ShimError::Protocol(self.socket.clone(), format!("{e}: {shown:?}"))
+            })
         };
         tokio::time::timeout(timeout, fut)
             .await
@@ -91,6 +92,13 @@ impl ShimClient {
             if n == 0 || byte[0] == b'\n' {
                 break;
             }
+            // The answer before the frames is one small line.
+            if answer.len() >= 64 << 10 {
+                return Err(ShimError::Protocol(
+                    self.socket.clone(),
+                    "the answer line is too long".into(),
+                ));
+            }
             answer.push(byte[0]);
         }
         match serde_json::from_slice::<Response>(&answer) {
@@ -102,6 +110,28 @@ impl ShimClient {
             )),
         }
     }
+}
+
+/// One line of the shim protocol, without its newline; `None` at EOF before any byte. A line longer
+/// than [`MAX_LINE`] is an error: a peer cannot make us buffer without bound.
+pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let n = r
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() > MAX_LINE {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a shim protocol line longer than {MAX_LINE} bytes"),
+        ));
+    }
+    Ok(Some(line))
 }
 
 /// How long a shim may take to start an exec'd process or attach.

@@ -9,7 +9,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crishim_proto::cgroups_path;
-use crishim_proto::shim::{paths, ContainerState, ErrorKind, Response, Status};
+use crishim_proto::shim::{
+    paths, truncate_exec_output, ContainerState, ErrorKind, Response, Status, MAX_EXEC_OUTPUT,
+};
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
@@ -615,12 +617,15 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
         tokio::time::timeout(Duration::from_secs(timeout), collect).await
     };
     match result {
-        Ok((stdout, stderr, status)) => Response::Exec {
-            exit_code: status.as_ref().and_then(exit_code).unwrap_or(-1),
-            stdout,
-            stderr,
-            timed_out: false,
-        },
+        Ok((mut stdout, mut stderr, status)) => {
+            truncate_exec_output(&mut stdout, &mut stderr);
+            Response::Exec {
+                exit_code: status.as_ref().and_then(exit_code).unwrap_or(-1),
+                stdout,
+                stderr,
+                timed_out: false,
+            }
+        }
         Err(_) => {
             kill_exec(pid);
             Response::Exec {
@@ -699,9 +704,9 @@ fn receive_pty(listener: &std::os::unix::net::UnixListener) -> Result<OwnedFd, S
     Err("the console message carried no descriptor".into())
 }
 
-/// Read a pipe to EOF, keeping at most 16 MiB (the CRI message limit).
+/// Read a pipe to EOF, keeping at most what one CRI reply can carry; the rest is drained.
 async fn read_all(fd: OwnedFd) -> Vec<u8> {
-    const LIMIT: usize = 16 << 20;
+    const LIMIT: usize = MAX_EXEC_OUTPUT;
     let Ok(mut rx) = logs::FdReader::new(fd) else {
         return Vec::new();
     };

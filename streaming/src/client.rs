@@ -40,6 +40,15 @@ pub async fn spdy_connect(
     url: &str,
     protocols: &[&str],
 ) -> Result<(Connection, String), ClientError> {
+    let (io, chosen) = spdy_upgrade(url, protocols).await?;
+    Ok((Connection::new(io, Role::Client), chosen))
+}
+
+/// The raw upgraded connection of [`spdy_connect`], for peers that write their own frames.
+pub async fn spdy_upgrade(
+    url: &str,
+    protocols: &[&str],
+) -> Result<(TokioIo<hyper::upgrade::Upgraded>, String), ClientError> {
     let (host, path) = host_and_path(url)?;
     let tcp = TcpStream::connect(&host).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
@@ -73,10 +82,7 @@ pub async fn spdy_connect(
         .unwrap_or_default()
         .to_string();
     let upgraded = hyper::upgrade::on(resp).await?;
-    Ok((
-        Connection::new(TokioIo::new(upgraded), Role::Client),
-        chosen,
-    ))
+    Ok((TokioIo::new(upgraded), chosen))
 }
 
 /// What an exec or attach returned.

@@ -27,4 +27,6 @@ pub enum StreamingError {
     Tls(String),
     #[error("too many streaming requests in flight; try again later")]
     TooManyInFlight,
+    #[error("no random bytes for a streaming token: {0}")]
+    Random(std::io::Error),
 }

@@ -15,6 +15,8 @@ use crate::remotecommand::{ws_decode, ws_writer};
 use crate::spdy::{self, Connection, Role, StreamWriter};
 
 pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
+/// Port-forward requests that have opened one of their two streams, per connection.
+const MAX_HALF_OPEN: usize = 128;
 pub const WS_PROTOCOLS: &[&str] = &[
     "v4.channel.k8s.io",
     "portforward.k8s.io",
@@ -71,6 +73,11 @@ where
         let id = spdy::header(&s.headers, "requestID")
             .unwrap_or_default()
             .to_string();
+        // Requests waiting for their second stream are bounded: past that, new ones are reset.
+        if !half.contains_key(&id) && half.len() >= MAX_HALF_OPEN {
+            let _ = s.tx.reset().await;
+            continue;
+        }
         let kind = spdy::header(&s.headers, "streamType").unwrap_or_default();
         let entry = half.entry(id.clone()).or_default();
         match kind {

@@ -81,7 +81,11 @@ fn pump_to_stream(mut rx: mpsc::Receiver<Bytes>, tx: StreamWriter) -> tokio::tas
     })
 }
 
-/// Decode the resize stream: JSON `{"Width":..,"Height":..}` objects, one after another.
+/// Most bytes of a resize stream kept while waiting for a complete JSON object (one is ~30 bytes).
+const MAX_RESIZE_PENDING: usize = 4096;
+
+/// Decode the resize stream: JSON `{"Width":..,"Height":..}` objects, one after another. Garbage
+/// that never completes an object ends the stream instead of growing the buffer.
 fn resizes(mut rx: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TermSize> {
     let (tx, out) = mpsc::channel(4);
     tokio::spawn(async move {
@@ -97,6 +101,10 @@ fn resizes(mut rx: mpsc::Receiver<Bytes>) -> mpsc::Receiver<TermSize> {
                 }
             }
             buf.drain(..used);
+            if buf.len() > MAX_RESIZE_PENDING {
+                tracing::debug!("resize stream: no JSON object in {} bytes", buf.len());
+                return;
+            }
         }
     });
     out
@@ -308,4 +316,31 @@ where
     drop(out_tx);
     let _ = writer.await;
     reader.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn a_resize_stream_of_garbage_ends_instead_of_growing() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut sizes = super::resizes(rx);
+        tx.send(bytes::Bytes::from_static(b"{\"Width\":80,\"Height\":24}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            sizes.recv().await.map(|s| (s.width, s.height)),
+            Some((80, 24))
+        );
+        // An object that never closes.
+        tx.send(bytes::Bytes::from_static(b"{\"Width\":"))
+            .await
+            .unwrap();
+        let junk = bytes::Bytes::from(vec![b' '; 1024]);
+        for _ in 0..8 {
+            if tx.send(junk.clone()).await.is_err() {
+                break;
+            }
+        }
+        assert!(sizes.recv().await.is_none());
+    }
 }

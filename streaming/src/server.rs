@@ -31,6 +31,11 @@ pub struct Config {
     pub token_ttl: Duration,
     /// Serve HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Connections served at once, upgraded sessions included; over it, new ones get 503.
+    pub max_connections: usize,
+    /// A connection must finish its TLS handshake and its HTTP request (up to the upgrade) within
+    /// this, or it is closed.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for Config {
@@ -39,9 +44,18 @@ impl Default for Config {
             address: SocketAddr::from(([127, 0, 0, 1], 0)),
             token_ttl: Duration::from_secs(60),
             tls: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
+
+/// `[streaming] max_connections` by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Long enough for a TLS handshake over a slow link, short enough that idle sockets go.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+/// A port-forward over WebSocket names its ports as channel pairs numbered by one byte.
+const MAX_WS_PORTS: usize = 64;
 
 enum Pending {
     Exec(cri::ExecRequest),
@@ -63,7 +77,7 @@ impl Tokens {
             return Err(StreamingError::TooManyInFlight);
         }
         let mut raw = [0u8; 12];
-        getrandom(&mut raw);
+        crishim_proto::random::fill(&mut raw).map_err(StreamingError::Random)?;
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
         map.insert(token.clone(), (p, now));
         Ok(token)
@@ -74,13 +88,6 @@ impl Tokens {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let (p, at) = map.remove(token)?;
         (at.elapsed() < self.ttl).then_some(p)
-    }
-}
-
-fn getrandom(buf: &mut [u8]) {
-    use std::io::Read;
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(buf);
     }
 }
 
@@ -117,6 +124,8 @@ impl Server {
         let state = Arc::new(State {
             tokens: tokens.clone(),
             backend,
+            slots: Arc::new(tokio::sync::Semaphore::new(config.max_connections)),
+            handshake_timeout: config.handshake_timeout,
         });
         let task = tokio::spawn(accept_loop(listener, tls, state));
         Ok(Server {
@@ -149,7 +158,13 @@ impl Server {
 struct State {
     tokens: Arc<Tokens>,
     backend: Arc<dyn Backend>,
+    /// One permit per connection, held by its upgraded session for as long as that runs.
+    slots: Arc<tokio::sync::Semaphore>,
+    handshake_timeout: Duration,
 }
+
+/// A connection's permit, taken by the session it upgrades to.
+type Slot = Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>>;
 
 async fn accept_loop(
     listener: TcpListener,
@@ -157,39 +172,71 @@ async fn accept_loop(
     state: Arc<State>,
 ) {
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of descriptors, typically: back off instead of spinning.
+                tracing::debug!(error = %e, "accepting a streaming connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
         };
+        // Over the limit the connection is still answered, with 503, within the same deadline.
+        let slot: Slot = Arc::new(Mutex::new(state.slots.clone().try_acquire_owned().ok()));
         let state = state.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
+            let deadline = state.handshake_timeout;
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(req, state)) }
+                let slot = slot.clone();
+                async move { Ok::<_, std::convert::Infallible>(admit(req, state, slot)) }
             });
+            // (keep-alive stays on: without it hyper answers the upgrade with `Connection: close`,
+            // which WebSocket clients refuse. The deadline below ends idle connections.)
             let http = hyper::server::conn::http1::Builder::new();
-            let result = match tls {
-                Some(acceptor) => match acceptor.accept(tcp).await {
-                    Ok(stream) => {
-                        http.serve_connection(TokioIo::new(stream), service)
+            let serve = async {
+                match tls {
+                    Some(acceptor) => match acceptor.accept(tcp).await {
+                        Ok(stream) => {
+                            http.serve_connection(TokioIo::new(stream), service)
+                                .with_upgrades()
+                                .await
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "TLS handshake");
+                            Ok(())
+                        }
+                    },
+                    None => {
+                        http.serve_connection(TokioIo::new(tcp), service)
                             .with_upgrades()
                             .await
                     }
-                    Err(e) => {
-                        tracing::debug!(error = %e, "TLS handshake");
-                        return;
-                    }
-                },
-                None => {
-                    http.serve_connection(TokioIo::new(tcp), service)
-                        .with_upgrades()
-                        .await
                 }
             };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "streaming connection");
+            // Once the upgrade is answered the connection future ends; the session goes on in
+            // its own task. So this deadline bounds the handshake and the requests before it.
+            match tokio::time::timeout(deadline, serve).await {
+                Ok(Err(e)) => tracing::debug!(error = %e, "streaming connection"),
+                Err(_) => {
+                    tracing::debug!("streaming connection closed: no request within {deadline:?}")
+                }
+                Ok(Ok(())) => {}
             }
         });
+    }
+}
+
+/// Serve the request if its connection got a slot; 503 if not.
+fn admit(req: Request<Incoming>, state: Arc<State>, slot: Slot) -> Response<Full<Bytes>> {
+    let permit = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match permit {
+        Some(permit) => handle(req, state, permit),
+        None => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many streaming sessions at once; try again later",
+        ),
     }
 }
 
@@ -218,7 +265,54 @@ fn negotiate(offered: &[String], ours: &[&str], default: &str) -> Option<String>
     offered.iter().find(|o| ours.contains(&o.as_str())).cloned()
 }
 
-fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
+/// Parse a WebSocket port-forward's `?ports=80,8080` (or `port=`): the ports it asks for.
+fn ws_ports(query: &str) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for (_, v) in query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "ports" || *k == "port")
+    {
+        for p in v.split(',') {
+            match p.parse::<u16>() {
+                Ok(port) if port > 0 => ports.push(port),
+                _ => return Err(format!("{p:?} in the query is not a port number")),
+            }
+            if ports.len() > MAX_WS_PORTS {
+                return Err(format!("more than {MAX_WS_PORTS} ports in the query"));
+            }
+        }
+    }
+    Ok(ports)
+}
+
+/// The ports a WebSocket port-forward serves: those of its query, each of which must be one the
+/// `PortForward` request named (when it named any, as the SPDY path enforces too); the
+/// request's own when the query names none.
+fn ws_forward_ports(query: &str, requested: &[i32]) -> Result<Vec<u16>, String> {
+    let asked = ws_ports(query)?;
+    if asked.is_empty() {
+        return Ok(requested
+            .iter()
+            .filter_map(|p| u16::try_from(*p).ok())
+            .take(MAX_WS_PORTS)
+            .collect());
+    }
+    if !requested.is_empty() {
+        if let Some(p) = asked.iter().find(|p| !requested.contains(&i32::from(**p))) {
+            return Err(format!(
+                "port {p} is not one of the ports {requested:?} the PortForward request named"
+            ));
+        }
+    }
+    Ok(asked)
+}
+
+fn handle(
+    req: Request<Incoming>,
+    state: Arc<State>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().trim_matches('/').to_string();
     let Some((kind, token)) = path.split_once('/') else {
         return plain(StatusCode::NOT_FOUND, "not found");
@@ -279,6 +373,14 @@ fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
             &format!("none of the offered protocols {offered:?} is supported; supported: {ours:?}"),
         );
     };
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let ws_ports = match &pending {
+        Pending::PortForward(r) if ws => match ws_forward_ports(&query, &r.port) {
+            Ok(p) => p,
+            Err(msg) => return plain(StatusCode::FORBIDDEN, &msg),
+        },
+        _ => Vec::new(),
+    };
     let mut resp = Response::new(Full::new(Bytes::new()));
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
@@ -306,8 +408,9 @@ fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
         h.insert(header::UPGRADE, "SPDY/3.1".parse().unwrap());
         h.insert("x-stream-protocol-version", protocol.parse().unwrap());
     }
-    let query = req.uri().query().unwrap_or_default().to_string();
     tokio::spawn(async move {
+        // The session holds its connection's slot until it ends.
+        let _permit = permit;
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => TokioIo::new(u),
             Err(e) => {
@@ -320,7 +423,7 @@ fn handle(req: Request<Incoming>, state: Arc<State>) -> Response<Full<Bytes>> {
             ws,
             protocol,
             pending,
-            &query,
+            ws_ports,
             state.backend.clone(),
         )
         .await;
@@ -333,7 +436,7 @@ async fn serve<IO>(
     ws: bool,
     protocol: String,
     pending: Pending,
-    query: &str,
+    ws_ports: Vec<u16>,
     backend: Arc<dyn Backend>,
 ) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -348,23 +451,16 @@ async fn serve<IO>(
             (Box::new(move |io| backend.attach(r, io)), opts)
         }
         Pending::PortForward(r) => {
-            let ports: Vec<u16> = r
-                .port
-                .iter()
-                .filter_map(|p| u16::try_from(*p).ok())
-                .collect();
             return if ws {
-                // WebSocket clients name their ports in the query (`?ports=80,8080`, `port=80`).
-                let asked: Vec<u16> = query
-                    .split('&')
-                    .filter_map(|kv| kv.split_once('='))
-                    .filter(|(k, _)| *k == "ports" || *k == "port")
-                    .flat_map(|(_, v)| v.split(',').filter_map(|p| p.parse().ok()))
-                    .collect();
-                let ports = if asked.is_empty() { ports } else { asked };
+                // WebSocket clients name their ports in the query, checked in `handle`.
                 let stream = ws_server(io).await;
-                portforward::serve_ws(stream, protocol, r.pod_sandbox_id, ports, backend).await
+                portforward::serve_ws(stream, protocol, r.pod_sandbox_id, ws_ports, backend).await
             } else {
+                let ports: Vec<u16> = r
+                    .port
+                    .iter()
+                    .filter_map(|p| u16::try_from(*p).ok())
+                    .collect();
                 portforward::serve_spdy(io, r.pod_sandbox_id, ports, backend).await
             };
         }
@@ -402,6 +498,22 @@ mod tests {
         let b = t.insert(Pending::Exec(Default::default())).unwrap();
         std::thread::sleep(Duration::from_millis(60));
         assert!(t.take(&b).is_none(), "an expired token is refused");
+    }
+
+    #[test]
+    fn websocket_ports_must_be_among_the_requests() {
+        assert_eq!(ws_forward_ports("ports=80", &[80, 81]), Ok(vec![80]));
+        assert_eq!(ws_forward_ports("", &[80, 81]), Ok(vec![80, 81]));
+        assert_eq!(ws_forward_ports("port=22", &[]), Ok(vec![22]));
+        let e = ws_forward_ports("ports=80,22", &[80]).unwrap_err();
+        assert!(e.contains("port 22"), "{e}");
+        assert!(ws_forward_ports("ports=x", &[]).is_err());
+        assert!(ws_forward_ports("ports=0", &[]).is_err());
+        let many = (1..=200)
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(ws_forward_ports(&format!("ports={many}"), &[]).is_err());
     }
 
     #[test]

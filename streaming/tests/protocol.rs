@@ -68,6 +68,10 @@ impl Backend for Echo {
 }
 
 async fn server() -> Server {
+    server_with(Config::default()).await
+}
+
+async fn server_with(config: Config) -> Server {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let echo_port = l.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -78,9 +82,16 @@ async fn server() -> Server {
             });
         }
     });
-    Server::start(Config::default(), Arc::new(Echo { echo_port }))
+    Server::start(config, Arc::new(Echo { echo_port }))
         .await
         .unwrap()
+}
+
+fn port_forward(ports: Vec<i32>) -> cri::PortForwardRequest {
+    cri::PortForwardRequest {
+        pod_sandbox_id: "p".into(),
+        port: ports,
+    }
 }
 
 fn exec(cmd: &str, stdin: bool, tty: bool) -> cri::ExecRequest {
@@ -246,4 +257,93 @@ async fn websocket_port_forward_announces_ports_and_echoes() {
         .unwrap();
     let (ch, d) = ws_decode(ws.next().await.unwrap().unwrap()).unwrap();
     assert_eq!((ch, &d[..]), (0, &b"abc"[..]));
+}
+
+/// The WebSocket `?ports=` may only pick among the ports the PortForward request named, as the
+/// SPDY path enforces: it used to override them.
+#[tokio::test]
+async fn websocket_port_forward_refuses_ports_the_request_did_not_name() {
+    let s = server().await;
+    let url = s.port_forward_url(port_forward(vec![80])).unwrap();
+    let r = client::ws_connect(&format!("{url}?ports=80,22"), &["v4.channel.k8s.io"]).await;
+    match r {
+        Err(client::ClientError::Ws(tokio_tungstenite::tungstenite::Error::Http(resp))) => {
+            assert_eq!(resp.status(), 403);
+            let body = String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default());
+            assert!(body.contains("port 22"), "{body}");
+        }
+        other => panic!("port 22 must be refused: {:?}", other.map(|(_, p)| p)),
+    }
+    // A port the request named is served.
+    let url = s.port_forward_url(port_forward(vec![80, 81])).unwrap();
+    let (mut ws, _) = client::ws_connect(&format!("{url}?ports=80"), &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    let (ch, d) = ws_decode(ws.next().await.unwrap().unwrap()).unwrap();
+    assert_eq!((ch, &d[..]), (0, &80u16.to_le_bytes()[..]));
+}
+
+/// A connection that never completes its request is closed at the handshake deadline.
+#[tokio::test]
+async fn connections_that_never_finish_their_request_are_closed_at_the_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = server_with(Config {
+        handshake_timeout: std::time::Duration::from_millis(300),
+        ..Default::default()
+    })
+    .await;
+    let addr = s.base_url().trim_start_matches("http://").to_string();
+    for partial in [&b""[..], b"POST /exec/abc HTTP/1.1\r\nHost: x\r\n"] {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        tcp.write_all(partial).await.unwrap();
+        let t0 = std::time::Instant::now();
+        let mut rest = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tcp.read_to_end(&mut rest),
+        )
+        .await
+        .expect("the server must close a stalled connection")
+        .ok();
+        let took = t0.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(250),
+            "closed after {took:?}"
+        );
+    }
+}
+
+/// `max_connections` sessions at once; the next one gets 503 until one ends.
+#[tokio::test]
+async fn connections_over_max_connections_get_503() {
+    let s = server_with(Config {
+        max_connections: 2,
+        ..Default::default()
+    })
+    .await;
+    let open = || async {
+        let url = s.port_forward_url(port_forward(vec![80])).unwrap();
+        client::spdy_connect(&url, &["portforward.k8s.io"]).await
+    };
+    let a = open().await.unwrap();
+    let _b = open().await.unwrap();
+    let over = open().await;
+    assert!(
+        matches!(&over, Err(client::ClientError::Refused(code, _)) if code.as_u16() == 503),
+        "{:?}",
+        over.map(|(_, p)| p)
+    );
+    // A session that ends gives its slot back.
+    drop(a);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match open().await {
+            Ok(_) => break,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("the slot was not given back: {e}"),
+        }
+    }
 }

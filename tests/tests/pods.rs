@@ -688,6 +688,35 @@ async fn exec_sync_reports_exit_codes_and_output_and_kills_on_timeout() {
     assert_eq!(r.exit_code, 7, "{r:?}");
     assert_eq!(text(&r.stdout), "to-out\n");
     assert_eq!(text(&r.stderr), "to-err\n");
+
+    // 20 MB on each stream: the reply is truncated to fit one 16 MiB gRPC message (it used to
+    // exceed it), each stream keeping half.
+    // A client with the kubelet's 16 MiB message limit.
+    let r = d
+        .runtime_client()
+        .max_decoding_message_size(16 << 20)
+        .exec_sync(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: [
+                "sh",
+                "-c",
+                "head -c 20000000 /dev/zero; head -c 20000000 /dev/zero >&2",
+            ]
+            .map(String::from)
+            .to_vec(),
+            timeout: 60,
+        })
+        .await
+        .expect("ExecSync of 40 MB of output")
+        .into_inner();
+    let max = crishim_proto::shim::MAX_EXEC_OUTPUT;
+    assert_eq!(
+        (r.stdout.len(), r.stderr.len()),
+        (max - max / 2, max / 2),
+        "exit {}",
+        r.exit_code
+    );
+    assert_eq!(r.exit_code, 0);
     for (cmd, code) in [
         (vec!["true"], 0),
         (vec!["false"], 1),
@@ -1047,17 +1076,20 @@ async fn pid_namespace_node_shows_host_processes() {
 // ---------------------------------------------------------------------------------------------
 // Stopping and removing
 
-#[tokio::test]
-async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
-    let env = PodEnv::start().await;
+/// A pod with one container that ignores SIGTERM, running (it has logged "ready"): the pod id, the
+/// container id, the pod config, its traces and the container's command-line marker.
+async fn stubborn_container(
+    env: &PodEnv,
+    name: &str,
+) -> (String, String, cri::PodSandboxConfig, PodTraces, String) {
     let d = &env.d;
-    let cfg = env.pod_config("stubborn");
+    let cfg = env.pod_config(name);
     let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
     let mut traces = PodTraces::new(&pod, &cfg);
-    let m = marker("stubborn");
+    let m = marker(name);
     let c = sh_container(
-        &env,
-        "stubborn",
+        env,
+        name,
         &format!("trap '' TERM; echo ready; {IGNORE_TERM}"),
         &m,
     );
@@ -1067,8 +1099,16 @@ async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
         .expect("run container");
     traces.add_container(&id);
     traces.capture(d).await;
-    let log = Path::new(&cfg.log_directory).join("stubborn.log");
+    let log = Path::new(&cfg.log_directory).join(format!("{name}.log"));
     wait_for_log_line(&log, "stdout", "ready", WAIT).await;
+    (pod, id, cfg, traces, m)
+}
+
+#[tokio::test]
+async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let (pod, id, _cfg, traces, m) = stubborn_container(&env, "stubborn").await;
 
     let t0 = Instant::now();
     d.stop_container(&id, 2).await.expect("StopContainer");
@@ -1083,6 +1123,44 @@ async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
     assert_eq!(st.reason, "Error", "{st:#?}");
     let left = wait_no_process_with_command(&m, Duration::from_secs(3)).await;
     assert!(left.is_empty(), "killed container still runs: {left:#?}");
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+/// `StopContainer` with `timeout = i64::MAX` overflowed `Instant + Duration` and panicked in the
+/// handler after SIGTERM. It must wait (the client gives up at its deadline), panic nothing, and
+/// leave the container stoppable: a later stop with timeout 1 kills it.
+#[tokio::test]
+async fn stop_container_with_an_i64_max_timeout_panics_nothing_and_a_later_stop_kills() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let (pod, id, _cfg, traces, m) = stubborn_container(&env, "forever").await;
+
+    let mut req = tonic::Request::new(cri::StopContainerRequest {
+        container_id: id.clone(),
+        timeout: i64::MAX,
+    });
+    req.set_timeout(Duration::from_secs(2));
+    let r = d.runtime_client().stop_container(req).await;
+    assert!(
+        matches!(&r, Err(e) if matches!(e.code(), Code::DeadlineExceeded | Code::Cancelled)),
+        "a stop with i64::MAX seconds waits on a process ignoring SIGTERM: {r:?}"
+    );
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerRunning as i32, "{st:#?}");
+
+    let t0 = Instant::now();
+    d.stop_container(&id, 1).await.expect("StopContainer(1)");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.state, ContainerExited as i32, "{st:#?}");
+    assert_eq!(st.exit_code, 137, "{st:#?}");
+    let left = wait_no_process_with_command(&m, Duration::from_secs(3)).await;
+    assert!(left.is_empty(), "killed container still runs: {left:#?}");
+    let log = d.log_text();
+    assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");
 
     d.remove_pod(&pod).await.expect("RemovePodSandbox");
     assert_no_leaks(d, &traces).await;

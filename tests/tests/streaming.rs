@@ -600,3 +600,61 @@ async fn a_tty_client_detaches_with_ctrl_p_ctrl_q_and_its_process_runs_on() {
     );
     env.stop();
 }
+
+/// A SPDY `SYN_STREAM` whose header block is a complete zlib stream followed by one more byte made
+/// the header decoder spin forever on the daemon's executor. Each such session must now be closed,
+/// and the CRI socket must answer promptly even with 8 of them.
+#[tokio::test]
+async fn hostile_spdy_header_blocks_close_their_session_and_leave_cri_responsive() {
+    use crishim_streaming::spdy::{frame, headers};
+    use flate2::{Compress, Compression, FlushCompress};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let env = PodEnv::start().await;
+    let pod = env.d.run_pod(&env.pod_config("hostile")).await.unwrap();
+    // SYN_STREAM payload: stream id, associated id, priority and slot, then the block.
+    let mut z = Compress::new(Compression::default(), true);
+    z.set_dictionary(&headers::dictionary()).unwrap();
+    let mut block = Vec::with_capacity(256);
+    z.compress_vec(&[0, 0, 0, 0], &mut block, FlushCompress::Finish)
+        .unwrap();
+    block.push(0);
+    let mut payload = 1u32.to_be_bytes().to_vec();
+    payload.extend_from_slice(&[0; 6]);
+    payload.extend_from_slice(&block);
+    let syn = frame::control(frame::SYN_STREAM, 0, &payload);
+
+    let mut sessions = Vec::new();
+    for _ in 0..8 {
+        let url = port_forward_url(&env, &pod, vec![]).await;
+        let (mut io, _) = client::spdy_upgrade(&url, &["portforward.k8s.io"])
+            .await
+            .expect("upgrade");
+        io.write_all(&syn).await.unwrap();
+        sessions.push(io);
+    }
+    let mut rt = env.d.runtime_client();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        tokio::time::timeout(WAIT, rt.version(cri::VersionRequest::default()))
+            .await
+            .expect("Version must answer")
+            .expect("Version");
+        slowest = slowest.max(t0.elapsed());
+    }
+    assert!(
+        slowest < Duration::from_millis(100),
+        "Version took {slowest:?} with 8 hostile sessions open"
+    );
+    // The server closed every session (a GOAWAY at most, then EOF).
+    for mut io in sessions {
+        let mut rest = Vec::new();
+        tokio::time::timeout(WAIT, io.read_to_end(&mut rest))
+            .await
+            .expect("the session must be closed")
+            .ok();
+    }
+    assert!(!env.d.log_text().contains("panicked"));
+    env.stop();
+}

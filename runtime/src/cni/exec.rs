@@ -158,9 +158,19 @@ impl Exec {
         };
         // On timeout the future (and with it the child) is dropped: kill_on_drop kills it and
         // tokio reaps it in the background.
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
         let output = tokio::time::timeout(self.timeout, async {
-            let ((), out) = tokio::join!(write, child.wait_with_output());
-            out
+            let ((), stdout, stderr) = tokio::join!(
+                write,
+                read_capped(stdout, MAX_PLUGIN_STDOUT),
+                read_capped(stderr, MAX_PLUGIN_STDERR)
+            );
+            Ok::<_, std::io::Error>(std::process::Output {
+                status: child.wait().await?,
+                stdout: stdout?,
+                stderr: stderr?,
+            })
         })
         .await
         .map_err(|_| CniError::Timeout {
@@ -188,6 +198,23 @@ impl Exec {
         tracing::debug!(stderr = %String::from_utf8_lossy(&output.stderr), "{err}");
         Err(err)
     }
+}
+
+/// A CNI result is a few KiB; a plugin's output past these caps is read and dropped, so a
+/// runaway plugin neither blocks on a full pipe nor makes the daemon buffer it.
+const MAX_PLUGIN_STDOUT: u64 = 1 << 20;
+const MAX_PLUGIN_STDERR: u64 = 64 << 10;
+
+/// The first `max` bytes of `r`, then the rest drained to its end.
+async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    max: u64,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut kept = Vec::new();
+    (&mut r).take(max).read_to_end(&mut kept).await?;
+    tokio::io::copy(&mut r, &mut tokio::io::sink()).await?;
+    Ok(kept)
 }
 
 /// The error of a plugin that exited with `status`: its CNI error JSON from stdout, else its
@@ -222,6 +249,21 @@ pub fn plugin_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn plugin_output_is_capped_and_the_rest_drained() {
+        // A "plugin" writing 8 MiB: the first 1 MiB is kept, and it is not left blocked.
+        let mut child = tokio::process::Command::new("head")
+            .args(["-c", "8388608", "/dev/zero"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = read_capped(child.stdout.take().unwrap(), MAX_PLUGIN_STDOUT)
+            .await
+            .unwrap();
+        assert_eq!(out.len() as u64, MAX_PLUGIN_STDOUT);
+        assert!(child.wait().await.unwrap().success());
+    }
 
     #[test]
     fn error_json_is_parsed() {

@@ -21,7 +21,7 @@ impl RuntimeService {
         let url = inner
             .streaming()?
             .attach_url(req)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            .map_err(super::streaming::url_status)?;
         Ok(AttachResponse { url })
     }
 }

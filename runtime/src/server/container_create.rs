@@ -11,7 +11,9 @@ use tracing::{info, warn};
 
 use super::errors::from_image_error;
 use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
-use crate::records::{container_name, new_id, now_nanos, ContainerRecord, PodRecord, PodState};
+use crate::records::{
+    container_name, new_id_status, now_nanos, ContainerRecord, PodRecord, PodState,
+};
 use crate::shim_client::unexpected;
 use crate::spec::{self, PodFiles, PodNamespaces, SpecError, SpecInputs};
 
@@ -68,7 +70,7 @@ impl RuntimeService {
                 ))
             })?;
 
-        let id = new_id();
+        let id = new_id_status()?;
         let name = container_name(
             &meta,
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),

@@ -19,7 +19,7 @@ impl RuntimeService {
         let url = inner
             .streaming()?
             .exec_url(req)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            .map_err(super::streaming::url_status)?;
         Ok(ExecResponse { url })
     }
 }

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
-use crishim_proto::shim::{Request, Response};
+use crishim_proto::shim::{truncate_exec_output, Request, Response};
 use tonic::Status;
 
 use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
+use crate::bounds::request_secs;
 use crate::shim_client::unexpected;
 
 impl RuntimeService {
@@ -20,7 +21,7 @@ impl RuntimeService {
         if req.cmd.is_empty() {
             return Err(Status::invalid_argument("ExecSync: cmd is empty"));
         }
-        let timeout = req.timeout.max(0) as u64;
+        let timeout = request_secs(req.timeout).as_secs();
         // The shim enforces the command's timeout; ours only guards against a stuck shim.
         let guard = if timeout == 0 {
             Duration::from_secs(24 * 3600)
@@ -41,14 +42,18 @@ impl RuntimeService {
             ))),
             Response::Exec {
                 exit_code,
-                stdout,
-                stderr,
+                mut stdout,
+                mut stderr,
                 ..
-            } => Ok(ExecSyncResponse {
-                stdout,
-                stderr,
-                exit_code,
-            }),
+            } => {
+                // The shim cuts them already; the reply must fit one gRPC message whatever it sent.
+                truncate_exec_output(&mut stdout, &mut stderr);
+                Ok(ExecSyncResponse {
+                    stdout,
+                    stderr,
+                    exit_code,
+                })
+            }
             other => Err(unexpected(other)),
         }
     }

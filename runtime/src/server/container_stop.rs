@@ -9,6 +9,7 @@ use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::{Inner, RuntimeService};
+use crate::bounds::request_secs;
 use crate::records::ContainerRecord;
 
 impl RuntimeService {
@@ -19,9 +20,7 @@ impl RuntimeService {
         let inner = &self.inner;
         let c = inner.container(&req.container_id)?;
         let _guard = inner.lock(&c.id).await;
-        inner
-            .stop_container(&c, Duration::from_secs(req.timeout.max(0) as u64))
-            .await?;
+        inner.stop_container(&c, request_secs(req.timeout)).await?;
         Ok(StopContainerResponse {})
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crishim_proto::cri::{self, ContainerEventResponse, ContainerEventType, GetEventsRequest};
 use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
 use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tonic::Status;
 use tracing::{info, warn};
 
@@ -165,9 +165,9 @@ impl Inner {
         }
         .await;
         if let Ok(conn) = conn {
-            let mut lines = BufReader::new(conn).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Ok(Response::State(s)) = serde_json::from_str::<Response>(&line) {
+            let mut conn = BufReader::new(conn);
+            while let Ok(Some(line)) = crate::shim_client::read_line(&mut conn).await {
+                if let Ok(Response::State(s)) = serde_json::from_slice::<Response>(&line) {
                     self.update_state(&s.id.clone(), s).await;
                 }
             }

@@ -28,7 +28,7 @@ impl RuntimeService {
         let url = inner
             .streaming()?
             .port_forward_url(req)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            .map_err(super::streaming::url_status)?;
         Ok(PortForwardResponse { url })
     }
 }

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
-use crate::records::{new_id, now_nanos, pod_name, PodRecord, PodState};
+use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
 
 /// Kubernetes' default pod /dev/shm size.
 const SHM_SIZE: &str = "size=65536k";
@@ -43,7 +43,7 @@ impl RuntimeService {
             )));
         }
         check_sysctls(&config)?;
-        let id = new_id();
+        let id = new_id_status()?;
         let name = pod_name(&meta);
         if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
             return Err(Status::already_exists(format!(

@@ -227,6 +227,10 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<Option<i32>, String> {
                 .await
                 .map_err(|_| "the shim closed the stream before the process exited".to_string())?;
             let (kind, len) = frames::decode_header(h);
+            // The shim splits frames to MAX_PAYLOAD; a longer one is not allocated.
+            if len > frames::MAX_PAYLOAD {
+                return Err(format!("the shim sent a frame of {len} bytes"));
+            }
             let mut payload = vec![0u8; len];
             r.read_exact(&mut payload)
                 .await
@@ -291,6 +295,16 @@ async fn connect_in_netns(
         .await
         .map_err(|_| std::io::Error::other("the port-forward thread died"))??;
     tokio::net::TcpStream::from_std(s)
+}
+
+/// Why a one-time URL could not be made, as a status: too many outstanding is retryable.
+pub(super) fn url_status(e: crishim_streaming::StreamingError) -> tonic::Status {
+    match e {
+        crishim_streaming::StreamingError::TooManyInFlight => {
+            tonic::Status::resource_exhausted(e.to_string())
+        }
+        other => tonic::Status::internal(other.to_string()),
+    }
 }
 
 #[cfg(test)]

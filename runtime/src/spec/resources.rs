@@ -73,9 +73,55 @@ pub(super) fn build(
     }
 
     if !r.unified.is_empty() {
+        check_unified(&r.unified)?;
         out.set_unified(Some(r.unified.clone()));
     }
     Ok(out)
+}
+
+/// Most `unified` entries a container may set; cgroup v2 has fewer files than this.
+const MAX_UNIFIED_KEYS: usize = 128;
+/// Longest `unified` value (an `io.max` line for a few devices fits many times).
+const MAX_UNIFIED_VALUE: usize = 4096;
+
+/// `unified` keys name files in the container's own cgroup directory, so each must be a plain
+/// `<controller>.<name>` file name: a `/` or `..` would reach other cgroups' files (runc refuses
+/// `/` too).
+fn check_unified(unified: &HashMap<String, String>) -> Result<(), SpecError> {
+    if unified.len() > MAX_UNIFIED_KEYS {
+        return Err(SpecError::Invalid(format!(
+            "resources.unified has {} keys, at most {MAX_UNIFIED_KEYS}",
+            unified.len()
+        )));
+    }
+    for (key, value) in unified {
+        let well_formed = key.split_once('.').is_some_and(|(controller, name)| {
+            !controller.is_empty()
+                && !name.is_empty()
+                && controller
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+                && !name.starts_with('.')
+                && !name.ends_with('.')
+                && !name.contains("..")
+        });
+        if !well_formed {
+            return Err(SpecError::Invalid(format!(
+                "resources.unified key {key:?} is not a cgroup file name of the form \
+                 <controller>.<name> (no '/', '..' or NUL)"
+            )));
+        }
+        if value.len() > MAX_UNIFIED_VALUE || value.contains('\0') {
+            return Err(SpecError::Invalid(format!(
+                "resources.unified value of {key:?} is longer than {MAX_UNIFIED_VALUE} bytes or \
+                 holds a NUL"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The requested score, never below the daemon's own (lowering it needs CAP_SYS_RESOURCE) and

@@ -523,6 +523,42 @@ fn out_of_range_uid_is_invalid() {
     assert!(f.invalid().contains("out of range"));
 }
 
+/// 4294967295 is -1 to setresuid/setresgid, which then leave the process root: an image's
+/// passwd or group entry with such an id is refused wherever it would be used.
+#[test]
+fn image_ids_of_u32_max_are_invalid() {
+    let mut f = Fixture::new();
+    let etc = f.rootfs.path().join("etc");
+    let mut passwd = std::fs::read_to_string(etc.join("passwd")).unwrap();
+    passwd.push_str("ghost:x:4294967295:1000::/:/bin/sh\nshade:x:3000:4294967295::/:/bin/sh\n");
+    passwd.push_str("numb:x:3001:4294967294::/:/bin/sh\n");
+    std::fs::write(etc.join("passwd"), passwd).unwrap();
+    let mut group = std::fs::read_to_string(etc.join("group")).unwrap();
+    group.push_str("ghosts:x:4294967295:app\n");
+    std::fs::write(etc.join("group"), group).unwrap();
+    for user in [
+        "ghost",
+        "shade",
+        "3000",
+        "numb",
+        "ghost:1000",
+        "1000:ghosts",
+    ] {
+        f.image.set_user(Some(user.to_string()));
+        let msg = f.invalid();
+        assert!(msg.contains("out of range"), "{user}: {msg}");
+    }
+    // As a supplementary group (app is a member of ghosts).
+    f.image.set_user(Some("app".to_string()));
+    assert!(f.invalid().contains("4294967295"));
+    f.image.set_user(None);
+    f.sc().run_as_username = "ghost".to_string();
+    assert!(f.invalid().contains("4294967295"));
+    f.sc().run_as_username = String::new();
+    f.sc().run_as_user = Some(cri::Int64Value { value: 4294967295 });
+    assert!(f.invalid().contains("out of range"));
+}
+
 #[test]
 fn missing_passwd_is_fine_for_a_numeric_uid() {
     let mut f = Fixture::new();
@@ -1375,6 +1411,36 @@ fn unified_map_is_copied() {
         resources(&f.spec()).unified().clone().unwrap()["memory.high"],
         "1G"
     );
+}
+
+#[test]
+fn unified_keys_that_leave_the_cgroup_directory_are_invalid() {
+    for key in [
+        "../memory.max",
+        "memory.max/../../cgroup.procs",
+        "memory/../x.max",
+        "memory..max",
+        "memory.",
+        ".max",
+        "memorymax",
+        "memory.max\0",
+        "Memory.max",
+        "",
+    ] {
+        let mut f = Fixture::new();
+        f.resources().unified = [(key.to_string(), "1".to_string())].into();
+        assert!(f.invalid().contains("unified"), "{key:?} accepted");
+    }
+    let mut f = Fixture::new();
+    f.resources().unified = [
+        ("hugetlb.2MB.max".to_string(), "0".to_string()),
+        ("io.max".to_string(), "8:0 rbps=1".to_string()),
+        ("memory.swap.max".to_string(), "0".to_string()),
+    ]
+    .into();
+    assert_eq!(resources(&f.spec()).unified().as_ref().unwrap().len(), 3);
+    f.resources().unified = [("memory.high".to_string(), "1\0".to_string())].into();
+    assert!(f.invalid().contains("NUL"));
 }
 
 #[test]

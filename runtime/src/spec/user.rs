@@ -116,6 +116,17 @@ fn checked_id(id: i64, what: &str) -> Result<u32, SpecError> {
     }
 }
 
+/// An id read from the image's /etc/passwd or /etc/group. Up to `u32::MAX` parses there, but
+/// `4294967295` is `-1` to `setresuid`/`setresgid`, which then change nothing and leave the process
+/// root; ids above `i32::MAX` are refused as for requests.
+fn image_id(id: u32, what: &str, spec: &str) -> Result<u32, SpecError> {
+    checked_id(i64::from(id), what).map_err(|_| {
+        SpecError::Invalid(format!(
+            "invalid user {spec:?}: the image's {what} {id} is out of range (at most {MAX_ID})"
+        ))
+    })
+}
+
 /// A numeric id, or `None` for a name. Numbers too large for any id are errors, not names.
 fn parse_id(s: &str, what: &str, spec: &str) -> Result<Option<u32>, SpecError> {
     match s.parse::<i64>() {
@@ -160,11 +171,10 @@ impl UserDb<'_> {
             [user] => match parse_id(user, "uid", spec)? {
                 // A uid needs no passwd entry; its primary group is then root's.
                 Some(uid) => {
-                    let gid = self
-                        .passwd()?
-                        .iter()
-                        .find(|p| p.uid == uid)
-                        .map_or(0, |p| p.gid);
+                    let gid = match self.passwd()?.iter().find(|p| p.uid == uid) {
+                        Some(p) => image_id(p.gid, "gid", spec)?,
+                        None => 0,
+                    };
                     Ok((uid, gid))
                 }
                 None => {
@@ -191,18 +201,23 @@ impl UserDb<'_> {
     }
 
     fn user_named(&self, name: &str, spec: &str) -> Result<PasswdEntry, SpecError> {
-        self.passwd()?
+        let entry = self
+            .passwd()?
             .into_iter()
             .find(|p| p.name == name)
             .ok_or_else(|| {
                 SpecError::Invalid(format!(
                     "user {name:?} (from {spec:?}) not found in the image's /etc/passwd"
                 ))
-            })
+            })?;
+        image_id(entry.uid, "uid", spec)?;
+        image_id(entry.gid, "gid", spec)?;
+        Ok(entry)
     }
 
     fn group_named(&self, name: &str, spec: &str) -> Result<u32, SpecError> {
-        self.group()?
+        let gid = self
+            .group()?
             .into_iter()
             .find(|g| g.name == name)
             .map(|g| g.gid)
@@ -210,7 +225,8 @@ impl UserDb<'_> {
                 SpecError::Invalid(format!(
                     "group {name:?} (from {spec:?}) not found in the image's /etc/group"
                 ))
-            })
+            })?;
+        image_id(gid, "gid", spec)
     }
 
     /// The gids of the groups that list `user` (a name, or a uid looked up in passwd) as a
@@ -223,12 +239,11 @@ impl UserDb<'_> {
             },
             Err(_) => user.to_string(),
         };
-        Ok(self
-            .group()?
+        self.group()?
             .into_iter()
             .filter(|g| g.name != name && g.members.contains(&name))
-            .map(|g| g.gid)
-            .collect())
+            .map(|g| image_id(g.gid, "supplemental gid", &name))
+            .collect()
     }
 
     /// Entries of etc/passwd; none if the image has no such file.

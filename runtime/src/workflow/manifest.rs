@@ -386,7 +386,7 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
     let seconds = |v: Option<i64>, field: &str| -> Result<Option<Duration>, WorkflowError> {
         match v {
             Some(s) if s < 0 => Err(invalid(format!("spec.{field} must not be negative"))),
-            Some(s) => Ok(Some(Duration::from_secs(s as u64))),
+            Some(s) => Ok(Some(crate::bounds::request_secs(s))),
             None => Ok(None),
         }
     };
@@ -402,10 +402,11 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
             .namespace
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into()),
-        uid: meta
-            .uid
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(crate::records::new_id),
+        uid: match meta.uid.filter(|u| !u.is_empty()) {
+            Some(uid) => uid,
+            None => crate::records::new_id()
+                .map_err(|e| WorkflowError::Setup(format!("generating the pod's uid: {e}")))?,
+        },
         labels: meta.labels.unwrap_or_default(),
         annotations,
         name,

@@ -8,8 +8,10 @@ use super::SpdyError;
 pub const VERSION: u16 = 3;
 pub const FLAG_FIN: u8 = 0x01;
 
-/// Largest frame payload accepted (the kubelet's peers send far smaller ones).
-const MAX_FRAME: usize = 16 << 20;
+/// Largest data frame payload accepted. Go's spdystream writes what `io.Copy` hands it, 32 KiB.
+pub const MAX_DATA_PAYLOAD: usize = 1 << 20;
+/// Largest control frame payload accepted: header blocks of a handful of headers, pings.
+pub const MAX_CONTROL_PAYLOAD: usize = 256 << 10;
 
 pub const SYN_STREAM: u16 = 1;
 pub const SYN_REPLY: u16 = 2;
@@ -22,6 +24,7 @@ pub const WINDOW_UPDATE: u16 = 9;
 
 /// RST_STREAM status codes used here.
 pub const RST_PROTOCOL_ERROR: u32 = 1;
+pub const RST_REFUSED_STREAM: u32 = 3;
 pub const RST_CANCEL: u32 = 5;
 
 #[derive(Debug, PartialEq, Eq)]
@@ -48,13 +51,25 @@ pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, Spdy
     }
     let flags = head[4];
     let len = u32::from_be_bytes([0, head[5], head[6], head[7]]) as usize;
-    if len > MAX_FRAME {
-        return Err(SpdyError::Protocol(format!("frame of {len} bytes")));
+    let control = head[0] & 0x80 != 0;
+    let max = if control {
+        MAX_CONTROL_PAYLOAD
+    } else {
+        MAX_DATA_PAYLOAD
+    };
+    if len > max {
+        return Err(SpdyError::Protocol(format!(
+            "frame of {len} bytes (at most {max})"
+        )));
     }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).await?;
+    // Memory grows with the bytes that arrive, not with the length the peer claims.
+    let mut payload = Vec::with_capacity(len.min(64 * 1024));
+    r.take(len as u64).read_to_end(&mut payload).await?;
+    if payload.len() != len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
     let payload = Bytes::from(payload);
-    if head[0] & 0x80 != 0 {
+    if control {
         let version = u16::from_be_bytes([head[0] & 0x7f, head[1]]);
         if version != VERSION {
             return Err(SpdyError::Protocol(format!("SPDY version {version}")));
@@ -126,6 +141,21 @@ mod tests {
             })
         );
         assert_eq!(read(&mut r).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn oversized_frames_are_refused_before_their_payload() {
+        // Only the 8-byte header is sent: the length alone must refuse the frame.
+        let mut wire = data(1, false, &[]);
+        wire[5..8].copy_from_slice(&((MAX_DATA_PAYLOAD + 1) as u32).to_be_bytes()[1..]);
+        assert!(read(&mut &wire[..]).await.is_err());
+        let mut wire = control(SYN_STREAM, 0, &[]);
+        wire[5..8].copy_from_slice(&((MAX_CONTROL_PAYLOAD + 1) as u32).to_be_bytes()[1..]);
+        assert!(read(&mut &wire[..]).await.is_err());
+        // A frame cut short is an error, not a silent truncation.
+        let mut wire = data(1, false, b"abcdef");
+        wire.truncate(10);
+        assert!(read(&mut &wire[..]).await.is_err());
     }
 
     #[tokio::test]

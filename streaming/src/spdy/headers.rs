@@ -104,8 +104,9 @@ pub fn get<'a>(h: &'a Headers, name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// A header block larger than this is refused (the kubelet's streams carry a handful of headers).
-const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// A header block inflating to more than this is refused (the kubelet's streams carry a handful of
+/// headers); it also bounds the work one frame costs.
+const MAX_HEADER_BLOCK: usize = 256 << 10;
 
 pub struct Encoder {
     z: Compress,
@@ -174,32 +175,50 @@ impl Decoder {
         parse(&raw)
     }
 
+    /// Inflate one header block: a sync-flushed piece of the connection's single zlib stream.
+    /// A block that ends the stream, or that the inflater stops consuming, is an error: looping on
+    /// it would spin forever (a complete zlib stream followed by a stray byte does exactly that).
     fn inflate(&mut self, block: &[u8]) -> Result<Vec<u8>, SpdyError> {
-        let mut out = Vec::with_capacity(block.len() * 4 + 256);
+        let mut out = Vec::with_capacity((block.len().saturating_mul(4) + 256).min(64 * 1024));
         let mut consumed = 0;
         loop {
             let before = self.z.total_in();
+            let produced_before = out.len();
             if out.capacity() - out.len() < 256 {
                 out.reserve(out.capacity());
             }
-            match self
-                .z
-                .decompress_vec(&block[consumed..], &mut out, FlushDecompress::Sync)
-            {
-                Ok(Status::Ok) | Ok(Status::BufError) | Ok(Status::StreamEnd) => {}
-                Err(e) if e.needs_dictionary().is_some() => {
-                    self.z
-                        .set_dictionary(&dictionary())
-                        .map_err(|e| SpdyError::Protocol(format!("header dictionary: {e}")))?;
-                }
-                Err(e) => return Err(SpdyError::Protocol(format!("header block: {e}"))),
+            let status =
+                match self
+                    .z
+                    .decompress_vec(&block[consumed..], &mut out, FlushDecompress::Sync)
+                {
+                    Ok(s) => Some(s),
+                    Err(e) if e.needs_dictionary().is_some() => {
+                        self.z
+                            .set_dictionary(&dictionary())
+                            .map_err(|e| SpdyError::Protocol(format!("header dictionary: {e}")))?;
+                        None
+                    }
+                    Err(e) => return Err(SpdyError::Protocol(format!("header block: {e}"))),
+                };
+            let took = (self.z.total_in() - before) as usize;
+            consumed += took;
+            if status == Some(Status::StreamEnd) {
+                return Err(SpdyError::Protocol(
+                    "header block ends its zlib stream; SPDY keeps one stream per connection"
+                        .into(),
+                ));
             }
-            consumed += (self.z.total_in() - before) as usize;
             if out.len() > MAX_HEADER_BLOCK {
                 return Err(SpdyError::Protocol("header block too large".into()));
             }
             if consumed == block.len() && out.len() < out.capacity() {
                 return Ok(out);
+            }
+            if status.is_some() && took == 0 && out.len() == produced_before {
+                return Err(SpdyError::Protocol(
+                    "header block: the inflater made no progress".into(),
+                ));
             }
         }
     }
@@ -257,6 +276,27 @@ mod tests {
             assert_eq!(back[0], ("streamtype".to_string(), "stdout".to_string()));
             assert_eq!(get(&back, "PORT"), Some(format!("80{i}").as_str()));
         }
+    }
+
+    /// A complete zlib stream with one more byte after it: the inflater answers StreamEnd and
+    /// never consumes the byte. This looped forever, freezing the daemon's executor.
+    #[test]
+    fn a_complete_zlib_stream_with_trailing_bytes_is_refused() {
+        let mut z = Compress::new(Compression::default(), true);
+        z.set_dictionary(&dictionary()).unwrap();
+        let raw = [0u8, 0, 0, 0];
+        let mut block = Vec::with_capacity(256);
+        z.compress_vec(&raw, &mut block, FlushCompress::Finish)
+            .unwrap();
+        block.push(0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(Decoder::new().decode(&block).is_err());
+        });
+        let refused = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("the decoder must not loop");
+        assert!(refused);
     }
 
     #[test]

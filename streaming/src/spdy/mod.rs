@@ -30,6 +30,9 @@ pub enum SpdyError {
 const MAX_DATA_FRAME: usize = 32 * 1024;
 /// Frames of one stream buffered before the reader waits for its consumer.
 const STREAM_BUFFER: usize = 16;
+/// Streams the peer may have open at once on one connection; more are reset. Exec uses five,
+/// a port-forward two per connection it forwards.
+const MAX_STREAMS: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -225,6 +228,12 @@ async fn read_frames<R: AsyncRead + Unpin>(
                         .get(10..)
                         .ok_or_else(|| SpdyError::Protocol("short SYN_STREAM".into()))?;
                     let headers = dec.decode(block)?;
+                    if lock(&w.streams).len() >= MAX_STREAMS {
+                        let mut p = id.to_be_bytes().to_vec();
+                        p.extend_from_slice(&frame::RST_REFUSED_STREAM.to_be_bytes());
+                        w.raw(&frame::control(frame::RST_STREAM, 0, &p)).await?;
+                        continue;
+                    }
                     let (data_tx, rx) = mpsc::channel(STREAM_BUFFER);
                     if flags & frame::FLAG_FIN == 0 {
                         lock(&w.streams).insert(id, data_tx);
@@ -272,6 +281,35 @@ async fn read_frames<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn streams_past_the_cap_are_refused() {
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let client = Connection::new(a, Role::Client);
+        let mut server = Connection::new(b, Role::Server);
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(s) = server.accept().await {
+                held.push(s);
+            }
+            held
+        });
+        let mut open = Vec::new();
+        for _ in 0..MAX_STREAMS {
+            open.push(
+                client
+                    .open(Vec::new())
+                    .await
+                    .expect("a stream under the cap"),
+            );
+        }
+        assert!(matches!(
+            client.open(Vec::new()).await,
+            Err(SpdyError::Closed)
+        ));
+        drop(client);
+        held.abort();
+    }
 
     #[tokio::test]
     async fn a_client_and_a_server_exchange_data_on_streams() {
