@@ -5,6 +5,8 @@
 
 pub mod digest;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod pull;
 pub mod reference;
 pub mod registry;

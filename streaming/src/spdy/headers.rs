@@ -182,19 +182,28 @@ impl Decoder {
             if out.capacity() - out.len() < 256 {
                 out.reserve(out.capacity());
             }
-            match self
-                .z
-                .decompress_vec(&block[consumed..], &mut out, FlushDecompress::Sync)
-            {
-                Ok(Status::Ok) | Ok(Status::BufError) | Ok(Status::StreamEnd) => {}
-                Err(e) if e.needs_dictionary().is_some() => {
-                    self.z
-                        .set_dictionary(&dictionary())
-                        .map_err(|e| SpdyError::Protocol(format!("header dictionary: {e}")))?;
-                }
-                Err(e) => return Err(SpdyError::Protocol(format!("header block: {e}"))),
-            }
+            let ended =
+                match self
+                    .z
+                    .decompress_vec(&block[consumed..], &mut out, FlushDecompress::Sync)
+                {
+                    Ok(Status::Ok) | Ok(Status::BufError) => false,
+                    Ok(Status::StreamEnd) => true,
+                    Err(e) if e.needs_dictionary().is_some() => {
+                        self.z
+                            .set_dictionary(&dictionary())
+                            .map_err(|e| SpdyError::Protocol(format!("header dictionary: {e}")))?;
+                        false
+                    }
+                    Err(e) => return Err(SpdyError::Protocol(format!("header block: {e}"))),
+                };
             consumed += (self.z.total_in() - before) as usize;
+            // An ended stream consumes nothing more: bytes after it would be retried for ever.
+            if ended && consumed < block.len() {
+                return Err(SpdyError::Protocol(
+                    "data after the end of the header compression stream".into(),
+                ));
+            }
             if out.len() > MAX_HEADER_BLOCK {
                 return Err(SpdyError::Protocol("header block too large".into()));
             }
@@ -257,6 +266,17 @@ mod tests {
             assert_eq!(back[0], ("streamtype".to_string(), "stdout".to_string()));
             assert_eq!(get(&back, "PORT"), Some(format!("80{i}").as_str()));
         }
+    }
+
+    #[test]
+    fn bytes_after_the_end_of_the_zlib_stream_are_an_error_not_a_loop() {
+        let mut z = Compress::new(Compression::default(), true);
+        z.set_dictionary(&dictionary()).unwrap();
+        let mut block = Vec::with_capacity(256);
+        z.compress_vec(&[0, 0, 0, 0], &mut block, FlushCompress::Finish)
+            .unwrap();
+        block.push(0);
+        assert!(Decoder::new().decode(&block).is_err());
     }
 
     #[test]
