@@ -580,6 +580,36 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
     }
 }
 
+async fn stop_running_container_with_max_timeout(env: &PodEnv, g: &mut Gen) -> Result<(), String> {
+    let pod_cfg = env.pod_config("fuzz-stop");
+    let pod = env
+        .d
+        .run_pod(&pod_cfg)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    g.pods.push(pod.clone());
+    g.created.push((pod.clone(), pod_cfg.clone()));
+    let cfg = env.container_config("stop", &["sleep", "1000"]);
+    let ctr = env
+        .d
+        .run_container(&pod, &cfg, &pod_cfg)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    g.containers.push(ctr.clone());
+    let mut rt = env.d.runtime_client();
+    let stop = rt.stop_container(req(cri::StopContainerRequest {
+        container_id: ctr,
+        timeout: i64::MAX,
+    }));
+    match tokio::time::timeout(DEADLINE + SLACK, stop).await {
+        Err(_) => Err("StopContainer with timeout i64::MAX: no answer within its deadline".into()),
+        Ok(Err(s)) if is_transport_failure(&s) => {
+            Err(format!("StopContainer with timeout i64::MAX: {s:?}"))
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
 /// A daemon's transport gave up rather than the daemon answering.
 fn is_transport_failure(s: &Status) -> bool {
     matches!(s.code(), Code::Unavailable | Code::Unknown)
@@ -614,6 +644,11 @@ async fn garbage_in_every_field_of_every_rpc_gets_a_status_and_leaves_nothing_be
     };
     let started = Instant::now();
     let mut failures = Vec::new();
+    // Always one known extreme: StopContainer of a running container with i64::MAX seconds
+    // (issue 14: the deadline arithmetic overflowed and the handler panicked).
+    if let Err(e) = stop_running_container_with_max_timeout(&env, &mut g).await {
+        failures.push(e);
+    }
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     // What Internal and Unknown answers said: a bad request should get a precise code.
     let mut internal: BTreeMap<String, usize> = BTreeMap::new();
