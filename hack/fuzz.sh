@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the cargo-fuzz targets (fuzz/fuzz_targets/*.rs), one after another, for SECONDS each:
 #   hack/fuzz.sh [SECONDS] [TARGET...]      # default: $FUZZ_SECONDS, else 60; all targets
-# New inputs go to fuzz/corpus-new/<target> (ignored by git) and are then merged into the
-# committed corpus fuzz/corpus/<target> (only those adding coverage). Crashes and hangs are
+# New inputs go to fuzz/corpus-new/<target>; the seeds and them are then merged (only inputs
+# adding coverage) into fuzz/corpus-min/<target>. Both are ignored by git: commit from
+# corpus-min only what is small (one 20 s run of every target grows it by tens of MB). Crashes and hangs are
 # left in fuzz/artifacts/<target>/: copy them to fuzz/regressions/<target>/ once fixed.
 # Prints, per target: seconds, inputs run, and the outcome; exits non-zero on any finding.
 # Builds into $CARGO_TARGET_DIR/fuzz when CARGO_TARGET_DIR is set, else fuzz/target.
@@ -53,8 +54,10 @@ for t in "${targets[@]}"; do
     took=$(($(date +%s) - started))
     inputs=$(grep -oE 'stat::number_of_executed_units: [0-9]+' "$log" | tail -1 | grep -oE '[0-9]+$' || true)
     summary+=("$(printf '%-20s %6ss %12s inputs  %s  (%s)' "$t" "$took" "${inputs:-?}" "$outcome" "$log")")
-    # Keep what adds coverage to the committed corpus.
-    "${fuzz[@]}" run "${opts[@]}" "$t" "fuzz/corpus/$t" "$new" -- -merge=1 >/dev/null 2>&1 || true
+    # A minimized corpus, to review before committing any of it.
+    mkdir -p "fuzz/corpus-min/$t"
+    "${fuzz[@]}" run "${opts[@]}" "$t" "fuzz/corpus-min/$t" "fuzz/corpus/$t" "$new" -- -merge=1 \
+        >/dev/null 2>&1 || true
     echo "${summary[-1]}"
 done
 printf '\n%s\n' "${summary[@]}"
