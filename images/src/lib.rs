@@ -5,6 +5,8 @@
 
 pub mod digest;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod limits;
 mod pull;
 pub mod reference;

@@ -93,7 +93,7 @@ fn bad(what: &str, e: impl std::fmt::Display) -> ImageError {
     ImageError::BadContent(format!("malformed {what}: {}", shown(&e.to_string())))
 }
 
-fn digest_of(d: &Descriptor) -> Result<Digest> {
+pub(crate) fn digest_of(d: &Descriptor) -> Result<Digest> {
     Digest::parse(d.digest().as_ref()).map_err(|_| {
         bad(
             "descriptor",
@@ -102,7 +102,7 @@ fn digest_of(d: &Descriptor) -> Result<Digest> {
     })
 }
 
-fn is_index(media_type: &str, bytes: &[u8]) -> bool {
+pub(crate) fn is_index(media_type: &str, bytes: &[u8]) -> bool {
     if INDEX_TYPES.contains(&media_type) {
         return true;
     }
@@ -122,7 +122,7 @@ fn is_index(media_type: &str, bytes: &[u8]) -> bool {
         .unwrap_or(false)
 }
 
-fn choose_platform(index: &ImageIndex, index_digest: &Digest) -> Result<Digest> {
+pub(crate) fn choose_platform(index: &ImageIndex, index_digest: &Digest) -> Result<Digest> {
     let arch = host_arch();
     let wanted_variant = if arch == "arm64" { Some("v8") } else { None };
     let mut fallback = None;

@@ -141,7 +141,9 @@ impl Ledger {
     /// `limit`; `Ok(false)` when it would not.
     pub fn reserve(&mut self, uuid: &CUuuid, bytes: u64, limit: u64) -> io::Result<bool> {
         self.update(|me, table| {
-            let total: u64 = table.live(uuid).sum();
+            // Saturating: records are the container's to write, and a wrapped sum would
+            // let any allocation through.
+            let total = table.live(uuid).fold(0, u64::saturating_add);
             if total.saturating_add(bytes) > limit {
                 return false;
             }
@@ -157,7 +159,7 @@ impl Ledger {
 
     /// The whole container's usage of `uuid`.
     pub fn used(&mut self, uuid: &CUuuid) -> io::Result<u64> {
-        self.update(|_, table| table.live(uuid).sum())
+        self.update(|_, table| table.live(uuid).fold(0, u64::saturating_add))
     }
 
     /// Lock, read, reclaim, run `f`, write what changed, unlock.
@@ -356,6 +358,28 @@ mod tests {
         assert_eq!(l.used(&GPU0).unwrap(), 500 * MIB);
         l.release(&GPU0, 200 * MIB).unwrap();
         assert_eq!(l.used(&GPU0).unwrap(), 300 * MIB);
+    }
+
+    #[test]
+    fn shares_summing_past_u64_hold_everything_rather_than_wrap_to_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = Fake::default();
+        let half = |pid| {
+            Record {
+                pid,
+                start: 100,
+                uuid: GPU0,
+                used: 1 << 63,
+            }
+            .encode()
+        };
+        std::fs::write(dir.path().join("usage"), [half(10), half(11)].concat()).unwrap();
+        procs.be(10, 100);
+        procs.be(11, 100);
+        procs.be(12, 100);
+        let mut l = ledger(&dir, &procs);
+        assert!(!l.reserve(&GPU0, MIB, u64::MAX - 1).unwrap());
+        assert_eq!(l.used(&GPU0).unwrap(), u64::MAX);
     }
 
     #[test]

@@ -225,7 +225,7 @@ pub fn ws_decode(msg: Message) -> Option<(u8, Bytes)> {
             let t = t.as_str();
             let ch = t.as_bytes()[0].checked_sub(b'0')?;
             let data = base64::engine::general_purpose::STANDARD
-                .decode(&t[1..])
+                .decode(&t.as_bytes()[1..])
                 .ok()?;
             Some((ch, Bytes::from(data)))
         }

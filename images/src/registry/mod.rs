@@ -4,7 +4,7 @@
 //! things: containerd-style mirror fallback per host, all four CRI credential forms (including OAuth2
 //! refresh tokens), and blob bodies as raw streams so digests are verified while layers unpack.
 
-mod auth;
+pub(crate) mod auth;
 pub mod config;
 
 use std::collections::HashMap;

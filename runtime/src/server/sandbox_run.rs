@@ -42,6 +42,7 @@ impl RuntimeService {
                 config.log_directory
             )));
         }
+        check_hostname(&config.hostname)?;
         check_sysctls(&config)?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
@@ -92,6 +93,22 @@ fn sysctl_namespace(key: &str) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// The hostname goes to `sethostname` (64 bytes at most) and into the pod's `/etc/hostname` and
+/// `/etc/hosts`, where a newline would add entries: a DNS name, as Kubernetes validates it.
+fn check_hostname(hostname: &str) -> Result<(), Status> {
+    let ok = hostname.len() <= 64
+        && hostname
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if ok {
+        return Ok(());
+    }
+    let shown: String = hostname.chars().take(80).collect();
+    Err(Status::invalid_argument(format!(
+        "RunPodSandbox: hostname {shown:?} must be at most 64 characters of [A-Za-z0-9._-]"
+    )))
 }
 
 /// A pod may set only sysctls of namespaces it owns: never one of the node's.
@@ -350,6 +367,20 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn hostnames_are_dns_names_that_fit_sethostname() {
+        for ok in ["", "web-0", "a.b_c", &"h".repeat(64)] {
+            assert!(check_hostname(ok).is_ok(), "{ok:?}");
+        }
+        for bad in [&"h".repeat(65), "a\n10.0.0.1 evil", "a b", "a/b", "é"] {
+            let e = check_hostname(bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{bad:?}");
+        }
+        // A 1 MiB name is refused, and the message does not carry all of it.
+        let e = check_hostname(&"h".repeat(1 << 20)).unwrap_err();
+        assert!(e.message().len() < 200, "{}", e.message().len());
     }
 
     #[test]

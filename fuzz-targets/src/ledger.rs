@@ -1,0 +1,58 @@
+//! The GPU interceptor's accounting file. The interceptor is a `cdylib` that defines `dlsym`,
+//! so it is not linked here: its ledger (and the CUDA types it uses) are compiled in from source.
+
+use std::io;
+
+use crate::cuda::CUuuid;
+use crate::interceptor_ledger::{Ledger, Processes};
+
+/// Processes for the ledger: this one is pid 4242, and even pids are alive.
+struct EvenPidsAlive;
+
+impl Processes for EvenPidsAlive {
+    fn me(&self) -> io::Result<(u32, u64)> {
+        Ok((4242, 7))
+    }
+    fn alive(&self, pid: u32, _start: u64) -> bool {
+        pid.is_multiple_of(2)
+    }
+}
+
+/// The file as another process of the container left it, then a reserve, a query and a release.
+pub fn vgpu_ledger(data: &[u8]) {
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), data).expect("writing the ledger");
+    let mut ledger = Ledger::with_processes(file.path().into(), Box::new(EvenPidsAlive));
+    let gpu = CUuuid { bytes: [0; 16] };
+    const LIMIT: u64 = 1 << 30;
+    if let Ok(true) = ledger.reserve(&gpu, 1 << 20, LIMIT) {
+        let used = ledger.used(&gpu).expect("reading the ledger back");
+        assert!(
+            used <= LIMIT,
+            "{used} bytes in use after a reserve within {LIMIT}"
+        );
+    }
+    let _ = ledger.release(&gpu, 1 << 20);
+}
+
+/// A ledger file with three records (pids 4242, 4243 and 4244 on two GPUs), for the seed corpus.
+#[doc(hidden)]
+pub fn ledger_seed() -> Vec<u8> {
+    struct Pid(u32);
+    impl Processes for Pid {
+        fn me(&self) -> io::Result<(u32, u64)> {
+            Ok((self.0, 7))
+        }
+        fn alive(&self, _: u32, _: u64) -> bool {
+            true
+        }
+    }
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    for (pid, gpu) in [(4242, 0), (4243, 0), (4244, 1)] {
+        let mut l = Ledger::with_processes(file.path().into(), Box::new(Pid(pid)));
+        let uuid = CUuuid { bytes: [gpu; 16] };
+        l.reserve(&uuid, u64::from(pid) << 10, u64::MAX)
+            .expect("writing the seed ledger");
+    }
+    std::fs::read(file.path()).expect("reading the seed ledger")
+}

@@ -1,0 +1,61 @@
+//! The daemon's own inputs: its records on disk, CNI plugins' output, `crishim run` manifests
+//! and `config.toml`.
+
+use std::path::Path;
+
+use crishim_proto::shim::ContainerState;
+use crishim_runtime::cni::cache::CacheEntry;
+use crishim_runtime::cni::{NetworkList, NetworkResult};
+use crishim_runtime::config::Config;
+use crishim_runtime::records::{ContainerRecord, PodRecord};
+use crishim_runtime::workflow::manifest;
+
+use crate::split_at_byte;
+
+/// A record file as start-up reads it: pod, container, CNI cache entry or exit record.
+pub fn records(data: &[u8]) {
+    let _ = serde_json::from_slice::<PodRecord>(data);
+    if let Ok(c) = serde_json::from_slice::<ContainerRecord>(data) {
+        let _ = c.name();
+    }
+    if let Ok(e) = serde_json::from_slice::<CacheEntry>(data) {
+        if let Some(r) = e.result {
+            let _ = NetworkResult::parse(r, &e.if_name);
+        }
+    }
+    let _ = serde_json::from_slice::<ContainerState>(data);
+}
+
+/// What a CNI plugin prints (the first line is the interface asked for), also read as a
+/// network config list and as a single config.
+pub fn cni_result(data: &[u8]) {
+    let (ifname, out) = split_at_byte(data, b'\n');
+    let Ok(raw) = serde_json::from_slice::<serde_json::Value>(out) else {
+        return;
+    };
+    if let Ok(r) = NetworkResult::parse(raw.clone(), &String::from_utf8_lossy(ifname)) {
+        let _ = (r.pod_ip(), r.additional_ips());
+    }
+    let source = Path::new("/fuzz/10-net.conflist");
+    if let Ok(list) = NetworkList::from_list_json(raw.clone(), source.into()) {
+        let _ = (list.to_json(), list.has_cached_results());
+    }
+    let _ = NetworkList::from_conf_json(raw, source.into());
+}
+
+/// A Pod manifest for `crishim run` (YAML or JSON).
+pub fn pod_manifest(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = manifest::parse(text);
+    }
+}
+
+/// `config.toml`, validated as at start-up, with the streaming server's settings derived.
+pub fn config_toml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(c) = Config::parse(text, Path::new("/fuzz/config.toml")) {
+        let _ = c.streaming_server();
+    }
+}

@@ -1,0 +1,19 @@
+//! The daemon ⇄ shim protocol: a JSON line (a request to the shim, or its answer), then the
+//! frames of a streaming connection.
+
+use crishim_proto::shim::{frames, Request, Response};
+
+use crate::split_at_byte;
+
+pub fn shim_protocol(data: &[u8]) {
+    let (line, mut rest) = split_at_byte(data, b'\n');
+    let _ = serde_json::from_slice::<Request>(line);
+    let _ = serde_json::from_slice::<Response>(line);
+    while let Some((head, after)) = rest.split_first_chunk::<{ frames::HEADER }>() {
+        let (_kind, len) = frames::decode_header(*head);
+        if len > frames::MAX_PAYLOAD {
+            return;
+        }
+        rest = &after[len.min(after.len())..];
+    }
+}
