@@ -353,8 +353,17 @@ impl Gen {
 }
 
 fn req<T>(m: T) -> Request<T> {
+    req_within(m, DEADLINE)
+}
+
+/// Calls that rightly wait as long as their request says (StopContainer of a container that
+/// ignores SIGTERM, ExecSync of `sleep`) get a short deadline instead: the daemon must still
+/// answer by then, and the run stays within its time.
+const WAITING_DEADLINE: Duration = Duration::from_secs(2);
+
+fn req_within<T>(m: T, deadline: Duration) -> Request<T> {
     let mut r = Request::new(m);
-    r.set_timeout(DEADLINE);
+    r.set_timeout(deadline);
     r
 }
 
@@ -367,6 +376,15 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
             (
                 stringify!($method),
                 $client.$method(req($msg)).await.map(|_| ()),
+            )
+        };
+        (waits $client:ident . $method:ident ($msg:expr)) => {
+            (
+                stringify!($method),
+                $client
+                    .$method(req_within($msg, WAITING_DEADLINE))
+                    .await
+                    .map(|_| ()),
             )
         };
     }
@@ -428,7 +446,7 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
         11 | 12 => rpc!(rt.start_container(cri::StartContainerRequest {
             container_id: g.container_id()
         })),
-        13 => rpc!(rt.stop_container(cri::StopContainerRequest {
+        13 => rpc!(waits rt.stop_container(cri::StopContainerRequest {
             container_id: g.container_id(),
             timeout: g.int(),
         })),
@@ -465,7 +483,7 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
         18 => rpc!(rt.reopen_container_log(cri::ReopenContainerLogRequest {
             container_id: g.container_id()
         })),
-        19 | 20 => rpc!(rt.exec_sync(cri::ExecSyncRequest {
+        19 | 20 => rpc!(waits rt.exec_sync(cri::ExecSyncRequest {
             container_id: g.container_id(),
             cmd: g.strings(),
             timeout: g.int(),
@@ -597,10 +615,13 @@ async fn stop_running_container_with_max_timeout(env: &PodEnv, g: &mut Gen) -> R
         .map_err(|e| format!("{e:?}"))?;
     g.containers.push(ctr.clone());
     let mut rt = env.d.runtime_client();
-    let stop = rt.stop_container(req(cri::StopContainerRequest {
-        container_id: ctr,
-        timeout: i64::MAX,
-    }));
+    let stop = rt.stop_container(req_within(
+        cri::StopContainerRequest {
+            container_id: ctr,
+            timeout: i64::MAX,
+        },
+        WAITING_DEADLINE,
+    ));
     match tokio::time::timeout(DEADLINE + SLACK, stop).await {
         Err(_) => Err("StopContainer with timeout i64::MAX: no answer within its deadline".into()),
         Ok(Err(s)) if is_transport_failure(&s) => {
