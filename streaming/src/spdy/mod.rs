@@ -1,7 +1,10 @@
 //! SPDY/3.1 as the Kubernetes streaming protocols use it (the framing of moby/spdystream): streams
 //! opened by the client with SYN_STREAM and answered with SYN_REPLY, data frames with FIN for a
 //! half-close, RST_STREAM, PING and GOAWAY. Flow-control windows are not enforced, as the Go peers
-//! do not enforce them either; the TCP connection's own backpressure bounds memory.
+//! do not enforce them either. Memory is bounded instead by one byte budget per connection
+//! ([`CONNECTION_BUFFER`]): a data frame waits for budget before it is queued to its stream, and
+//! gives it back only once its consumer has taken it, so a peer that fills streams nobody reads
+//! stalls its own connection (TCP backpressure) rather than growing the daemon.
 
 pub mod frame;
 pub mod headers;
@@ -12,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 pub use headers::{get as header, Headers};
 
@@ -33,6 +36,12 @@ const STREAM_BUFFER: usize = 16;
 /// Streams the peer may have open at once on one connection; more are reset. Exec uses five,
 /// a port-forward two per connection it forwards.
 const MAX_STREAMS: usize = 256;
+/// Bytes of received data frames one connection may hold, over all its streams, before its
+/// reader waits for consumers: 16 data frames of the largest size.
+pub const CONNECTION_BUFFER: usize = 16 * frame::MAX_DATA_PAYLOAD;
+
+/// A received frame and the share of its connection's budget it holds until consumed.
+type Metered = (Bytes, OwnedSemaphorePermit);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -48,10 +57,32 @@ struct Writer {
     out: tokio::sync::Mutex<(Io, headers::Encoder)>,
     next_id: AtomicU32,
     replies: Mutex<HashMap<u32, oneshot::Sender<()>>>,
-    streams: Mutex<HashMap<u32, mpsc::Sender<Bytes>>>,
+    streams: Mutex<HashMap<u32, mpsc::Sender<Metered>>>,
+    budget: Arc<Semaphore>,
 }
 
 impl Writer {
+    /// A stream's inbound channel: the reader queues metered frames; a forwarding task hands
+    /// them to the consumer's plain `Receiver<Bytes>` one at a time, returning each frame's
+    /// budget once the consumer has taken it.
+    fn stream_channel(&self) -> (mpsc::Sender<Metered>, mpsc::Receiver<Bytes>) {
+        let (metered_tx, mut metered_rx) = mpsc::channel::<Metered>(STREAM_BUFFER);
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            while let Some((data, permit)) = metered_rx.recv().await {
+                if tx.send(data).await.is_err() {
+                    return;
+                }
+                // With one slot, a free slot means the consumer took the frame.
+                if tx.reserve().await.is_err() {
+                    return;
+                }
+                drop(permit);
+            }
+        });
+        (metered_tx, rx)
+    }
+
     async fn raw(&self, frame: &[u8]) -> Result<(), SpdyError> {
         let mut out = self.out.lock().await;
         out.0.write_all(frame).await?;
@@ -131,6 +162,7 @@ impl Connection {
             next_id: AtomicU32::new(if role == Role::Client { 1 } else { 2 }),
             replies: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
+            budget: Arc::new(Semaphore::new(CONNECTION_BUFFER)),
         });
         let (tx, incoming) = mpsc::channel(64);
         let reader = tokio::spawn(read_loop(r, w.clone(), tx));
@@ -150,7 +182,7 @@ impl Connection {
     pub async fn open(&self, headers: Headers) -> Result<Stream, SpdyError> {
         let id = self.w.next_id.fetch_add(2, Ordering::Relaxed);
         let (reply_tx, reply_rx) = oneshot::channel();
-        let (data_tx, rx) = mpsc::channel(STREAM_BUFFER);
+        let (data_tx, rx) = self.w.stream_channel();
         lock(&self.w.replies).insert(id, reply_tx);
         lock(&self.w.streams).insert(id, data_tx);
         let mut prefix = id.to_be_bytes().to_vec();
@@ -210,7 +242,14 @@ async fn read_frames<R: AsyncRead + Unpin>(
                 let tx = lock(&w.streams).get(&stream).cloned();
                 if let Some(tx) = tx {
                     if !data.is_empty() {
-                        let _ = tx.send(data).await;
+                        // Frames are capped at MAX_DATA_PAYLOAD, well under the budget.
+                        let permit = w
+                            .budget
+                            .clone()
+                            .acquire_many_owned(data.len() as u32)
+                            .await
+                            .map_err(|_| SpdyError::Closed)?;
+                        let _ = tx.send((data, permit)).await;
                     }
                 }
                 if fin {
@@ -234,7 +273,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
                         w.raw(&frame::control(frame::RST_STREAM, 0, &p)).await?;
                         continue;
                     }
-                    let (data_tx, rx) = mpsc::channel(STREAM_BUFFER);
+                    let (data_tx, rx) = w.stream_channel();
                     if flags & frame::FLAG_FIN == 0 {
                         lock(&w.streams).insert(id, data_tx);
                     }
@@ -307,6 +346,44 @@ mod tests {
             client.open(Vec::new()).await,
             Err(SpdyError::Closed)
         ));
+        drop(client);
+        held.abort();
+    }
+
+    /// A peer that fills streams nobody reads gets its connection stalled once the budget is
+    /// held, instead of the server queueing 16 frames on each of its 256 streams.
+    #[tokio::test]
+    async fn unread_streams_hold_at_most_the_connection_budget() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let client = Connection::new(a, Role::Client);
+        let mut server = Connection::new(b, Role::Server);
+        let budget = server.w.budget.clone();
+        let held = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Some(s) = server.accept().await {
+                held.push(s);
+            }
+            held
+        });
+        // One largest data frame on each of 40 streams: 40 MiB if each stream's queue took one.
+        let chunk = vec![1u8; frame::MAX_DATA_PAYLOAD];
+        let mut sent = 0usize;
+        for _ in 0..40 {
+            let one = async {
+                let s = client.open(Vec::new()).await?;
+                client.w.raw(&frame::data(s.id, false, &chunk)).await
+            };
+            let wrote = tokio::time::timeout(std::time::Duration::from_millis(300), one).await;
+            if !matches!(wrote, Ok(Ok(()))) {
+                break;
+            }
+            sent += 1;
+        }
+        assert_eq!(budget.available_permits(), 0, "the budget is all held");
+        assert!(
+            sent <= CONNECTION_BUFFER / frame::MAX_DATA_PAYLOAD + 4,
+            "the peer was stalled once the budget was held, not after {sent} frames"
+        );
         drop(client);
         held.abort();
     }
