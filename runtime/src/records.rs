@@ -347,21 +347,10 @@ mod tests {
             ..Default::default()
         };
         let rec = PodRecord {
-            id: new_id().unwrap(),
             config,
-            runtime_handler: String::new(),
-            state: PodState::Ready,
-            created_at: 1,
-            infra_pid: 2,
-            host_network: false,
-            host_pid: false,
-            host_ipc: false,
             shared_pid: true,
-            shm: None,
             cgroup_parent: "/x".into(),
-            cgroup_driver: Default::default(),
-            owned_cgroups: vec![],
-            ips: vec![],
+            ..pod_record(&new_id().unwrap())
         };
         rd.save(&rec.id, &rec).unwrap();
         let back = rd.load_all::<PodRecord>().records;

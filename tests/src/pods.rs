@@ -575,6 +575,15 @@ impl PodEnv {
         container_config(name, &self.image(), command)
     }
 
+    /// Capture `pod`'s traces, stop and remove it, assert it left nothing, then [`Self::stop`].
+    pub async fn finish_pod(self, pod: &str, mut traces: PodTraces) {
+        traces.capture(&self.d).await;
+        self.d.stop_pod(pod).await.unwrap();
+        self.d.remove_pod(pod).await.unwrap();
+        assert_no_leaks(&self.d, &traces).await;
+        self.stop();
+    }
+
     /// SIGTERM the daemon and assert a clean exit (after the janitor ran).
     pub fn stop(self) {
         let PodEnv {

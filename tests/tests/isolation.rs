@@ -265,15 +265,7 @@ async fn nobody_sees_nothing_under_root_dir_and_state_dir() {
         "the container's / is traversable by its user"
     );
 
-    finish(env, &pod, traces).await;
-}
-
-async fn finish(env: PodEnv, pod: &str, mut traces: PodTraces) {
-    traces.capture(&env.d).await;
-    env.d.stop_pod(pod).await.unwrap();
-    env.d.remove_pod(pod).await.unwrap();
-    assert_no_leaks(&env.d, &traces).await;
-    env.stop();
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -343,7 +335,7 @@ async fn a_daemon_started_on_a_loose_tree_tightens_it() {
     );
     // The pod runs on.
     assert_eq!(env.d.exec_ok(&ctr, &["echo", "ok"]).await.trim(), "ok");
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 /// A pod named `name` with one `sh` container that loops until SIGTERM.

@@ -6,9 +6,9 @@
 use crishim_proto::cri;
 use crishim_tests::image::{busybox_layer, Image};
 use crishim_tests::pods::{
-    assert_no_leaks, container_security, marker, namespaces, set_container_privileged,
-    set_pod_namespaces, set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM,
-    NS_CONTAINER, NS_NODE, NS_POD,
+    container_security, marker, namespaces, set_container_privileged, set_pod_namespaces,
+    set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_CONTAINER, NS_NODE,
+    NS_POD,
 };
 
 /// containerd's default capability set (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW,
@@ -70,14 +70,6 @@ async fn cap_eff(env: &PodEnv, id: &str) -> u64 {
     hex(&status_field(&st, "CapEff"))
 }
 
-async fn finish(env: PodEnv, pod: &str, mut traces: PodTraces) {
-    traces.capture(&env.d).await;
-    env.d.stop_pod(pod).await.unwrap();
-    env.d.remove_pod(pod).await.unwrap();
-    assert_no_leaks(&env.d, &traces).await;
-    env.stop();
-}
-
 #[tokio::test]
 async fn users_and_groups_reach_the_process() {
     let env = PodEnv::start().await;
@@ -134,7 +126,7 @@ async fn users_and_groups_reach_the_process() {
         "1000"
     );
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -179,7 +171,7 @@ async fn privileged_container_gets_all_capabilities_writable_sys_and_host_device
         eprintln!("no host-only device in /dev to look for");
     }
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -226,7 +218,7 @@ async fn capabilities_default_add_drop_and_their_effect() {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_ne!(host.trim(), "crishim-foo", "the host's hostname changed");
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -253,7 +245,7 @@ async fn no_new_privs_is_set_on_the_process() {
     let st = env.d.exec_ok(&plain, &["cat", "/proc/self/status"]).await;
     assert_eq!(status_field(&st, "NoNewPrivs"), "0");
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 /// Issue 13's `/proc/1/root` experiment: in a pod sharing its pid namespace, PID 1 is the infra
@@ -313,7 +305,7 @@ async fn infra_process_shows_an_empty_root_and_holds_no_privileges() {
         "infra in the host's mount namespace"
     );
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -383,7 +375,7 @@ async fn readonly_rootfs_and_masked_and_readonly_paths() {
     assert_ne!(code, 0, "touch in a read-only path succeeded");
     assert!(err.contains("Read-only file system"), "stderr: {err}");
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -449,7 +441,7 @@ async fn pod_sysctls_are_visible_in_containers() {
         "12345"
     );
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -490,7 +482,7 @@ async fn seccomp_unconfined_and_missing_localhost_profile() {
         .expect_err("CreateContainer with a missing seccomp profile");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 /// Run `probe` as the container's own program (a filter covers it and its children), keep its
@@ -563,7 +555,7 @@ async fn seccomp_filters_runtime_default_and_localhost_file() {
     assert_ne!(code, 0, "mkdir under a deny-mkdir profile succeeded");
     assert!(err.contains("Operation not permitted"), "stderr: {err}");
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 /// The lines of /proc/<pid>/status that say how a process is confined.
@@ -620,7 +612,7 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         assert_ne!(code, 0, "unshare in an exec'd process succeeded");
         assert!(err.contains("Operation not permitted"), "stderr: {err}");
     }
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -653,7 +645,7 @@ async fn apparmor_and_selinux_options_are_accepted() {
         log.contains("SELinux options accepted and ignored"),
         "no log line for SELinux"
     );
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
 
 #[tokio::test]
@@ -699,5 +691,5 @@ async fn devices_are_created_and_others_are_denied() {
         eprintln!("skipped the loop device part: no /dev/loop0 on this host");
     }
 
-    finish(env, &pod, traces).await;
+    env.finish_pod(&pod, traces).await;
 }
