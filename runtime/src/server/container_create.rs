@@ -10,7 +10,7 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use super::errors::from_image_error;
-use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
+use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{
     container_name, new_id_status, now_nanos, ContainerRecord, PodRecord, PodState,
 };
@@ -225,7 +225,11 @@ impl Inner {
             stdin: record.config.stdin,
             tty: record.config.tty,
         };
-        match self.shim(&pod.id).call(&req, SHIM_TIMEOUT).await? {
+        match self
+            .shim(&pod.id)
+            .call(&req, self.cgroup_request_timeout())
+            .await?
+        {
             Response::State(s) => {
                 record.created_at = s.created_at;
                 record.last = Some(s);

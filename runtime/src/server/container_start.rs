@@ -4,7 +4,7 @@ use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
 use crishim_proto::shim::{Request, Response};
 use tonic::Status;
 
-use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
+use super::runtime_service::RuntimeService;
 use crate::shim_client::unexpected;
 
 impl RuntimeService {
@@ -17,7 +17,10 @@ impl RuntimeService {
         let _guard = inner.lock(&c.id).await;
         match inner
             .shim(&c.pod_id)
-            .call(&Request::Start { id: c.id.clone() }, SHIM_TIMEOUT)
+            .call(
+                &Request::Start { id: c.id.clone() },
+                self.inner.cgroup_request_timeout(),
+            )
             .await?
         {
             Response::State(s) => {

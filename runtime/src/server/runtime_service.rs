@@ -18,6 +18,10 @@ use crate::shim_client::{unexpected, ShimClient};
 
 /// How long a plain shim request may take.
 pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
+/// Under the systemd driver, requests that change cgroups go through systemd over D-Bus, where
+/// libcgroups (youki 0.7) can wait out a 10 s receive timeout more than once (see the README's
+/// known stall). They get up to just under the kubelet's 2-minute runtime request timeout.
+const SHIM_SYSTEMD_TIMEOUT: Duration = Duration::from_secs(110);
 
 #[derive(Clone)]
 pub struct RuntimeService {
@@ -346,9 +350,19 @@ impl Inner {
         )
     }
 
-    /// Send a shim request that answers `Ok`.
+    /// How long a shim request that creates, changes or removes cgroups may take.
+    pub(super) fn cgroup_request_timeout(&self) -> Duration {
+        match self.config.cgroup_driver {
+            crate::cgroups::CgroupDriver::Cgroupfs => SHIM_TIMEOUT,
+            crate::cgroups::CgroupDriver::Systemd => SHIM_SYSTEMD_TIMEOUT,
+        }
+    }
+
+    /// Send a shim request that answers `Ok` (updates, kills, deletes: cgroup work under the
+    /// systemd driver).
     pub(super) async fn shim_ok(&self, pod_id: &str, req: Request) -> Result<(), Status> {
-        match self.shim(pod_id).call(&req, SHIM_TIMEOUT).await? {
+        let timeout = self.cgroup_request_timeout();
+        match self.shim(pod_id).call(&req, timeout).await? {
             Response::Ok | Response::State(_) => Ok(()),
             other => Err(unexpected(other)),
         }
