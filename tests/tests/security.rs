@@ -4,12 +4,13 @@
 //! as seen from a container. Every test ends with a leak check.
 
 use crishim_proto::cri;
-use crishim_tests::image::{busybox_layer, Image};
+use crishim_tests::image::{busybox_layer, Image, LayerBuilder, GROUP, PASSWD};
 use crishim_tests::pods::{
     container_security, marker, namespaces, set_container_privileged, set_pod_namespaces,
     set_pod_privileged, sh_container, PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_CONTAINER, NS_NODE,
     NS_POD,
 };
+use crishim_tests::Compression;
 
 /// containerd's default capability set (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW,
 /// SETGID, SETUID, SETFCAP, SETPCAP, NET_BIND_SERVICE, SYS_CHROOT, KILL, AUDIT_WRITE).
@@ -690,6 +691,89 @@ async fn devices_are_created_and_others_are_denied() {
     } else {
         eprintln!("skipped the loop device part: no /dev/loop0 on this host");
     }
+
+    env.finish_pod(&pod, traces).await;
+}
+
+/// Issue 14: ids that `setresuid` takes as -1 (a no-op that leaves the process root), and
+/// `resources.unified` keys that climb out of the container's cgroup directory, are refused over
+/// the wire at CreateContainer and UpdateContainerResources, and the running container is kept.
+#[tokio::test]
+async fn out_of_range_ids_and_climbing_unified_keys_are_invalid_argument() {
+    let env = PodEnv::start().await;
+    // The image's /etc/passwd names a user whose uid is 4294967295.
+    let passwd = format!("{PASSWD}ghost:x:4294967295:1000::/:/bin/sh\n");
+    let ids = LayerBuilder::new()
+        .file("etc/passwd", passwd, 0o644)
+        .file("etc/group", GROUP, 0o644)
+        .build(Compression::Gzip);
+    let ghost_image = env
+        .push_and_pull(
+            "busybox-ghost",
+            &Image::new(vec![busybox_layer(), ids]).user("ghost"),
+        )
+        .await;
+    let pod_cfg = env.pod_config("ids");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &pod_cfg);
+    let refused = |r: Result<String, tonic::Status>, what: &str, needle: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        assert!(e.message().contains(needle), "{what}: {}", e.message());
+    };
+
+    let mut c = sh_container(&env, "ghost", LOOP_UNTIL_TERM, &marker("ghost"));
+    c.image = Some(crishim_tests::cri::spec(&ghost_image.tag_ref()));
+    refused(
+        env.d.create_container(&pod, &c, &pod_cfg).await,
+        "the image's user of uid 4294967295",
+        "4294967295",
+    );
+    let mut c = sh_container(&env, "uid-max", LOOP_UNTIL_TERM, &marker("uid-max"));
+    container_security(&mut c).run_as_user = Some(cri::Int64Value { value: 4294967295 });
+    refused(
+        env.d.create_container(&pod, &c, &pod_cfg).await,
+        "run_as_user 4294967295",
+        "out of range",
+    );
+    let climbing = || -> std::collections::HashMap<String, String> {
+        [("../../cgroup.procs".to_string(), "1".to_string())].into()
+    };
+    let mut c = sh_container(&env, "unified", LOOP_UNTIL_TERM, &marker("unified"));
+    c.linux
+        .get_or_insert_with(Default::default)
+        .resources
+        .get_or_insert_with(Default::default)
+        .unified = climbing();
+    refused(
+        env.d.create_container(&pod, &c, &pod_cfg).await,
+        "a unified key with ..",
+        "unified",
+    );
+
+    let running = start(&env, &pod, &pod_cfg, &mut traces, "running", |_| {}).await;
+    let update = env
+        .d
+        .runtime_client()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: running.clone(),
+            linux: Some(cri::LinuxContainerResources {
+                unified: climbing(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(|_| String::new());
+    refused(
+        update,
+        "UpdateContainerResources with a unified key with ..",
+        "unified",
+    );
+    assert_eq!(
+        env.d.exec_ok(&running, &["echo", "alive"]).await.trim(),
+        "alive"
+    );
 
     env.finish_pod(&pod, traces).await;
 }
