@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
+use crishim_images::shown::shown;
 use crishim_proto::cri;
 use crishim_proto::hostfs;
 use crishim_proto::shim::ContainerState;
@@ -100,9 +101,6 @@ mod pb {
 /// The largest record read at start-up. A record holds a CRI config (at most the 16 MiB message
 /// limit, a third more as base64) and a little state; anything larger is damage.
 const MAX_RECORD_BYTES: u64 = 32 << 20;
-
-/// Names in logs are cut to this many bytes.
-const MAX_LOGGED_NAME: usize = 256;
 
 /// What a record says about itself, checked against the file it was read from.
 pub trait Record {
@@ -201,7 +199,7 @@ impl RecordDir {
                 if r.id() == stem {
                     Ok(r)
                 } else {
-                    Err(format!("it names id {:?}", cut(r.id())))
+                    Err(format!("it names id {:?}", shown(r.id())))
                 }
             }) {
                 Ok(r) => {
@@ -232,14 +230,14 @@ impl RecordDir {
             .and_then(|()| crishim_proto::record::rename_synced(p, &to));
         match moved {
             Ok(()) => tracing::warn!(
-                record = %cut(&name),
-                error = %cut(error),
+                record = %shown(&name),
+                error = %shown(error),
                 quarantine = %q.display(),
                 "moved an unreadable record to quarantine; its pod or container's files are kept"
             ),
             Err(e) => tracing::warn!(
-                record = %cut(&name),
-                error = %cut(error),
+                record = %shown(&name),
+                error = %shown(error),
                 move_error = %e,
                 "skipping an unreadable record that could not be moved to quarantine"
             ),
@@ -266,18 +264,6 @@ fn read_record<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, String> {
         return Err(format!("over the {MAX_RECORD_BYTES}-byte cap"));
     }
     serde_json::from_slice(&buf).map_err(|e| e.to_string())
-}
-
-/// `s` cut to at most [`MAX_LOGGED_NAME`] bytes, on a character boundary.
-fn cut(s: &str) -> &str {
-    if s.len() <= MAX_LOGGED_NAME {
-        return s;
-    }
-    let mut end = MAX_LOGGED_NAME;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 pub use crishim_proto::record::{now_nanos, write_atomic};
@@ -438,14 +424,6 @@ mod tests {
         std::fs::write(dir.join("torn.json"), b"[").unwrap();
         assert_eq!(rd.load_all::<PodRecord>().quarantined, ["torn"]);
         assert_eq!(std::fs::read_dir(rd.quarantine_dir()).unwrap().count(), 5);
-    }
-
-    #[test]
-    fn logged_names_are_cut_on_a_character_boundary() {
-        let long = "é".repeat(300);
-        let c = cut(&long);
-        assert!(c.len() <= MAX_LOGGED_NAME && c.len() >= MAX_LOGGED_NAME - 1);
-        assert_eq!(cut("short"), "short");
     }
 
     #[test]
