@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -17,6 +18,12 @@ use crate::spdy::{self, Connection, Role, StreamWriter};
 pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";
 /// Port-forward requests that have opened one of their two streams, per connection.
 const MAX_HALF_OPEN: usize = 128;
+/// How long the first stream of a request waits for its pair (the kubelet's stream creation
+/// timeout). A waiting stream is not read, so data sent on it holds the connection's reader:
+/// without this deadline a client could stall its connection, and its slot, for good.
+const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long resetting an expired stream may wait on a client that does not read.
+const RESET_TIMEOUT: Duration = Duration::from_secs(5);
 pub const WS_PROTOCOLS: &[&str] = &[
     "v4.channel.k8s.io",
     "portforward.k8s.io",
@@ -62,34 +69,68 @@ async fn splice(
     up.abort();
 }
 
+/// The streams of one request received so far, and when the request gives up on the rest.
+struct HalfOpen {
+    data: Option<spdy::Stream>,
+    error: Option<spdy::Stream>,
+    deadline: tokio::time::Instant,
+}
+
 pub async fn serve_spdy<IO>(io: IO, pod: String, ports: Vec<u16>, backend: Arc<dyn Backend>)
 where
     IO: AsyncRead + AsyncWrite + Send + 'static,
 {
     let mut conn = Connection::new(io, Role::Server);
     // Streams by request id, until both of a pair are there.
-    let mut half: HashMap<String, (Option<spdy::Stream>, Option<spdy::Stream>)> = HashMap::new();
-    while let Some(s) = conn.accept().await {
+    let mut half: HashMap<String, HalfOpen> = HashMap::new();
+    loop {
+        let expiry = half.values().map(|h| h.deadline).min();
+        let s = tokio::select! {
+            s = conn.accept() => match s {
+                Some(s) => s,
+                None => break,
+            },
+            _ = sleep_until(expiry) => {
+                let now = tokio::time::Instant::now();
+                half.retain(|_, h| {
+                    let keep = h.deadline > now;
+                    if !keep {
+                        h.data.take().into_iter().chain(h.error.take()).for_each(reset_later);
+                    }
+                    keep
+                });
+                continue;
+            }
+        };
         let id = spdy::header(&s.headers, "requestID")
             .unwrap_or_default()
             .to_string();
         // Requests waiting for their second stream are bounded: past that, new ones are reset.
         if !half.contains_key(&id) && half.len() >= MAX_HALF_OPEN {
-            let _ = s.tx.reset().await;
+            reset_later(s);
             continue;
         }
         let kind = spdy::header(&s.headers, "streamType").unwrap_or_default();
-        let entry = half.entry(id.clone()).or_default();
+        let entry = half.entry(id.clone()).or_insert_with(|| HalfOpen {
+            data: None,
+            error: None,
+            deadline: tokio::time::Instant::now() + STREAM_CREATION_TIMEOUT,
+        });
         match kind {
-            "data" => entry.0 = Some(s),
-            "error" => entry.1 = Some(s),
+            "data" => entry.data = Some(s),
+            "error" => entry.error = Some(s),
             _ => {
-                let _ = s.tx.reset().await;
+                reset_later(s);
                 continue;
             }
         }
-        if let (Some(_), Some(_)) = entry {
-            let (Some(data), Some(error)) = half.remove(&id).unwrap_or_default() else {
+        if entry.data.is_some() && entry.error.is_some() {
+            let Some(HalfOpen {
+                data: Some(data),
+                error: Some(error),
+                ..
+            }) = half.remove(&id)
+            else {
                 continue;
             };
             tokio::spawn(forward_pair(
@@ -103,6 +144,25 @@ where
     }
 }
 
+/// Sleep until `deadline`; forever when there is none.
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Drop a stream the server will not use and reset it in the background. Its receiver goes at
+/// once, so data the client sent on it no longer holds the connection's reader; the reset waits
+/// at most [`RESET_TIMEOUT`] on a client that does not read.
+fn reset_later(s: spdy::Stream) {
+    let tx = s.tx;
+    drop(s.rx);
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(RESET_TIMEOUT, tx.reset()).await;
+    });
+}
+
 async fn forward_pair(
     data: spdy::Stream,
     error: spdy::Stream,
@@ -110,6 +170,10 @@ async fn forward_pair(
     allowed: Vec<u16>,
     backend: Arc<dyn Backend>,
 ) {
+    // Nothing is read from the error stream: its receiver goes now, so that data a client sends
+    // on it cannot hold the connection's reader.
+    let error_tx = error.tx;
+    drop(error.rx);
     let port_text = spdy::header(&data.headers, "port").unwrap_or_default();
     let fail = |msg: String, error: StreamWriter, data: StreamWriter| async move {
         let _ = error.write(msg.as_bytes()).await;
@@ -121,7 +185,7 @@ async fn forward_pair(
         _ => {
             return fail(
                 format!("port {port_text:?} is not a port this request may forward"),
-                error.tx,
+                error_tx,
                 data.tx,
             )
             .await
@@ -130,7 +194,7 @@ async fn forward_pair(
     match backend.port_forward(pod.clone(), port).await {
         Ok(tcp) => {
             let tx = data.tx.clone();
-            let (closing, closing_err) = (data.tx.clone(), error.tx.clone());
+            let (closing, closing_err) = (data.tx.clone(), error_tx.clone());
             splice(
                 tcp,
                 data.rx,
@@ -148,7 +212,7 @@ async fn forward_pair(
         Err(e) => {
             fail(
                 format!("error forwarding port {port} to pod {pod}: {e}"),
-                error.tx,
+                error_tx,
                 data.tx,
             )
             .await
@@ -219,4 +283,110 @@ pub async fn serve_ws<IO>(
         let _ = t.await;
     }
     let _ = writer.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Stdio;
+    use crishim_proto::cri;
+    use futures::future::BoxFuture;
+    use std::time::Duration;
+
+    struct NoPods;
+
+    impl Backend for NoPods {
+        fn exec(&self, _: cri::ExecRequest, _: Stdio) -> BoxFuture<'static, crate::Outcome> {
+            Box::pin(async { Err("no containers".into()) })
+        }
+        fn attach(&self, _: cri::AttachRequest, _: Stdio) -> BoxFuture<'static, crate::Outcome> {
+            Box::pin(async { Err("no containers".into()) })
+        }
+        fn port_forward(
+            &self,
+            _: String,
+            port: u16,
+        ) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+            Box::pin(async move { Err(std::io::Error::other(format!("nothing on {port}"))) })
+        }
+    }
+
+    fn headers(kind: &str) -> spdy::Headers {
+        vec![
+            ("streamType".into(), kind.into()),
+            ("port".into(), "80".into()),
+            ("requestID".into(), "1".into()),
+        ]
+    }
+
+    /// A request that opens only its data stream and fills it, then leaves (found by the
+    /// `portforward_spdy` fuzz target): the unread stream held the connection's reader, so the
+    /// session never saw the client go. It is dropped at the stream creation timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_half_open_request_filled_with_data_does_not_hold_the_session() {
+        let (client_io, server_io) = tokio::io::duplex(4 << 20);
+        let session = tokio::spawn(serve_spdy(
+            server_io,
+            "pod".into(),
+            vec![],
+            Arc::new(NoPods),
+        ));
+        let client = Connection::new(client_io, Role::Client);
+        let s = client.open(headers("data")).await.unwrap();
+        for _ in 0..64 {
+            s.tx.write(&[7u8; 1024]).await.unwrap();
+        }
+        drop(s);
+        drop(client);
+        let ended = tokio::time::timeout(Duration::from_secs(60), session).await;
+        assert!(
+            ended.is_ok(),
+            "the session outlived the stream creation timeout"
+        );
+    }
+
+    /// A pod whose every port accepts and then stays silent.
+    struct SilentPod(std::net::SocketAddr);
+
+    impl Backend for SilentPod {
+        fn exec(&self, _: cri::ExecRequest, _: Stdio) -> BoxFuture<'static, crate::Outcome> {
+            Box::pin(async { Err("no containers".into()) })
+        }
+        fn attach(&self, _: cri::AttachRequest, _: Stdio) -> BoxFuture<'static, crate::Outcome> {
+            Box::pin(async { Err("no containers".into()) })
+        }
+        fn port_forward(
+            &self,
+            _: String,
+            _: u16,
+        ) -> BoxFuture<'static, std::io::Result<tokio::net::TcpStream>> {
+            Box::pin(tokio::net::TcpStream::connect(self.0))
+        }
+    }
+
+    /// Data a client writes on a forward's error stream is never read; it must not hold the
+    /// connection's reader while the forward runs, or the session never sees the client go.
+    /// (Real time: the forward goes through a real TCP connection.)
+    #[tokio::test]
+    async fn data_on_the_error_stream_does_not_hold_the_session() {
+        let pod = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = Arc::new(SilentPod(pod.local_addr().unwrap()));
+        let held = tokio::spawn(async move {
+            let (conn, _) = pod.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(conn);
+        });
+        let (client_io, server_io) = tokio::io::duplex(4 << 20);
+        let session = tokio::spawn(serve_spdy(server_io, "pod".into(), vec![], backend));
+        let client = Connection::new(client_io, Role::Client);
+        let err = client.open(headers("error")).await.unwrap();
+        let data = client.open(headers("data")).await.unwrap();
+        for _ in 0..64 {
+            err.tx.write(&[7u8; 1024]).await.unwrap();
+        }
+        drop((err, data, client));
+        let ended = tokio::time::timeout(Duration::from_secs(10), session).await;
+        held.abort();
+        assert!(ended.is_ok(), "the session never saw the client go");
+    }
 }

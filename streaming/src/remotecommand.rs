@@ -157,9 +157,13 @@ where
     };
     let stdout = output("stdout");
     let stderr = output("stderr");
-    let error = streams.remove("error");
+    // Only the error stream's writer is kept: nothing is read from it.
+    let error = streams.remove("error").map(|s| s.tx);
     let stdin = streams.remove("stdin").map(|s| s.rx);
     let resize = streams.remove("resize").map(|s| resizes(s.rx));
+    // Streams of other types go now: held unread, data a client sent on them would stall the
+    // connection's reader, and with it stdin and the watch for the client going away.
+    drop(streams);
     // The client going away shows as the connection ending: watch for it alongside.
     let mut watcher = conn;
     let watch_task = tokio::spawn(async move {
@@ -181,9 +185,9 @@ where
     }
     if let Some(e) = error {
         if let Some(bytes) = error_stream_bytes(&outcome, version >= 4) {
-            let _ = e.tx.write(&bytes).await;
+            let _ = e.write(&bytes).await;
         }
-        let _ = e.tx.close().await;
+        let _ = e.close().await;
     }
     watch_task.abort();
     if let Ok(conn) = watch_task.await {
@@ -320,6 +324,40 @@ where
 
 #[cfg(test)]
 mod tests {
+    use crate::spdy::{Connection, Role};
+    use std::time::Duration;
+
+    /// A stream of a type the session does not use, filled with data, must not hold the
+    /// connection's reader: stdin still reaches its EOF and the session ends.
+    #[tokio::test(start_paused = true)]
+    async fn an_unused_stream_filled_with_data_does_not_hold_stdin() {
+        let (client_io, server_io) = tokio::io::duplex(4 << 20);
+        let run: super::Run = Box::new(|mut io: crate::Stdio| {
+            Box::pin(async move {
+                let mut stdin = io.stdin.take().expect("stdin was asked for");
+                while stdin.recv().await.is_some() {}
+                Ok(Some(0))
+            })
+        });
+        let opts = super::Opts::new(true, true, false, false);
+        let session = tokio::spawn(async move {
+            super::serve_spdy(server_io, "v4.channel.k8s.io", opts, run).await
+        });
+        let client = Connection::new(client_io, Role::Client);
+        let mut open = Vec::new();
+        for kind in ["error", "stdout", "bogus", "stdin"] {
+            let h = vec![("streamType".to_string(), kind.to_string())];
+            open.push(client.open(h).await.unwrap());
+        }
+        for _ in 0..64 {
+            open[2].tx.write(&[7u8; 1024]).await.unwrap();
+        }
+        open[3].tx.close().await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(60), session).await;
+        assert!(ended.is_ok(), "stdin never reached its end");
+        drop((open, client));
+    }
+
     #[tokio::test]
     async fn a_resize_stream_of_garbage_ends_instead_of_growing() {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
