@@ -149,6 +149,8 @@ pub enum ErrorKind {
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
+    /// A transient failure of something the shim depends on (systemd over D-Bus): try again.
+    Unavailable,
     Internal,
 }
 

@@ -144,6 +144,7 @@ pub fn status_of(kind: ErrorKind, message: String) -> Status {
         ErrorKind::AlreadyExists => Status::already_exists(message),
         ErrorKind::FailedPrecondition => Status::failed_precondition(message),
         ErrorKind::InvalidArgument => Status::invalid_argument(message),
+        ErrorKind::Unavailable => Status::unavailable(message),
         ErrorKind::Internal => Status::internal(message),
     }
 }

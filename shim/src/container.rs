@@ -70,6 +70,16 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Response {
     Response::error(ErrorKind::Internal, format!("{what}: {e}"))
 }
 
+/// systemd's D-Bus API failing or slow is transient (the kubelet retries `Unavailable`); the
+/// rest of the systemd driver's errors are about the request.
+fn systemd_error_kind(e: &libcgroups::systemd::manager::SystemdManagerError) -> ErrorKind {
+    use libcgroups::systemd::manager::SystemdManagerError as E;
+    match e {
+        E::SystemdClient(_) | E::WaitForProcessInCgroupTimeout(_) => ErrorKind::Unavailable,
+        _ => ErrorKind::InvalidArgument,
+    }
+}
+
 fn not_found(id: &str) -> Response {
     Response::error(
         ErrorKind::NotFound,
@@ -332,7 +342,8 @@ impl Shim {
     /// New cgroup limits for a live container (`UpdateContainerResources`).
     pub fn update(&mut self, id: &str, resources: &oci_spec::runtime::LinuxResources) -> Response {
         use libcgroups::common::{
-            create_cgroup_manager, CgroupConfig, CgroupManager, ControllerOpt,
+            create_cgroup_manager, AnyManagerError, CgroupConfig, CgroupManager, ControllerOpt,
+            CreateCgroupSetupError,
         };
         let Some(c) = self.containers.get(id) else {
             return not_found(id);
@@ -354,15 +365,25 @@ impl Shim {
             oom_score_adj: None,
             freezer_state: None,
         };
-        match create_cgroup_manager(config)
-            .map_err(|e| e.to_string())
-            .and_then(|m| m.apply(&opt).map_err(|e| e.to_string()))
-        {
+        let applied = match create_cgroup_manager(config) {
+            Ok(m) => m.apply(&opt).map_err(|e| {
+                let kind = match &e {
+                    AnyManagerError::Systemd(e) => systemd_error_kind(e),
+                    _ => ErrorKind::InvalidArgument,
+                };
+                (kind, e.to_string())
+            }),
+            Err(e) => Err((
+                match &e {
+                    CreateCgroupSetupError::Systemd(e) => systemd_error_kind(e),
+                    _ => ErrorKind::InvalidArgument,
+                },
+                e.to_string(),
+            )),
+        };
+        match applied {
             Ok(()) => Response::Ok,
-            Err(e) => Response::error(
-                ErrorKind::InvalidArgument,
-                format!("updating resources of {id}: {e}"),
-            ),
+            Err((kind, e)) => Response::error(kind, format!("updating resources of {id}: {e}")),
         }
     }
 

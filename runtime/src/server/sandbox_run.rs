@@ -111,6 +111,38 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
     )))
 }
 
+/// Longest sysctl name the kubelet accepts, and a value well over any the kernel takes.
+const MAX_SYSCTL_KEY: usize = 253;
+const MAX_SYSCTL_VALUE: usize = 4096;
+
+/// A sysctl name becomes a path under `/proc/sys`: only `[A-Za-z0-9_-]` components, split by `.`
+/// or `/`, none empty (so no `..`, no leading `/`). A value is text without control characters
+/// but tabs (`net.ipv4.ip_local_port_range = "1024\t65000"`).
+fn check_sysctl_text(key: &str, value: &str) -> Result<(), Status> {
+    let shown = |s: &str| s.chars().take(80).collect::<String>();
+    let key_ok = key.len() <= MAX_SYSCTL_KEY
+        && key.split(['.', '/']).all(|c| {
+            !c.is_empty()
+                && c.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+        });
+    if !key_ok {
+        return Err(Status::invalid_argument(format!(
+            "RunPodSandbox: sysctl name {:?} must be at most {MAX_SYSCTL_KEY} characters of \
+             [A-Za-z0-9_-] components split by '.' or '/'",
+            shown(key)
+        )));
+    }
+    if value.len() > MAX_SYSCTL_VALUE || value.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(Status::invalid_argument(format!(
+            "RunPodSandbox: the value of sysctl {key:?} must be at most {MAX_SYSCTL_VALUE} bytes \
+             without control characters, got {:?}",
+            shown(value)
+        )));
+    }
+    Ok(())
+}
+
 /// A pod may set only sysctls of namespaces it owns: never one of the node's.
 fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Status> {
     let linux = config.linux.clone().unwrap_or_default();
@@ -120,7 +152,8 @@ fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Status> {
         .and_then(|s| s.namespace_options.as_ref());
     let host_net = mode(ns, |o| o.network) == NamespaceMode::Node;
     let host_ipc = mode(ns, |o| o.ipc) == NamespaceMode::Node;
-    for key in linux.sysctls.keys() {
+    for (key, value) in &linux.sysctls {
+        check_sysctl_text(key, value)?;
         let refuse = match sysctl_namespace(key) {
             None => Some("it is not namespaced and would change the node"),
             Some("network") | Some("UTS") if host_net => {
@@ -405,6 +438,32 @@ mod tests {
             check_sysctls(&pod_with(&[("kernel/shmmax", "1")], Pod, Pod)).is_ok(),
             "slash form"
         );
+    }
+
+    #[test]
+    fn garbage_sysctl_names_and_values_are_refused() {
+        use NamespaceMode::Pod;
+        let ok = [
+            ("net/ipv4/conf/eth0/forwarding", "1"),
+            ("net.ipv4.ip_local_port_range", "1024\t65000"),
+        ];
+        assert!(check_sysctls(&pod_with(&ok, Pod, Pod)).is_ok());
+        let long = format!("net.{}", "a".repeat(300));
+        let huge = "1".repeat(MAX_SYSCTL_VALUE + 1);
+        for (k, v) in [
+            ("net/../kernel/core_pattern", "1"),
+            ("/net/core/somaxconn", "1"),
+            ("net..core", "1"),
+            ("net.core.some maxconn", "1"),
+            ("net.core.\nsomaxconn", "1"),
+            (long.as_str(), "1"),
+            ("net.core.somaxconn", "1\n2"),
+            ("net.core.somaxconn", huge.as_str()),
+        ] {
+            let e = check_sysctls(&pod_with(&[(k, v)], Pod, Pod)).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{k:?}");
+            assert!(e.message().len() < 400, "{}", e.message());
+        }
     }
 
     #[test]
