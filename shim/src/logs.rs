@@ -127,10 +127,11 @@ impl LineSplitter {
         }
     }
 
-    /// End of stream: a trailing unterminated line is still a record.
+    /// End of stream: a trailing unterminated line is still a record, tagged partial (`P`) as
+    /// it has no newline; the kubelet's log reader prints it without one.
     pub fn finish(&mut self, emit: &mut impl FnMut(bool, &[u8])) {
         if !self.line.is_empty() {
-            emit(false, &self.line);
+            emit(true, &self.line);
             self.line.clear();
         }
     }
@@ -249,7 +250,7 @@ mod tests {
                 (false, b"hello".to_vec()),
                 (false, b"world".to_vec()),
                 (false, vec![]),
-                (false, b"end".to_vec())
+                (true, b"end".to_vec())
             ]
         );
     }

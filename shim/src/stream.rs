@@ -16,6 +16,8 @@ use crate::logs::{FdReader, FdWriter, ATTACH_QUEUE};
 /// How long output may still drain after the process exited (a background child can hold a pipe
 /// open for ever).
 const DRAIN: Duration = Duration::from_secs(2);
+/// After an attached container exited, how long its output may pause before the session ends.
+const LAST_OUTPUT: Duration = Duration::from_millis(100);
 
 async fn answer(w: &mut OwnedWriteHalf, r: &Response) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(r).unwrap_or_default();
@@ -256,7 +258,12 @@ pub async fn attach(
     if answer(&mut w, &Response::Ok).await.is_err() {
         return;
     }
-    let resize_fd = fd.as_ref().and_then(|f| dup(f).ok());
+    // Only a pty takes window sizes. A second descriptor of a stdin pipe would keep the pipe open
+    // after `stdin_once` closed it, and the container would never read its EOF.
+    let resize_fd = fd
+        .as_ref()
+        .filter(|f| nix::unistd::isatty(f.as_raw_fd()).unwrap_or(false))
+        .and_then(|f| dup(f).ok());
     let input = if stdin {
         fd.and_then(|f| FdWriter::new(f).ok())
     } else {
@@ -269,33 +276,46 @@ pub async fn attach(
             .get(id)
             .map(|c| (c.state.status == Status::Running, c.state.exit_code))
     };
+    let frame_of = |(stream, data): (&str, Vec<u8>)| {
+        let kind = if stream == "stderr" {
+            frames::STDERR
+        } else {
+            frames::STDOUT
+        };
+        frames::encode(kind, &data)
+    };
     let output = async {
         loop {
+            // Registered before the state is read, so an exit between the two still wakes us.
+            let notified = exited.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if running(shim).is_none_or(|(run, _)| !run) {
+                break;
+            }
             tokio::select! {
                 chunk = out_rx.recv() => match chunk {
-                    Some((stream, data)) => {
-                        let kind = if stream == "stderr" { frames::STDERR } else { frames::STDOUT };
-                        if w.write_all(&frames::encode(kind, &data)).await.is_err() {
+                    Some(chunk) => {
+                        if w.write_all(&frame_of(chunk)).await.is_err() {
                             return;
                         }
                     }
                     None => break,
                 },
-                _ = exited.notified() => {
-                    if running(shim).is_none_or(|(run, _)| !run) {
-                        break;
-                    }
-                }
+                _ = &mut notified => {}
             }
         }
-        // The container exited: what it wrote last, then its exit code.
-        while let Ok((stream, data)) = out_rx.try_recv() {
-            let kind = if stream == "stderr" {
-                frames::STDERR
-            } else {
-                frames::STDOUT
-            };
-            let _ = w.write_all(&frames::encode(kind, &data)).await;
+        // The container exited: what it wrote last (its pipes may still hold output the log
+        // copier has not read), for as long as it keeps coming and at most DRAIN; then its exit
+        // code.
+        let until = tokio::time::Instant::now() + DRAIN;
+        while let Ok(Some(chunk)) = tokio::time::timeout_at(
+            until.min(tokio::time::Instant::now() + LAST_OUTPUT),
+            out_rx.recv(),
+        )
+        .await
+        {
+            let _ = w.write_all(&frame_of(chunk)).await;
         }
         let code = running(shim).map_or(-1, |(_, code)| code);
         let _ = w

@@ -658,3 +658,92 @@ async fn hostile_spdy_header_blocks_close_their_session_and_leave_cri_responsive
     assert!(!env.d.log_text().contains("panicked"));
     env.stop();
 }
+
+/// critest's "runtime should support attach": a `sh` created with `stdin` and `stdin_once`, an
+/// attach that types `echo hello` and then closes its stdin. The container's stdin closes with
+/// the client's, so `sh` exits, and the session ends with a v4 Success status. (Before, the shim
+/// kept a second descriptor of the stdin pipe for window sizes: `sh` never saw EOF and the
+/// session never ended.)
+#[tokio::test]
+async fn attach_with_stdin_once_ends_when_the_client_closes_stdin() {
+    let env = PodEnv::start().await;
+    let cfg = env.pod_config("attach-once");
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut c = env.container_config("main", &["sh"]);
+    c.stdin = true;
+    c.stdin_once = true;
+    let id = env
+        .d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    let url = env
+        .d
+        .runtime_client()
+        .attach(cri::AttachRequest {
+            container_id: id.clone(),
+            stdin: true,
+            stdout: true,
+            stderr: true,
+            tty: false,
+        })
+        .await
+        .expect("Attach")
+        .into_inner()
+        .url;
+    let (conn, _) = client::spdy_connect(&url, &["v4.channel.k8s.io"])
+        .await
+        .unwrap();
+    let open = |k: &str| vec![("streamType".to_string(), k.to_string())];
+    let mut error = conn.open(open("error")).await.unwrap();
+    let stdin = conn.open(open("stdin")).await.unwrap();
+    let mut stdout = conn.open(open("stdout")).await.unwrap();
+    let _stderr = conn.open(open("stderr")).await.unwrap();
+    stdin.tx.write(b"echo hello\n").await.unwrap();
+    let mut seen = Vec::new();
+    while !seen.ends_with(b"hello\n") {
+        let chunk = tokio::time::timeout(WAIT, stdout.rx.recv())
+            .await
+            .expect("hello within the wait")
+            .expect("stdout open until hello");
+        seen.extend_from_slice(&chunk);
+    }
+    stdin.tx.close().await.unwrap();
+    let status = tokio::time::timeout(WAIT, error.rx.recv())
+        .await
+        .expect("the session ends once the container's stdin closed")
+        .unwrap_or_default();
+    assert_eq!(
+        crishim_streaming::status::exit_code_of(&status),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&status)
+    );
+    let t0 = Instant::now();
+    loop {
+        let s = env.d.container_status(&id).await.unwrap();
+        if s.state == cri::ContainerState::ContainerExited as i32 {
+            assert_eq!(s.exit_code, 0);
+            break;
+        }
+        assert!(t0.elapsed() < WAIT, "sh did not exit at its stdin's end");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.stop();
+}
+
+/// Output that ends without a newline is a partial record (`P`), as the CRI log format has it.
+#[tokio::test]
+async fn output_without_a_final_newline_is_logged_partial() {
+    let env = PodEnv::start().await;
+    let (_pod, id, cfg) = running(&env, "partial", &["printf", "abcd"]).await;
+    let log = Path::new(&cfg.log_directory).join("main.log");
+    let records = wait_for_log_line(&log, "stdout", "abcd", WAIT).await;
+    let r = records
+        .iter()
+        .find(|r| r.text == b"abcd")
+        .expect("a record of abcd");
+    assert!(r.partial, "abcd has no newline, so its record is P");
+    let _ = id;
+    env.stop();
+}
