@@ -54,7 +54,11 @@ pub fn namespaces(network: i32, pid: i32, ipc: i32) -> cri::NamespaceOption {
 }
 
 /// Set the pod's namespace modes (creating `linux.security_context` as needed).
+/// A pod on the node's network gets no hostname, as the kubelet sends none.
 pub fn set_pod_namespaces(cfg: &mut cri::PodSandboxConfig, ns: cri::NamespaceOption) {
+    if ns.network == NS_NODE {
+        cfg.hostname.clear();
+    }
     let linux = cfg.linux.get_or_insert_with(Default::default);
     let sc = linux.security_context.get_or_insert_with(Default::default);
     sc.namespace_options = Some(ns);

@@ -1564,3 +1564,99 @@ async fn container_processes_start_with_sigpipe_at_its_default() {
     d.remove_pod(&pod).await.unwrap();
     env.stop();
 }
+
+/// A pod on the node's network shares its UTS namespace, so a hostname of its own is refused (as
+/// containerd refuses it), and pods and containers are found by the 13-character ids `crictl ps`
+/// prints, over every RPC that takes an id.
+#[tokio::test]
+async fn host_network_hostnames_are_refused_and_short_ids_work() {
+    let env = PodEnv::start().await;
+    let mut host = env.pod_config("hostnet");
+    set_pod_namespaces(&mut host, namespaces(NS_NODE, NS_POD, NS_POD));
+    host.hostname = "mine".into();
+    let e = env.d.run_pod(&host).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("hostname"), "{e:?}");
+
+    let cfg = env.pod_config("short-ids");
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", &["sleep", "1000"]);
+    let id = env
+        .d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    let (short_pod, short) = (&pod[..13], &id[..13]);
+    let rc = env.d.runtime_client();
+    let st = env
+        .d
+        .container_status(short)
+        .await
+        .expect("ContainerStatus by a short id");
+    assert_eq!(st.id, id);
+    let ps = rc
+        .clone()
+        .pod_sandbox_status(cri::PodSandboxStatusRequest {
+            pod_sandbox_id: short_pod.into(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus by a short id")
+        .into_inner();
+    assert_eq!(ps.status.map(|s| s.id), Some(pod.clone()));
+    let r = env
+        .d
+        .exec_sync(short, &["echo", "hi"], 10)
+        .await
+        .expect("ExecSync");
+    assert_eq!(r.stdout, b"hi\n");
+    rc.clone()
+        .container_stats(cri::ContainerStatsRequest {
+            container_id: short.into(),
+        })
+        .await
+        .expect("ContainerStats by a short id");
+    rc.clone()
+        .exec(cri::ExecRequest {
+            container_id: short.into(),
+            cmd: vec!["true".into()],
+            stdout: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Exec by a short id");
+    // A prefix of both the pod's and the container's id is not one of either kind.
+    let e = env.d.container_status("zz").await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    rc.clone()
+        .stop_container(cri::StopContainerRequest {
+            container_id: short.into(),
+            timeout: 0,
+        })
+        .await
+        .expect("StopContainer by a short id");
+    rc.clone()
+        .remove_container(cri::RemoveContainerRequest {
+            container_id: short.into(),
+        })
+        .await
+        .expect("RemoveContainer by a short id");
+    assert_eq!(
+        env.d.container_status(&id).await.unwrap_err().code(),
+        tonic::Code::NotFound,
+        "removed through its short id"
+    );
+    rc.clone()
+        .stop_pod_sandbox(cri::StopPodSandboxRequest {
+            pod_sandbox_id: short_pod.into(),
+        })
+        .await
+        .expect("StopPodSandbox by a short id");
+    rc.clone()
+        .remove_pod_sandbox(cri::RemovePodSandboxRequest {
+            pod_sandbox_id: short_pod.into(),
+        })
+        .await
+        .expect("RemovePodSandbox by a short id");
+    env.stop();
+}

@@ -1109,7 +1109,11 @@ async fn container_events_follow_a_container_lifecycle() {
     );
 
     d.remove_container(&id).await.expect("RemoveContainer");
-    ev.expect(&id, ContainerDeletedEvent, WAIT).await;
+    let e = ev.expect(&id, ContainerDeletedEvent, WAIT).await;
+    assert!(
+        e.containers_statuses.iter().all(|s| s.id != id),
+        "the DELETED event still lists the removed container: {e:#?}"
+    );
 
     d.stop_pod(&pod).await.expect("StopPodSandbox");
     let e = ev.expect(&pod, ContainerStoppedEvent, WAIT).await;

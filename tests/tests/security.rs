@@ -404,6 +404,7 @@ async fn pod_sysctls_are_visible_in_containers() {
         .security_context
         .get_or_insert_with(Default::default)
         .namespace_options = Some(namespaces(NS_NODE, NS_CONTAINER, NS_POD));
+    host_net.hostname.clear();
     for (what, cfg) in [
         ("kernel.panic", node_wide),
         ("net.* with host network", host_net),

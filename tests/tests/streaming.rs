@@ -539,6 +539,20 @@ async fn crictl_exec_attach_and_port_forward() {
     let _ = pf.kill();
     let _ = pf.wait();
     assert!(body.contains("via crictl"), "{body:?}");
+    // The ids as `crictl ps` and `crictl pods` print them (13 characters).
+    let (short_pod, short) = (&pod[..13], &id[..13]);
+    for args in [
+        vec!["inspect", short],
+        vec!["logs", "--tail", "1", short],
+        vec!["exec", "-s", short, "echo", "short-id"],
+        vec!["inspectp", short_pod],
+        vec!["stop", short],
+        vec!["stopp", short_pod],
+        vec!["rmp", short_pod],
+    ] {
+        let out = crictl(&args, b"").wait_with_output().unwrap();
+        assert!(out.status.success(), "crictl {args:?}: {out:?}");
+    }
     env.stop();
 }
 

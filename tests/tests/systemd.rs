@@ -28,6 +28,7 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
     let linux = pod_cfg.linux.as_mut().unwrap();
     linux.security_context.as_mut().unwrap().namespace_options =
         Some(namespaces(NS_NODE, NS_CONTAINER, NS_POD));
+    pod_cfg.hostname.clear();
 
     // A cgroupfs parent is refused, naming the kubelet flag that fixes it.
     let e = env

@@ -51,11 +51,14 @@ impl Inner {
         if self.events.receiver_count() == 0 && !exited_while_down {
             return;
         }
-        let statuses = match &c.last {
-            Some(s) => vec![super::container_status::container_status(c, s)],
-            None => vec![],
-        };
-        let event = self.event(&c.id, &c.pod_id, kind, statuses);
+        // Every container of the pod, as containerd sends (the kubelet's evented PLEG takes the
+        // list as the pod's): `c` as given, and not at all once deleted.
+        let mut containers = self.pod_containers(&c.pod_id);
+        containers.retain(|o| o.id != c.id);
+        if kind != ContainerEventType::ContainerDeletedEvent {
+            containers.push(c.clone());
+        }
+        let event = self.event(&c.id, &c.pod_id, kind, statuses_of(&containers));
         if exited_while_down {
             let mut replay = self.replay.lock().unwrap();
             if replay.len() < EVENT_BUFFER {
@@ -70,15 +73,7 @@ impl Inner {
         if self.events.receiver_count() == 0 {
             return;
         }
-        let statuses = self
-            .pod_containers(pod_id)
-            .iter()
-            .filter_map(|c| {
-                c.last
-                    .as_ref()
-                    .map(|s| super::container_status::container_status(c, s))
-            })
-            .collect();
+        let statuses = statuses_of(&self.pod_containers(pod_id));
         self.broadcast(pod_id, pod_id, kind, statuses);
     }
 
@@ -269,4 +264,16 @@ impl Inner {
             let _ = std::fs::remove_dir_all(self.pod_files_dir(&id));
         }
     }
+}
+
+/// The CRI statuses of the containers that have a known state.
+fn statuses_of(containers: &[ContainerRecord]) -> Vec<cri::ContainerStatus> {
+    containers
+        .iter()
+        .filter_map(|c| {
+            c.last
+                .as_ref()
+                .map(|s| super::container_status::container_status(c, s))
+        })
+        .collect()
 }

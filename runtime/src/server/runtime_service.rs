@@ -210,30 +210,14 @@ impl Inner {
         ShimClient::new(&self.pod_state_dir(pod_id))
     }
 
+    /// The pod `id` names: its full id, or a prefix of exactly one (crictl prints 13 characters).
     pub(super) fn pod(&self, id: &str) -> Result<PodRecord, Status> {
-        if id.is_empty() {
-            return Err(Status::invalid_argument("pod sandbox id is empty"));
-        }
-        self.index
-            .lock()
-            .unwrap()
-            .pods
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("pod sandbox {id:?} not found")))
+        resolve(&self.index.lock().unwrap().pods, id, "pod sandbox").cloned()
     }
 
+    /// The container `id` names: its full id, or a prefix of exactly one.
     pub(super) fn container(&self, id: &str) -> Result<ContainerRecord, Status> {
-        if id.is_empty() {
-            return Err(Status::invalid_argument("container id is empty"));
-        }
-        self.index
-            .lock()
-            .unwrap()
-            .containers
-            .get(id)
-            .cloned()
-            .ok_or_else(|| Status::not_found(format!("container {id:?} not found")))
+        resolve(&self.index.lock().unwrap().containers, id, "container").cloned()
     }
 
     pub(super) fn save_pod(&self, p: &PodRecord) -> Result<(), Status> {
@@ -616,5 +600,103 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         Ok(GrpcResponse::new(
             self.do_get_container_events(r.into_inner()),
         ))
+    }
+}
+
+/// Candidates named in an ambiguous-prefix error.
+const MAX_CANDIDATES: usize = 5;
+/// Longest id shown back in an error: ids are 64 hex characters, a request may send anything.
+const MAX_SHOWN_ID: usize = 80;
+
+/// The record with id `id`, or the only one whose id starts with it, as containerd and CRI-O
+/// accept. An ambiguous prefix is refused naming some of its candidates.
+pub(super) fn resolve<'a, T>(
+    records: &'a HashMap<String, T>,
+    id: &str,
+    what: &str,
+) -> Result<&'a T, Status> {
+    if id.is_empty() {
+        return Err(Status::invalid_argument(format!("{what} id is empty")));
+    }
+    if let Some(r) = records.get(id) {
+        return Ok(r);
+    }
+    let shown: String = id.chars().take(MAX_SHOWN_ID).collect();
+    let mut hits = records.iter().filter(|(k, _)| k.starts_with(id));
+    match (hits.next(), hits.next()) {
+        (Some((_, r)), None) => Ok(r),
+        (None, _) => Err(Status::not_found(format!("{what} {shown:?} not found"))),
+        (Some((a, _)), Some((b, _))) => {
+            let mut ids: Vec<&str> = [a, b]
+                .into_iter()
+                .chain(hits.map(|(k, _)| k))
+                .map(String::as_str)
+                .collect();
+            ids.sort_unstable();
+            let more = ids.len().saturating_sub(MAX_CANDIDATES);
+            ids.truncate(MAX_CANDIDATES);
+            Err(Status::invalid_argument(format!(
+                "{what} id prefix {shown:?} is ambiguous: it matches {}{}; give more of the id",
+                ids.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve;
+    use std::collections::HashMap;
+    use tonic::Code;
+
+    #[test]
+    fn ids_resolve_by_unique_prefix() {
+        let ids = ["11d7ac32033a6f00", "11d7ac32033a6f01", "22aa", "11d7bb"];
+        let m: HashMap<String, usize> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.to_string(), i))
+            .collect();
+        assert_eq!(resolve(&m, "22aa", "container").unwrap(), &2, "a full id");
+        assert_eq!(
+            resolve(&m, "22", "container").unwrap(),
+            &2,
+            "a unique prefix"
+        );
+        assert_eq!(resolve(&m, "11d7b", "container").unwrap(), &3);
+        let e = resolve(&m, "11d7ac32033a6", "container").unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(
+            e.message().contains("11d7ac32033a6f00, 11d7ac32033a6f01"),
+            "{}",
+            e.message()
+        );
+        assert_eq!(
+            resolve(&m, "33", "container").unwrap_err().code(),
+            Code::NotFound
+        );
+        assert_eq!(
+            resolve(&m, "", "container").unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        let long = "f".repeat(1 << 20);
+        assert!(resolve(&m, &long, "container").unwrap_err().message().len() < 200);
+    }
+
+    #[test]
+    fn an_ambiguous_prefix_names_at_most_five_candidates() {
+        let m: HashMap<String, ()> = (0..12).map(|i| (format!("ab{i:02}"), ())).collect();
+        let e = resolve(&m, "ab", "pod sandbox").unwrap_err();
+        assert!(
+            e.message()
+                .contains("ab00, ab01, ab02, ab03, ab04 and 7 more"),
+            "{}",
+            e.message()
+        );
     }
 }

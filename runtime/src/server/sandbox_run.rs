@@ -43,6 +43,7 @@ impl RuntimeService {
             )));
         }
         check_hostname(&config.hostname)?;
+        check_host_network_hostname(&config)?;
         check_sysctls(&config)?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
@@ -109,6 +110,25 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
     Err(Status::invalid_argument(format!(
         "RunPodSandbox: hostname {shown:?} must be at most 64 characters of [A-Za-z0-9._-]"
     )))
+}
+
+/// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
+/// of its own: refused, as containerd does, rather than a `HOSTNAME=` that differs from
+/// `hostname`.
+fn check_host_network_hostname(config: &cri::PodSandboxConfig) -> Result<(), Status> {
+    let ns = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref());
+    if mode(ns, |o| o.network) == NamespaceMode::Node && !config.hostname.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "RunPodSandbox: a pod on the host network cannot set hostname {:?}: it shares the \
+             node's name; leave hostname empty",
+            config.hostname
+        )));
+    }
+    Ok(())
 }
 
 /// Longest sysctl name the kubelet accepts, and a value well over any the kernel takes.
@@ -438,6 +458,20 @@ mod tests {
             check_sysctls(&pod_with(&[("kernel/shmmax", "1")], Pod, Pod)).is_ok(),
             "slash form"
         );
+    }
+
+    #[test]
+    fn a_host_network_pod_cannot_set_a_hostname() {
+        use NamespaceMode::{Node, Pod};
+        let mut cfg = pod_with(&[], Node, Pod);
+        assert!(check_host_network_hostname(&cfg).is_ok());
+        cfg.hostname = "web-0".into();
+        let e = check_host_network_hostname(&cfg).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("web-0"), "{}", e.message());
+        let mut own = pod_with(&[], Pod, Pod);
+        own.hostname = "web-0".into();
+        assert!(check_host_network_hostname(&own).is_ok());
     }
 
     #[test]

@@ -10,7 +10,12 @@ use super::WorkflowError;
 
 /// The sandbox config of the run's pod.
 pub fn pod_config(plan: &Plan, log_dir: &Path) -> cri::PodSandboxConfig {
-    let mut hostname = plan.name.clone();
+    // A pod on the host network has the node's name, as the kubelet leaves it unset.
+    let mut hostname = if plan.host_network {
+        String::new()
+    } else {
+        plan.name.clone()
+    };
     hostname.truncate(63);
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
