@@ -69,13 +69,25 @@ fn link_exists(name: &str) -> bool {
 
 /// The host interfaces enslaved to `bridge`.
 fn bridge_ports(bridge: &str) -> Vec<String> {
-    let (ok, out) = run(&["ip", "-o", "link", "show", "master", bridge]);
+    let (ok, out) = run(&["ip", "-j", "link", "show", "master", bridge]);
     if !ok {
         return Vec::new();
     }
-    out.lines()
-        .filter_map(|l| l.split(": ").nth(1))
-        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+    link_names(&out)
+}
+
+/// The `ifname`s of `ip -j link show` output. JSON, not the text form: a veth that another
+/// runtime is removing prints `Peer netns reference is invalid.` in text, which a text parse took
+/// for an interface.
+fn link_names(json: &str) -> Vec<String> {
+    if json.trim().is_empty() {
+        return Vec::new();
+    }
+    let links: Vec<serde_json::Value> = serde_json::from_str(json.trim())
+        .unwrap_or_else(|e| panic!("ip -j link output is not JSON ({e}): {json}"));
+    links
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_string))
         .collect()
 }
 
@@ -324,10 +336,10 @@ impl Net {
         let rules = all_rules();
         assert!(!rules.contains(id), "iptables rules name {id}:\n{rules}");
         if let Some(ns) = ns {
-            let links = run_ok(&["ip", "-n", ns, "-o", "link", "show"]);
+            let links = link_names(&run_ok(&["ip", "-j", "-n", ns, "link", "show"]));
             assert!(
-                links.lines().all(|l| l.contains(": lo:")),
-                "interfaces left in {ns}: {links}"
+                links.iter().all(|l| l == "lo"),
+                "interfaces left in {ns}: {links:?}"
             );
         }
     }
