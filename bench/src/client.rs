@@ -183,6 +183,42 @@ impl Cri {
         Ok(())
     }
 
+    /// The kubelet's relist: every pod, then every container.
+    pub async fn relist(&self) -> Result<(usize, usize)> {
+        let pods = self
+            .rt
+            .clone()
+            .list_pod_sandbox(cri::ListPodSandboxRequest { filter: None })
+            .await
+            .context("ListPodSandbox")?
+            .into_inner()
+            .items
+            .len();
+        let containers = self
+            .rt
+            .clone()
+            .list_containers(cri::ListContainersRequest { filter: None })
+            .await
+            .context("ListContainers")?
+            .into_inner()
+            .containers
+            .len();
+        Ok((pods, containers))
+    }
+
+    /// Stats of every container (the kubelet's summary API, with CRI stats).
+    pub async fn list_container_stats(&self) -> Result<usize> {
+        Ok(self
+            .rt
+            .clone()
+            .list_container_stats(cri::ListContainerStatsRequest { filter: None })
+            .await
+            .context("ListContainerStats")?
+            .into_inner()
+            .stats
+            .len())
+    }
+
     /// IDs of every pod the runtime knows.
     pub async fn pod_ids(&self) -> Result<Vec<String>> {
         let r = self

@@ -48,6 +48,14 @@ struct Args {
     /// Random (incompressible) bytes per layer, in MiB.
     #[arg(long, default_value_t = 10)]
     pull_layer_mib: usize,
+    /// Every container under the RuntimeDefault seccomp profile (the kubelet's
+    /// `--seccomp-default`, the `restricted` Pod Security Standard).
+    #[arg(long)]
+    seccomp: bool,
+    /// Relists (ListPodSandbox + ListContainers) and ListContainerStats calls with the pods
+    /// running.
+    #[arg(long, default_value_t = 100)]
+    relists: usize,
     /// MiB sent through `cat` in an Exec stream and back (0: skip).
     #[arg(long, default_value_t = 100)]
     stream_mib: usize,
@@ -165,6 +173,8 @@ async fn bench(args: &Args) -> Result<()> {
         pull_layers: args.pull_layers,
         pull_layer_mib: args.pull_layer_mib,
         stream_mib: args.stream_mib,
+        relists: args.relists,
+        seccomp: args.seccomp,
     };
     let loadavg_before = host::loadavg();
     let cores = host::cores();
@@ -215,13 +225,19 @@ async fn bench(args: &Args) -> Result<()> {
         }
     }
     println!(
-        "{} pods serial, burst {} at a time, {} ExecSync, {} cold pulls of {} x {} MiB\n",
+        "{} pods serial, burst {} at a time, {} ExecSync, {} relists, {} cold pulls of {} x {} MiB{}\n",
         plan.pods,
         plan.concurrency,
         plan.execs,
+        plan.relists,
         plan.pull_rounds,
         plan.pull_layers,
-        plan.pull_layer_mib
+        plan.pull_layer_mib,
+        if plan.seccomp {
+            ", RuntimeDefault seccomp on every container"
+        } else {
+            ""
+        }
     );
     print!("{}", report::table(&summary));
     println!(

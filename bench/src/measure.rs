@@ -32,6 +32,11 @@ pub struct Plan {
     pub pull_layer_mib: usize,
     /// MiB sent through `cat` over an `Exec` stream (SPDY), and back.
     pub stream_mib: usize,
+    /// Relists (ListPodSandbox + ListContainers) and ListContainerStats calls, with the pods
+    /// running.
+    pub relists: usize,
+    /// Every container under the RuntimeDefault seccomp profile.
+    pub seccomp: bool,
 }
 
 /// One runtime under test.
@@ -54,6 +59,9 @@ pub struct Results {
     pub pod_start: Vec<PodStart>,
     pub burst: Burst,
     pub exec_ms: Vec<f64>,
+    /// ListPodSandbox + ListContainers, with the serial pods running.
+    pub relist_ms: Vec<f64>,
+    pub list_stats_ms: Vec<f64>,
     /// Each round trip of `stream_mib` MiB through `cat` in an `Exec` stream.
     pub stream_ms: Vec<f64>,
     pub stop_remove: Vec<StopRemove>,
@@ -181,9 +189,24 @@ impl Target<'_> {
         })
     }
 
-    fn specs(&self, tag: &str, n: usize) -> Result<Vec<PodSpec>> {
+    /// `n` pods; with `seccomp`, every container under the RuntimeDefault profile, as the
+    /// kubelet's `--seccomp-default` and the `restricted` Pod Security Standard set.
+    fn specs(&self, tag: &str, n: usize, seccomp: bool) -> Result<Vec<PodSpec>> {
         (0..n)
-            .map(|i| self.pod_spec(&format!("{tag}-{i}")))
+            .map(|i| {
+                let mut spec = self.pod_spec(&format!("{tag}-{i}"))?;
+                if seccomp {
+                    let linux = spec.container.linux.get_or_insert_with(Default::default);
+                    linux
+                        .security_context
+                        .get_or_insert_with(Default::default)
+                        .seccomp = Some(cri::SecurityProfile {
+                        profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
+                        localhost_ref: String::new(),
+                    });
+                }
+                Ok(spec)
+            })
             .collect()
     }
 }
@@ -232,13 +255,13 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
     let cri = &t.cri;
 
     // One pod first, unmeasured: it creates the CNI bridge and pages in the code paths.
-    let warm = t.specs("warmup", 1)?;
+    let warm = t.specs("warmup", 1, plan.seccomp)?;
     let (pod, _) = start_pod(cri, &warm[0]).await.context("warm-up pod")?;
     stop_remove(cri, &pod.id).await.context("warm-up pod")?;
     let daemon_before = settled_pss(t.daemon_pid).await;
 
     progress(&format!("{} pods, one at a time", plan.pods));
-    let specs = t.specs("serial", plan.pods)?;
+    let specs = t.specs("serial", plan.pods, plan.seccomp)?;
     let mut pods = Vec::new();
     for s in &specs {
         let (pod, timing) = start_pod(cri, s).await?;
@@ -256,6 +279,23 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         cri.exec_ok(&pod.container, &["echo", "crishim-bench"])
             .await?;
         r.exec_ms.push(ms(t0.elapsed()));
+    }
+
+    progress(&format!(
+        "{} relists and ListContainerStats calls with {} pods running",
+        plan.relists,
+        pods.len()
+    ));
+    for _ in 0..plan.relists {
+        let t0 = Instant::now();
+        let (listed_pods, containers) = cri.relist().await?;
+        r.relist_ms.push(ms(t0.elapsed()));
+        if listed_pods < pods.len() || containers < pods.len() {
+            bail!("the relist saw {listed_pods} pods and {containers} containers of {}", pods.len());
+        }
+        let t0 = Instant::now();
+        cri.list_container_stats().await?;
+        r.list_stats_ms.push(ms(t0.elapsed()));
     }
 
     if plan.stream_mib > 0 {
@@ -301,7 +341,7 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         plan.pods, plan.concurrency
     ));
     let specs: Vec<Arc<PodSpec>> = t
-        .specs("burst", plan.pods)?
+        .specs("burst", plan.pods, plan.seccomp)?
         .into_iter()
         .map(Arc::new)
         .collect();
