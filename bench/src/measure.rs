@@ -291,7 +291,10 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         let (listed_pods, containers) = cri.relist().await?;
         r.relist_ms.push(ms(t0.elapsed()));
         if listed_pods < pods.len() || containers < pods.len() {
-            bail!("the relist saw {listed_pods} pods and {containers} containers of {}", pods.len());
+            bail!(
+                "the relist saw {listed_pods} pods and {containers} containers of {}",
+                pods.len()
+            );
         }
         let t0 = Instant::now();
         cri.list_container_stats().await?;

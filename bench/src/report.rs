@@ -78,9 +78,12 @@ fn figures() -> Vec<Figure> {
         ("ExecSync p90", Unit::Ms, None, |r| {
             percentile(&r.exec_ms, 90.0)
         }),
-        ("relist p50 (ListPodSandbox + ListContainers)", Unit::Ms, Some(1.0), |r| {
-            percentile(&r.relist_ms, 50.0)
-        }),
+        (
+            "relist p50 (ListPodSandbox + ListContainers)",
+            Unit::Ms,
+            Some(1.0),
+            |r| percentile(&r.relist_ms, 50.0),
+        ),
         ("ListContainerStats p50", Unit::Ms, None, |r| {
             percentile(&r.list_stats_ms, 50.0)
         }),

@@ -83,8 +83,8 @@ pub enum Request {
         resources: Box<oci_spec::runtime::LinuxResources>,
     },
     /// Keep the connection open: the shim answers with one `State` line for every container that
-    /// has exited (those already exited first), then one per exit as it happens. The connection
-    /// ending means the shim is gone.
+    /// has already exited, then `Ok` (caught up), then one `State` line per exit as it happens.
+    /// The connection ending means the shim is gone.
     Watch,
     /// Kill every container and the infra process, then exit. (The foreground shim of
     /// `crishim bundle run` exits once its container is deleted, restoring its caller's terminal.)

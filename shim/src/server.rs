@@ -143,19 +143,29 @@ async fn connection(shim: Shared, conn: UnixStream) {
 /// Stream exit records to a watcher until it goes away.
 async fn watch(shim: &Shared, mut w: tokio::net::unix::OwnedWriteHalf) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    {
+    // The exits so far, taken with the registration so that none falls between the two.
+    let replay: Vec<_> = {
         let mut s = shim.borrow_mut();
-        for c in s.containers.values() {
-            if c.state.status == crishim_proto::shim::Status::Exited {
-                let _ = tx.send(c.state.clone());
-            }
-        }
+        let exited = s
+            .containers
+            .values()
+            .filter(|c| c.state.status == crishim_proto::shim::Status::Exited)
+            .map(|c| Response::State(c.state.clone()))
+            .collect();
         s.watchers.push(tx);
+        exited
+    };
+    // Then `Ok`: the watcher has caught up, and every later exit follows as it happens.
+    for r in replay.into_iter().chain([Response::Ok]) {
+        if crate::stream::answer(&mut w, &r).await.is_err() {
+            return;
+        }
     }
     while let Some(state) = rx.recv().await {
-        let mut line = serde_json::to_vec(&Response::State(state)).unwrap_or_default();
-        line.push(b'\n');
-        if w.write_all(&line).await.is_err() {
+        if crate::stream::answer(&mut w, &Response::State(state))
+            .await
+            .is_err()
+        {
             return;
         }
     }

@@ -19,7 +19,7 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// After an attached container exited, how long its output may pause before the session ends.
 const LAST_OUTPUT: Duration = Duration::from_millis(100);
 
-async fn answer(w: &mut OwnedWriteHalf, r: &Response) -> std::io::Result<()> {
+pub(crate) async fn answer(w: &mut OwnedWriteHalf, r: &Response) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(r).unwrap_or_default();
     line.push(b'\n');
     w.write_all(&line).await

@@ -1263,3 +1263,43 @@ async fn exits_while_the_daemon_is_down_are_recovered() {
     assert_no_leaks(d, &traces).await;
     env.stop();
 }
+
+/// The relist and the status calls read the daemon's own state, which the operations and each
+/// shim's `Watch` stream keep current: with the pod's shim frozen (SIGSTOP) they still answer at
+/// once. (They used to ask the shim of every running container in turn, and wait up to 30 s.)
+#[tokio::test]
+async fn list_and_status_do_not_ask_a_frozen_shim() {
+    use nix::sys::signal::{kill, Signal};
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("frozen");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", &["sleep", "1000"]);
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    // The Watch stream is followed once the shim has said it caught up.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let shim = nix::unistd::Pid::from_raw(shim_process(d, &pod).pid);
+    kill(shim, Signal::SIGSTOP).unwrap();
+    let t0 = Instant::now();
+    let listed = tokio::time::timeout(WAIT, d.list_containers(None)).await;
+    let status = tokio::time::timeout(WAIT, d.container_status(&id)).await;
+    let took = t0.elapsed();
+    kill(shim, Signal::SIGCONT).unwrap();
+    let listed = listed.expect("ListContainers in time").unwrap();
+    let status = status.expect("ContainerStatus in time").unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|c| c.id == id && c.state == ContainerRunning as i32),
+        "{listed:#?}"
+    );
+    assert_eq!(status.state, ContainerRunning as i32, "{status:#?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "ListContainers + ContainerStatus took {took:?} with the shim frozen"
+    );
+    env.stop();
+}

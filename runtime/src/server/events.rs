@@ -161,12 +161,33 @@ impl Inner {
         .await;
         if let Ok(conn) = conn {
             let mut conn = BufReader::new(conn);
+            let mut following = false;
             while let Ok(Some(line)) = crate::shim_client::read_line(&mut conn).await {
                 if let Ok(Response::State(s)) = serde_json::from_slice::<Response>(&line) {
                     self.update_state(&s.id.clone(), s).await;
                 }
+                // The shim sends the exits it already had, then `Ok`: from there on the
+                // recorded states are current. (A shim older than that never says so, and is
+                // asked each time, as before.)
+                if !following && matches!(serde_json::from_slice(&line), Ok(Response::Ok)) {
+                    following = true;
+                    // Records on disk keep a start only in memory (after a restart they say
+                    // `created`): ask the shim once for what has not exited, then follow. A
+                    // record without any state is an interrupted create, which recovery rolls
+                    // back: left alone.
+                    for c in self.pod_containers(&pod_id) {
+                        if c.last
+                            .as_ref()
+                            .is_some_and(|s| s.status != ShimStatus::Exited)
+                        {
+                            self.refresh(&c).await;
+                        }
+                    }
+                    self.watched.lock().unwrap().insert(pod_id.clone());
+                }
             }
         }
+        self.watched.lock().unwrap().remove(&pod_id);
         self.shim_gone(&pod_id).await;
     }
 

@@ -58,6 +58,9 @@ pub struct Inner {
     pub(super) gpu: crate::gpu::Gpus,
     /// The server behind the `Exec`, `Attach` and `PortForward` URLs, once started.
     pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
+    /// Pods whose shim's `Watch` stream is open: their containers' recorded states are current
+    /// (operations record what they change, the stream every exit), so reads need no shim call.
+    pub(super) watched: Mutex<HashSet<String>>,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -121,6 +124,7 @@ impl RuntimeService {
                 container_records,
                 quarantined,
                 locks: Mutex::default(),
+                watched: Mutex::default(),
                 shim_binary,
                 init_binary,
                 cni,
@@ -261,6 +265,20 @@ impl Inner {
         if let Some(last) = &c.last {
             if last.status == ShimStatus::Exited {
                 return last.clone();
+            }
+        }
+        // Followed by its pod's Watch stream: the index holds the current state (`c` may be an
+        // older copy). The relist and status calls then cost no shim round trip.
+        if self.watched.lock().unwrap().contains(&c.pod_id) {
+            let current = self
+                .index
+                .lock()
+                .unwrap()
+                .containers
+                .get(&c.id)
+                .and_then(|c| c.last.clone());
+            if let Some(s) = current {
+                return s;
             }
         }
         let asked = self
