@@ -116,7 +116,15 @@ pub struct ContainerState {
     pub oom_killed: bool,
     /// Why the state is what it is, when it is not plain (e.g. the shim lost track of it).
     pub message: String,
+    /// The CRI reason where the exit code alone does not say it (`StartError`); empty otherwise.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
+
+/// The reason of a container whose process could not be started (containerd's name for it).
+pub const START_ERROR: &str = "StartError";
+/// Its exit code, as containerd reports it.
+pub const START_ERROR_EXIT_CODE: i32 = 128;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crishim_proto::cgroups_path;
 use crishim_proto::shim::{
     paths, truncate_exec_output, ContainerState, ErrorKind, Response, Status, MAX_EXEC_OUTPUT,
+    START_ERROR, START_ERROR_EXIT_CODE,
 };
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
@@ -31,6 +32,9 @@ pub struct Ctr {
     pub log: Rc<LogSink>,
     /// Held open for a later attach; the container sees EOF only when it is closed.
     pub _stdin: Option<OwnedFd>,
+    /// Why its process cannot start (its executable is missing): kept from create for start,
+    /// which then fails and records the container exited, as runc and containerd do.
+    pub start_error: Option<String>,
 }
 
 pub struct Shim {
@@ -78,6 +82,34 @@ fn systemd_error_kind(e: &libcgroups::systemd::manager::SystemdManagerError) -> 
         E::SystemdClient(_) | E::WaitForProcessInCgroupTimeout(_) => ErrorKind::Unavailable,
         _ => ErrorKind::InvalidArgument,
     }
+}
+
+/// A new container's state, before it starts.
+fn created_state(id: &str, pid: i32) -> ContainerState {
+    ContainerState {
+        id: id.to_string(),
+        status: Status::Created,
+        pid,
+        created_at: now_nanos(),
+        started_at: 0,
+        finished_at: 0,
+        exit_code: 0,
+        oom_killed: false,
+        message: String::new(),
+        reason: String::new(),
+    }
+}
+
+/// libcontainer checks the executable in the container's init, at create; runc and containerd
+/// report a missing or non-executable one when the container starts.
+fn is_start_error(message: &str) -> bool {
+    [
+        "not found in $PATH",
+        "does not have correct permissions",
+        "failed to check permissions for executable",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
 
 fn not_found(id: &str) -> Response {
@@ -234,10 +266,28 @@ impl Shim {
                     let _ = c.delete(true);
                 }
                 let _ = std::fs::remove_dir_all(self.lc_root.join(id));
-                return Err(Response::error(
-                    ErrorKind::FailedPrecondition,
-                    format!("creating container {id}: {e}"),
-                ));
+                let message = e.to_string();
+                if !is_start_error(&message) {
+                    return Err(Response::error(
+                        ErrorKind::FailedPrecondition,
+                        format!("creating container {id}: {message}"),
+                    ));
+                }
+                // Created with nothing to run; start then fails (exit 128, StartError).
+                let state = created_state(id, 0);
+                self.persist(&state);
+                self.containers.insert(
+                    id.to_string(),
+                    Ctr {
+                        state,
+                        bundle: bundle.to_path_buf(),
+                        cgroup,
+                        log,
+                        _stdin: None,
+                        start_error: Some(message),
+                    },
+                );
+                return Ok(None);
             }
         };
         let mut relay = None;
@@ -262,17 +312,7 @@ impl Shim {
         for (fd, stream) in outputs {
             tokio::task::spawn_local(logs::copy(fd, stream, log.clone()));
         }
-        let state = ContainerState {
-            id: id.to_string(),
-            status: Status::Created,
-            pid: container.pid().map_or(0, |p| p.as_raw()),
-            created_at: now_nanos(),
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            oom_killed: false,
-            message: String::new(),
-        };
+        let state = created_state(id, container.pid().map_or(0, |p| p.as_raw()));
         self.persist(&state);
         self.containers.insert(
             id.to_string(),
@@ -282,6 +322,7 @@ impl Shim {
                 cgroup,
                 log,
                 _stdin: stdin_w,
+                start_error: None,
             },
         );
         Ok(relay)
@@ -299,6 +340,9 @@ impl Shim {
                     c.state.status
                 ),
             );
+        }
+        if let Some(e) = c.start_error.clone() {
+            return self.fail_start(id, e);
         }
         let started = Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start());
         if let Err(e) = started {
@@ -318,11 +362,30 @@ impl Shim {
         Response::State(state)
     }
 
+    /// Record a container whose process could not start as exited, and answer with that state.
+    fn fail_start(&mut self, id: &str, message: String) -> Response {
+        let Some(c) = self.containers.get_mut(id) else {
+            return not_found(id);
+        };
+        c.start_error = None;
+        c.state.status = Status::Exited;
+        c.state.exit_code = START_ERROR_EXIT_CODE;
+        c.state.finished_at = now_nanos();
+        c.state.reason = START_ERROR.into();
+        c.state.message = message;
+        let state = c.state.clone();
+        self.persist(&state);
+        self.exited.notify_waiters();
+        self.watchers.retain(|w| w.send(state.clone()).is_ok());
+        Response::State(state)
+    }
+
     pub fn kill(&mut self, id: &str, signal: i32, all: bool) -> Response {
         let Some(c) = self.containers.get(id) else {
             return not_found(id);
         };
-        if c.state.status == Status::Exited {
+        // Exited, or created with no process (see `start_error`).
+        if c.state.status == Status::Exited || c.state.pid == 0 {
             return Response::Ok;
         }
         let sig = match libcontainer::signal::Signal::try_from(signal) {
@@ -437,7 +500,7 @@ impl Shim {
 pub async fn delete(shim: &Shared, id: &str) -> Response {
     let running = match shim.borrow().containers.get(id) {
         None => return Response::Ok,
-        Some(c) => c.state.status != Status::Exited,
+        Some(c) => c.state.status != Status::Exited && c.state.pid != 0,
     };
     if running {
         let _ = shim.borrow_mut().kill(id, libc::SIGKILL, true);
@@ -773,4 +836,23 @@ fn oom_killed(cgroup: &str) -> bool {
             })
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_start_error;
+
+    #[test]
+    fn only_executable_failures_wait_for_start() {
+        // libcontainer's messages for a missing or non-executable command.
+        assert!(is_start_error(
+            "failed to create container: executable 'nope' not found in $PATH"
+        ));
+        assert!(is_start_error(
+            "executable '/etc/passwd' at path '\"/etc/passwd\"' does not have correct permissions"
+        ));
+        // Everything else still fails the create.
+        assert!(!is_start_error("mount failed: EPERM"));
+        assert!(!is_start_error("invalid cgroups path"));
+    }
 }

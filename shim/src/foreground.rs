@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crishim_proto::shim::{paths, Response, Status};
+use crishim_proto::shim::{paths, Response, Status, START_ERROR};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
@@ -146,9 +146,14 @@ async fn supervise(o: &Opts, tty: bool) -> Result<i32, String> {
         }
     };
     let started = shim.borrow_mut().start(&o.id);
-    if let Response::Error { .. } = started {
+    let failed = match started {
+        Response::Error { .. } => Some(message(started)),
+        Response::State(s) if s.reason == START_ERROR => Some(s.message),
+        _ => None,
+    };
+    if let Some(e) = failed {
         container::delete(&shim, &o.id).await;
-        return Err(message(started));
+        return Err(e);
     }
     for (sig, mut stream) in signals {
         let (shim, id) = (shim.clone(), o.id.clone());

@@ -1660,3 +1660,42 @@ async fn host_network_hostnames_are_refused_and_short_ids_work() {
         .expect("RemovePodSandbox by a short id");
     env.stop();
 }
+
+/// A command that is not in the image fails at `StartContainer`, not at create, and leaves the
+/// container exited with 128 and `StartError`, which `kubectl describe` shows (containerd's way).
+#[tokio::test]
+async fn a_missing_executable_is_a_start_error() {
+    let env = PodEnv::start().await;
+    let cfg = env.pod_config("start-error");
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", &["no-such-command-here"]);
+    let id = env
+        .d
+        .create_container(&pod, &c, &cfg)
+        .await
+        .expect("CreateContainer accepts a command it cannot find yet");
+    let created = env.d.container_status(&id).await.expect("ContainerStatus");
+    assert_eq!(created.state, cri::ContainerState::ContainerCreated as i32);
+
+    let e = env.d.start_container(&id).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no-such-command-here"), "{e:?}");
+    let st = env.d.container_status(&id).await.expect("ContainerStatus");
+    assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
+    assert_eq!((st.exit_code, st.reason.as_str()), (128, "StartError"));
+    assert!(st.message.contains("not found"), "{st:?}");
+    assert!(st.finished_at > 0 && st.started_at == 0, "{st:?}");
+    // It is listed as exited, and goes away like any exited container.
+    let exited = env
+        .d
+        .list_container_ids(Some(container_state_filter(
+            cri::ContainerState::ContainerExited,
+        )))
+        .await
+        .expect("ListContainers");
+    assert_eq!(exited, vec![id.clone()]);
+    env.d.remove_container(&id).await.expect("RemoveContainer");
+    env.d.stop_pod(&pod).await.expect("StopPodSandbox");
+    env.d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    env.stop();
+}

@@ -117,6 +117,7 @@ mod tests {
             exit_code: 0,
             oom_killed: false,
             message: String::new(),
+            reason: String::new(),
         };
         let st = OciState::new(&record, Some(&s));
         assert_eq!((st.status, st.pid), ("running", 42));

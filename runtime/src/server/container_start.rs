@@ -1,7 +1,7 @@
 //! `StartContainer`.
 
 use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
-use crishim_proto::shim::{Request, Response};
+use crishim_proto::shim::{Request, Response, START_ERROR};
 use tonic::Status;
 
 use super::runtime_service::RuntimeService;
@@ -23,6 +23,14 @@ impl RuntimeService {
             )
             .await?
         {
+            // Its process could not start (the executable is missing): the shim recorded it
+            // exited with `StartError`; announce that and fail the RPC, as containerd does.
+            // (Recording the exit announces it.)
+            Response::State(s) if s.reason == START_ERROR => {
+                let message = format!("starting container {}: {}", c.id, s.message);
+                inner.update_state(&c.id, s).await;
+                Err(Status::failed_precondition(message))
+            }
             Response::State(s) => {
                 // Announce the start with the state the shim answered, then record it through the
                 // same merge as the exit watcher: an exit it already recorded is never undone,

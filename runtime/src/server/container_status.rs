@@ -43,9 +43,10 @@ pub(super) fn cri_state(s: &ContainerState) -> i32 {
     }
 }
 
-/// `Completed`, `Error` or `OOMKilled`, as the kubelet expects them.
+/// `Completed`, `Error`, `OOMKilled` or the shim's own (`StartError`), as the kubelet expects them.
 fn reason(s: &ContainerState) -> String {
     match s.status {
+        _ if !s.reason.is_empty() => s.reason.clone(),
         ShimStatus::Exited if s.oom_killed => "OOMKilled".into(),
         ShimStatus::Exited if s.exit_code == 0 => "Completed".into(),
         ShimStatus::Exited => "Error".into(),

@@ -170,6 +170,7 @@ fn unknown_state(c: &ContainerRecord) -> ContainerState {
         exit_code: 0,
         oom_killed: false,
         message: String::new(),
+        reason: String::new(),
     }
 }
 
@@ -303,6 +304,7 @@ impl Inner {
                 message:
                     "the container is unknown to its pod's shim (its creation was interrupted)"
                         .into(),
+                reason: String::new(),
             },
             // Busy or slow is not dead: keep what we knew.
             Ok(_)
