@@ -19,11 +19,14 @@ const TARGET: &str = "crishim-test.target";
 /// Its only units: the target and the system bus, as Debian's dbus package defines it. Without a
 /// bus, clients fall back to /run/systemd/private, where systemd 252 leaves a method call that
 /// arrives in the same read as the client's `BEGIN` unanswered, and libcgroups then waits out its
-/// 10 s receive timeout before reconnecting.
+/// 10 s receive timeout before reconnecting. The target pulls in the socket itself: when only
+/// the service's `Requires=` did, the socket was left dead in about two boots in three, and
+/// dbus-daemon failed with "No socket received" (then CI's stall).
 const UNITS: [(&str, &str); 3] = [
     (
         TARGET,
-        "[Unit]\nDescription=crishim test target\nWants=dbus.service\nAfter=dbus.service\n",
+        "[Unit]\nDescription=crishim test target\nWants=dbus.socket dbus.service\n\
+         After=dbus.socket dbus.service\n",
     ),
     (
         "dbus.socket",
@@ -123,9 +126,17 @@ impl NestedSystemd {
             }
             if self.pid != 0 {
                 let state = self.systemctl(&["is-system-running"]);
-                let state = String::from_utf8_lossy(&state.stdout);
-                if matches!(state.trim(), "running" | "degraded") {
-                    return Ok(());
+                match String::from_utf8_lossy(&state.stdout).trim() {
+                    "running" => return Ok(()),
+                    // A unit failed: without the bus, the driver's calls would stall (see UNITS).
+                    "degraded" => {
+                        let failed = self.systemctl(&["--failed", "--no-pager", "--full"]);
+                        bail!(
+                            "systemd came up degraded:\n{}",
+                            String::from_utf8_lossy(&failed.stdout)
+                        );
+                    }
+                    _ => {}
                 }
             }
             if Instant::now() > deadline {
