@@ -127,6 +127,19 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
     let cpu = stats.cpu.unwrap().usage_core_nano_seconds.unwrap().value;
     assert!(cpu > 0, "CPU usage read from the scope's cpu.stat");
 
+    // libcgroups never closes its D-Bus connections (root's, to systemd): none may reach the
+    // container's processes, where one would be a way onto the host (StartTransientUnit).
+    for pid in ["1", "$$"] {
+        let fds = env
+            .d
+            .exec_ok(&id, &["sh", "-c", &format!("ls -l /proc/{pid}/fd")])
+            .await;
+        assert!(
+            !fds.contains("socket:"),
+            "process {pid} holds a socket: {fds}"
+        );
+    }
+
     env.d.stop_container(&id, 10).await.unwrap();
     env.d.remove_container(&id).await.unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
