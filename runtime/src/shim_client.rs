@@ -3,10 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crishim_proto::shim::{paths, ErrorKind, Request, Response, MAX_LINE};
+use crishim_proto::shim::{paths, Request, Response, MAX_LINE};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-use tonic::Status;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
@@ -16,15 +15,6 @@ pub enum ShimError {
     Timeout(PathBuf, Duration),
     #[error("shim at {0} sent a malformed answer: {1}")]
     Protocol(PathBuf, String),
-}
-
-impl From<ShimError> for Status {
-    fn from(e: ShimError) -> Status {
-        match e {
-            ShimError::Timeout(..) => Status::deadline_exceeded(e.to_string()),
-            _ => Status::unavailable(e.to_string()),
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -136,23 +126,3 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(r: &mut R) -> std::io::Result<Op
 
 /// How long a shim may take to start an exec'd process or attach.
 const STREAM_SETUP_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A shim error answer as a gRPC status.
-pub fn status_of(kind: ErrorKind, message: String) -> Status {
-    match kind {
-        ErrorKind::NotFound => Status::not_found(message),
-        ErrorKind::AlreadyExists => Status::already_exists(message),
-        ErrorKind::FailedPrecondition => Status::failed_precondition(message),
-        ErrorKind::InvalidArgument => Status::invalid_argument(message),
-        ErrorKind::Unavailable => Status::unavailable(message),
-        ErrorKind::Internal => Status::internal(message),
-    }
-}
-
-/// Turn any answer other than the expected kind into a status.
-pub fn unexpected(resp: Response) -> Status {
-    match resp {
-        Response::Error { kind, message } => status_of(kind, message),
-        other => Status::internal(format!("unexpected shim answer: {other:?}")),
-    }
-}

@@ -65,17 +65,6 @@ impl GpuError {
     }
 }
 
-impl From<GpuError> for tonic::Status {
-    fn from(e: GpuError) -> Self {
-        let msg = format!("CreateContainer: {e}");
-        match e {
-            GpuError::Invalid(_) => tonic::Status::invalid_argument(msg),
-            GpuError::Unavailable(_) => tonic::Status::failed_precondition(msg),
-            GpuError::Internal(_) | GpuError::Io { .. } => tonic::Status::internal(msg),
-        }
-    }
-}
-
 /// The container a request is applied for.
 pub struct Target<'a> {
     pub container_id: &'a str,

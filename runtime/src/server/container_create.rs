@@ -9,13 +9,12 @@ use crishim_proto::shim::{Request, Response};
 use tonic::Status;
 use tracing::{info, warn};
 
-use super::errors::from_image_error;
+use super::errors::{from_image_error, from_spec_error, unexpected};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{
     container_name, new_id_status, now_nanos, ContainerRecord, PodRecord, PodState,
 };
-use crate::shim_client::unexpected;
-use crate::spec::{self, PodFiles, PodNamespaces, SpecError, SpecInputs};
+use crate::spec::{self, PodFiles, PodNamespaces, SpecInputs};
 
 pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// `"true"` or `"false"` on a pod or a container: run it under crishim's init.
@@ -186,10 +185,7 @@ impl Inner {
             cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
             min_oom_score_adj: own_oom_score_adj(),
         })
-        .map_err(|e| match e {
-            SpecError::Invalid(m) => Status::invalid_argument(format!("CreateContainer: {m}")),
-            SpecError::Internal(m) => Status::internal(format!("CreateContainer: {m}")),
-        })?;
+        .map_err(|e| from_spec_error("CreateContainer", e))?;
         note_ignored_lsm_options(id, &record.config);
         if self.wants_init(pod, &record.config) {
             self.add_init(&mut spec)?;

@@ -7,9 +7,9 @@ use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
 use crishim_proto::shim::{truncate_exec_output, Request, Response};
 use tonic::Status;
 
+use super::errors::unexpected;
 use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
 use crate::bounds::request_secs;
-use crate::shim_client::unexpected;
 
 impl RuntimeService {
     pub(super) async fn do_exec_sync(

@@ -4,8 +4,8 @@ use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
 use crishim_proto::shim::{Request, Response, START_ERROR};
 use tonic::Status;
 
+use super::errors::unexpected;
 use super::runtime_service::RuntimeService;
-use crate::shim_client::unexpected;
 
 impl RuntimeService {
     pub(super) async fn do_start_container(

@@ -5,8 +5,9 @@ use crishim_proto::cri::{UpdateContainerResourcesRequest, UpdateContainerResourc
 use crishim_proto::shim::Request;
 use tonic::Status;
 
+use super::errors::from_spec_error;
 use super::runtime_service::RuntimeService;
-use crate::spec::{self, SpecError};
+use crate::spec;
 
 impl RuntimeService {
     pub(super) async fn do_update_container_resources(
@@ -18,12 +19,8 @@ impl RuntimeService {
         let linux = req.linux.ok_or_else(|| {
             Status::invalid_argument("UpdateContainerResources: linux resources are required")
         })?;
-        let resources = spec::resources(&linux).map_err(|e| match e {
-            SpecError::Invalid(m) => {
-                Status::invalid_argument(format!("UpdateContainerResources: {m}"))
-            }
-            SpecError::Internal(m) => Status::internal(format!("UpdateContainerResources: {m}")),
-        })?;
+        let resources =
+            spec::resources(&linux).map_err(|e| from_spec_error("UpdateContainerResources", e))?;
         let _guard = inner.lock(&c.id).await;
         inner
             .shim_ok(

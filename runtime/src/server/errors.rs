@@ -1,18 +1,97 @@
-//! Mapping of image errors onto gRPC status codes, with the error's full message.
+//! Every mapping of an error onto a gRPC status, in one place: the code says what the client can
+//! do about it, and the message is the error's own, with its context.
 
-use crishim_images::{ErrorKind, ImageError};
+use crishim_images::{ErrorKind as ImageErrorKind, ImageError};
+use crishim_proto::shim::{ErrorKind as ShimErrorKind, Response};
 use tonic::{Code, Status};
+
+use crate::gpu::GpuError;
+use crate::shim_client::ShimError;
+use crate::spec::SpecError;
 
 pub fn from_image_error(e: ImageError) -> Status {
     let code = match e.kind() {
-        ErrorKind::InvalidArgument | ErrorKind::BadContent => Code::InvalidArgument,
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::Unauthenticated => Code::Unauthenticated,
-        ErrorKind::Unavailable => Code::Unavailable,
-        ErrorKind::DataLoss => Code::DataLoss,
-        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
-        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
-        ErrorKind::Internal => Code::Internal,
+        ImageErrorKind::InvalidArgument | ImageErrorKind::BadContent => Code::InvalidArgument,
+        ImageErrorKind::NotFound => Code::NotFound,
+        ImageErrorKind::Unauthenticated => Code::Unauthenticated,
+        ImageErrorKind::Unavailable => Code::Unavailable,
+        ImageErrorKind::DataLoss => Code::DataLoss,
+        ImageErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ImageErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ImageErrorKind::Internal => Code::Internal,
     };
     Status::new(code, e.to_string())
+}
+
+/// A spec that cannot be built for `rpc`'s request.
+pub fn from_spec_error(rpc: &str, e: SpecError) -> Status {
+    match e {
+        SpecError::Invalid(m) => Status::invalid_argument(format!("{rpc}: {m}")),
+        SpecError::Internal(m) => Status::internal(format!("{rpc}: {m}")),
+    }
+}
+
+/// GPUs are asked for only at `CreateContainer`.
+impl From<GpuError> for Status {
+    fn from(e: GpuError) -> Self {
+        let msg = format!("CreateContainer: {e}");
+        match e {
+            GpuError::Invalid(_) => Status::invalid_argument(msg),
+            GpuError::Unavailable(_) => Status::failed_precondition(msg),
+            GpuError::Internal(_) | GpuError::Io { .. } => Status::internal(msg),
+        }
+    }
+}
+
+/// A shim that cannot be reached is unavailable (the kubelet retries); one that is slow, late.
+impl From<ShimError> for Status {
+    fn from(e: ShimError) -> Status {
+        match e {
+            ShimError::Timeout(..) => Status::deadline_exceeded(e.to_string()),
+            _ => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+/// A shim's error answer.
+pub fn from_shim_error(kind: ShimErrorKind, message: String) -> Status {
+    let code = match kind {
+        ShimErrorKind::NotFound => Code::NotFound,
+        ShimErrorKind::AlreadyExists => Code::AlreadyExists,
+        ShimErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ShimErrorKind::InvalidArgument => Code::InvalidArgument,
+        ShimErrorKind::Unavailable => Code::Unavailable,
+        ShimErrorKind::Internal => Code::Internal,
+    };
+    Status::new(code, message)
+}
+
+/// Any shim answer other than the one expected.
+pub fn unexpected(resp: Response) -> Status {
+    match resp {
+        Response::Error { kind, message } => from_shim_error(kind, message),
+        other => Status::internal(format!("unexpected shim answer: {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_error_gets_the_code_a_client_can_act_on() {
+        let spec = from_spec_error("CreateContainer", SpecError::Invalid("bad".into()));
+        assert_eq!(spec.code(), Code::InvalidArgument);
+        assert_eq!(spec.message(), "CreateContainer: bad");
+        let gpu: Status = GpuError::Unavailable("no driver".into()).into();
+        assert_eq!(gpu.code(), Code::FailedPrecondition);
+        let late: Status =
+            ShimError::Timeout("/s".into(), std::time::Duration::from_secs(1)).into();
+        assert_eq!(late.code(), Code::DeadlineExceeded);
+        let gone: Status = ShimError::Protocol("/s".into(), "x".into()).into();
+        assert_eq!(gone.code(), Code::Unavailable);
+        let answer = Response::error(ShimErrorKind::Unavailable, "dbus");
+        assert_eq!(unexpected(answer).code(), Code::Unavailable);
+        assert_eq!(unexpected(Response::Ok).code(), Code::Internal);
+    }
 }

@@ -11,10 +11,11 @@ use crishim_proto::cri;
 use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
+use super::errors::unexpected;
 use super::logged;
 use crate::config::Config;
 use crate::records::{ContainerRecord, Index, PodRecord, RecordDir};
-use crate::shim_client::{unexpected, ShimClient};
+use crate::shim_client::ShimClient;
 
 /// How long a plain shim request may take.
 pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
