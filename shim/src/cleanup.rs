@@ -26,7 +26,10 @@ fn cleanup(dir: &Path) -> usize {
     let lc_root = dir.join("runc");
     for entry in std::fs::read_dir(&lc_root).into_iter().flatten().flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
-        match Container::load(entry.path()).and_then(|mut c| c.delete(true)) {
+        let deleted = crate::bus::closing_leaked_connections(|| {
+            Container::load(entry.path()).and_then(|mut c| c.delete(true))
+        });
+        match deleted {
             Ok(()) => {}
             Err(e) => {
                 eprintln!("crishim-shim cleanup: {id}: {e}");

@@ -20,6 +20,7 @@ use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
 
+use crate::bus::closing_leaked_connections;
 use crate::exec_seccomp::SeccompExecutor;
 use crate::logs::{self, LogSink};
 use crate::record::{now_nanos, write_atomic};
@@ -262,9 +263,11 @@ impl Shim {
                     let _ = std::fs::remove_file(path);
                 }
                 // A half-created container may have left state behind; remove it.
-                if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
-                    let _ = c.delete(true);
-                }
+                closing_leaked_connections(|| {
+                    if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
+                        let _ = c.delete(true);
+                    }
+                });
                 let _ = std::fs::remove_dir_all(self.lc_root.join(id));
                 let message = e.to_string();
                 if !is_start_error(&message) {
@@ -344,7 +347,9 @@ impl Shim {
         if let Some(e) = c.start_error.clone() {
             return self.fail_start(id, e);
         }
-        let started = Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start());
+        let started = closing_leaked_connections(|| {
+            Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start())
+        });
         if let Err(e) = started {
             return Response::error(
                 ErrorKind::FailedPrecondition,
@@ -394,7 +399,10 @@ impl Shim {
                 return Response::error(ErrorKind::InvalidArgument, format!("signal {signal}: {e}"))
             }
         };
-        match Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.kill(sig, all)) {
+        let killed = closing_leaked_connections(|| {
+            Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.kill(sig, all))
+        });
+        match killed {
             Ok(()) => Response::Ok,
             // Exited between our check and the kill: nothing left to signal.
             Err(libcontainer::error::LibcontainerError::IncorrectStatus(_)) => Response::Ok,
@@ -428,7 +436,7 @@ impl Shim {
             oom_score_adj: None,
             freezer_state: None,
         };
-        let applied = match create_cgroup_manager(config) {
+        let applied = closing_leaked_connections(|| match create_cgroup_manager(config) {
             Ok(m) => m.apply(&opt).map_err(|e| {
                 let kind = match &e {
                     AnyManagerError::Systemd(e) => systemd_error_kind(e),
@@ -443,7 +451,7 @@ impl Shim {
                 },
                 e.to_string(),
             )),
-        };
+        });
         match applied {
             Ok(()) => Response::Ok,
             Err((kind, e)) => Response::error(kind, format!("updating resources of {id}: {e}")),
@@ -508,7 +516,10 @@ pub async fn delete(shim: &Shared, id: &str) -> Response {
     }
     let root = shim.borrow().lc_root.join(id);
     if root.exists() {
-        if let Err(e) = Container::load(root.clone()).and_then(|mut lc| lc.delete(true)) {
+        let deleted = closing_leaked_connections(|| {
+            Container::load(root.clone()).and_then(|mut lc| lc.delete(true))
+        });
+        if let Err(e) = deleted {
             eprintln!("crishim-shim: libcontainer delete {id}: {e}");
             let _ = std::fs::remove_dir_all(&root);
         }

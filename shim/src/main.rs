@@ -12,6 +12,7 @@
 //!   namespace), confined to an empty root with no privileges; reports readiness on fd 3.
 //! - `crishim-shim cleanup --dir DIR`: kill and remove what a dead shim left behind.
 
+mod bus;
 mod cleanup;
 mod container;
 mod exec_seccomp;

@@ -177,6 +177,17 @@ impl NestedSystemd {
             .expect("running systemctl through nsenter")
     }
 
+    /// Run `argv` inside this systemd's namespaces; its stdout, trimmed.
+    pub fn run(&self, argv: &[&str]) -> String {
+        let enter = self.enter();
+        let out = Command::new(&enter[0])
+            .args(&enter[1..])
+            .args(argv)
+            .output()
+            .expect("running a command through nsenter");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// One property of `unit` (`systemctl show -P`).
     pub fn property(&self, unit: &str, property: &str) -> String {
         let out = self.systemctl(&["show", "-P", property, unit]);

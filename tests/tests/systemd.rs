@@ -83,21 +83,7 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
     // socket answers EAGAIN 7 times in a row, which this loaded 2-core machine sees in about one
     // run in two (see the README's known stall); only that transport error is tried again.
     for attempt in 1..=3 {
-        let r = env
-            .d
-            .runtime_client()
-            .update_container_resources(cri::UpdateContainerResourcesRequest {
-                container_id: id.clone(),
-                linux: Some(cri::LinuxContainerResources {
-                    cpu_period: 100_000,
-                    cpu_quota: 20_000,
-                    cpu_shares: 512,
-                    memory_limit_in_bytes: 128 << 20,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await;
+        let r = update(&env, &id, 20_000, 128 << 20).await;
         match r {
             Ok(_) => break,
             // A D-Bus stall is Unavailable, which the kubelet retries; any other code fails.
@@ -112,6 +98,30 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
         }
     }
     assert_eq!(limits(&sd), ["200ms", &(128u64 << 20).to_string()]);
+    // Each update's D-Bus connection is closed again: the shim, which lives as long as the pod,
+    // holds no more descriptors after three more updates than before them.
+    let shim_pid =
+        std::fs::read_to_string(env.d.state_dir().join("pods").join(&pod).join("shim.pid"))
+            .expect("the shim's pid file");
+    // (Its pid is one of systemd's pid namespace, where the daemon runs.)
+    let shim_fds = || {
+        sd.run(&[
+            "sh",
+            "-c",
+            &format!("ls /proc/{}/fd | wc -l", shim_pid.trim()),
+        ])
+    };
+    let before = shim_fds();
+    assert!(
+        before.parse::<usize>().is_ok_and(|n| n > 2),
+        "the shim's descriptors: {before:?}"
+    );
+    for _ in 0..3 {
+        update(&env, &id, 20_000, 128 << 20)
+            .await
+            .expect("UpdateContainerResources");
+    }
+    assert_eq!(shim_fds(), before, "the shim leaked descriptors on updates");
     // Stats are read from the scope's cgroup.
     let stats = env
         .d
@@ -178,4 +188,22 @@ async fn the_systemd_driver_is_refused_where_it_cannot_work() {
         stderr.contains("cgroup_driver = \"systemd\""),
         "stderr does not say why: {stderr}"
     );
+}
+
+async fn update(env: &PodEnv, id: &str, cpu_quota: i64, memory: i64) -> Result<(), tonic::Status> {
+    env.d
+        .runtime_client()
+        .update_container_resources(cri::UpdateContainerResourcesRequest {
+            container_id: id.to_string(),
+            linux: Some(cri::LinuxContainerResources {
+                cpu_period: 100_000,
+                cpu_quota,
+                cpu_shares: 512,
+                memory_limit_in_bytes: memory,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
 }
