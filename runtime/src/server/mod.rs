@@ -21,6 +21,7 @@ mod image_pull;
 mod image_remove;
 mod image_status;
 mod imagefs_info;
+mod recovery;
 mod runtime_config;
 mod runtime_service;
 mod sandbox_list;
