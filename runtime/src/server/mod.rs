@@ -86,13 +86,24 @@ impl runtime_service::Inner {
         id: &str,
         selector: &std::collections::HashMap<String, String>,
     ) -> Vec<crate::records::PodRecord> {
+        self.pods_viewed(id, selector, |p| Some(p.clone()))
+    }
+
+    /// `view` of each pod whose id starts with `id` and whose labels match, under the index's
+    /// lock (no copy of the records); `None` leaves a pod out.
+    fn pods_viewed<T>(
+        &self,
+        id: &str,
+        selector: &std::collections::HashMap<String, String>,
+        view: impl Fn(&crate::records::PodRecord) -> Option<T>,
+    ) -> Vec<T> {
         self.index
             .lock()
             .unwrap()
             .pods
             .values()
             .filter(|p| p.id.starts_with(id) && labels_match(selector, &p.config.labels))
-            .cloned()
+            .filter_map(view)
             .collect()
     }
 }

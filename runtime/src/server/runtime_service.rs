@@ -261,6 +261,28 @@ impl Inner {
             .collect()
     }
 
+    /// One pass over the containers `keep` selects, under the index's lock: each whose recorded
+    /// state is current (exited, or its pod's shim is watched) is mapped by `view` in place, with
+    /// no copy of its record; the others come back as records, for [`Inner::refresh`].
+    pub(super) fn containers_by_state<T>(
+        &self,
+        keep: impl Fn(&ContainerRecord) -> bool,
+        view: impl Fn(&ContainerRecord, &ContainerState) -> T,
+    ) -> (Vec<T>, Vec<ContainerRecord>) {
+        let watched = self.watched.lock().unwrap();
+        let index = self.index.lock().unwrap();
+        let (mut known, mut ask) = (Vec::new(), Vec::new());
+        for c in index.containers.values().filter(|c| keep(c)) {
+            match &c.last {
+                Some(s) if s.status == ShimStatus::Exited || watched.contains(&c.pod_id) => {
+                    known.push(view(c, s))
+                }
+                _ => ask.push(c.clone()),
+            }
+        }
+        (known, ask)
+    }
+
     /// The container's current state: from its shim while it runs, else the last known one.
     /// A container whose shim is gone and which never recorded an exit is reported exited, with why.
     pub(super) async fn refresh(&self, c: &ContainerRecord) -> ContainerState {

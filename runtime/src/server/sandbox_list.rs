@@ -12,25 +12,21 @@ impl RuntimeService {
         req: ListPodSandboxRequest,
     ) -> Result<ListPodSandboxResponse, Status> {
         let f = req.filter.unwrap_or_default();
-        let items = self
-            .inner
-            .pods_matching(&f.id, &f.label_selector)
-            .into_iter()
-            .filter(|p| {
-                f.state
-                    .as_ref()
-                    .is_none_or(|s| s.state == cri_state(p.state))
-            })
-            .map(|p| cri::PodSandbox {
-                id: p.id.clone(),
-                metadata: p.config.metadata.clone(),
-                state: cri_state(p.state),
-                created_at: p.created_at,
-                labels: p.config.labels.clone(),
-                annotations: p.config.annotations.clone(),
-                runtime_handler: p.runtime_handler.clone(),
-            })
-            .collect();
+        let items = self.inner.pods_viewed(&f.id, &f.label_selector, |p| {
+            let state = cri_state(p.state);
+            f.state
+                .as_ref()
+                .is_none_or(|s| s.state == state)
+                .then(|| cri::PodSandbox {
+                    id: p.id.clone(),
+                    metadata: p.config.metadata.clone(),
+                    state,
+                    created_at: p.created_at,
+                    labels: p.config.labels.clone(),
+                    annotations: p.config.annotations.clone(),
+                    runtime_handler: p.runtime_handler.clone(),
+                })
+        });
         Ok(ListPodSandboxResponse { items })
     }
 }
