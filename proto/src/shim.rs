@@ -34,6 +34,10 @@ pub enum Request {
         /// Keep a pipe for stdin (CRI `stdin`).
         stdin: bool,
         tty: bool,
+        /// A missing or non-executable command fails the start instead (exit 128, `StartError`),
+        /// as the CRI's containerd does; runc, and `crishim bundle`, refuse it at create.
+        #[serde(default)]
+        start_error_at_start: bool,
     },
     Start {
         id: String,

@@ -161,12 +161,14 @@ impl Shim {
     }
 
     /// Create a container (it does not run yet). With [`Stdio::Inherit`] and a tty, the pty's
-    /// master is returned for the caller to relay.
+    /// master is returned for the caller to relay. With `start_error_at_start`, a command that
+    /// cannot be executed fails the start rather than the create (see `Ctr::start_error`).
     pub fn create(
         &mut self,
         id: &str,
         bundle: &Path,
         stdio: Stdio<'_>,
+        start_error_at_start: bool,
     ) -> Result<Option<OwnedFd>, Response> {
         if self.containers.contains_key(id) {
             return Err(Response::error(
@@ -270,7 +272,7 @@ impl Shim {
                 });
                 let _ = std::fs::remove_dir_all(self.lc_root.join(id));
                 let message = e.to_string();
-                if !is_start_error(&message) {
+                if !(start_error_at_start && is_start_error(&message)) {
                     return Err(Response::error(
                         ErrorKind::FailedPrecondition,
                         format!("creating container {id}: {message}"),

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crishim_proto::shim::{paths, Response, Status, START_ERROR};
+use crishim_proto::shim::{paths, Response, Status};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use tokio::signal::unix::{signal, SignalKind};
@@ -136,7 +136,7 @@ async fn supervise(o: &Opts, tty: bool) -> Result<i32, String> {
 
     let created = shim
         .borrow_mut()
-        .create(&o.id, &o.bundle, Stdio::Inherit { tty });
+        .create(&o.id, &o.bundle, Stdio::Inherit { tty }, false);
     let master = created.map_err(message)?;
     let console = match master.map(Console::attach).transpose() {
         Ok(c) => c,
@@ -146,14 +146,9 @@ async fn supervise(o: &Opts, tty: bool) -> Result<i32, String> {
         }
     };
     let started = shim.borrow_mut().start(&o.id);
-    let failed = match started {
-        Response::Error { .. } => Some(message(started)),
-        Response::State(s) if s.reason == START_ERROR => Some(s.message),
-        _ => None,
-    };
-    if let Some(e) = failed {
+    if let Response::Error { .. } = started {
         container::delete(&shim, &o.id).await;
-        return Err(e);
+        return Err(message(started));
     }
     for (sig, mut stream) in signals {
         let (shim, id) = (shim.clone(), o.id.clone());

@@ -183,13 +183,16 @@ async fn handle(shim: &Shared, req: Request) -> Response {
             log_path,
             stdin,
             tty,
+            start_error_at_start,
         } => {
             let stdio = Stdio::Log {
                 path: &log_path,
                 stdin,
                 tty,
             };
-            let created = shim.borrow_mut().create(&id, &bundle, stdio);
+            let created = shim
+                .borrow_mut()
+                .create(&id, &bundle, stdio, start_error_at_start);
             let r = match created {
                 Ok(_) => shim.borrow().state(&id),
                 Err(e) => e,

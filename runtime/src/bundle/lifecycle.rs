@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crishim_proto::record::now_nanos;
-use crishim_proto::shim::{
-    paths, ContainerState, ErrorKind, Request, Response, Status, START_ERROR,
-};
+use crishim_proto::shim::{paths, ContainerState, Request, Response, Status};
 
 use super::config::Bundle;
 use super::error::BundleError;
@@ -101,6 +99,7 @@ pub async fn create(
         log_path: log,
         stdin: false,
         tty: bundle.terminal,
+        start_error_at_start: false,
     };
     match call(&dir, &req, CREATE_TIMEOUT).await {
         Ok(Response::State(_)) => {
@@ -127,11 +126,6 @@ pub async fn create(
 pub async fn start(env: &Env, id: &str) -> Result<(), BundleError> {
     let (dir, _) = env.store.load(id)?;
     match call(&dir, &Request::Start { id: id.into() }, CREATE_TIMEOUT).await? {
-        // Its process could not start; the container is now stopped, as with runc.
-        Response::State(s) if s.reason == START_ERROR => Err(BundleError::Shim {
-            kind: ErrorKind::FailedPrecondition,
-            message: s.message,
-        }),
         Response::State(_) => Ok(()),
         other => Err(refusal(other)),
     }

@@ -220,6 +220,7 @@ impl Inner {
             log_path,
             stdin: record.config.stdin,
             tty: record.config.tty,
+            start_error_at_start: true,
         };
         match self
             .shim(&pod.id)
