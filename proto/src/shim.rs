@@ -125,6 +125,24 @@ pub struct ContainerState {
     pub reason: String,
 }
 
+impl ContainerState {
+    /// A state with nothing finished yet: no start, exit, OOM kill, message or reason.
+    pub fn new(id: impl Into<String>, status: Status, pid: i32, created_at: i64) -> Self {
+        ContainerState {
+            id: id.into(),
+            status,
+            pid,
+            created_at,
+            started_at: 0,
+            finished_at: 0,
+            exit_code: 0,
+            oom_killed: false,
+            message: String::new(),
+            reason: String::new(),
+        }
+    }
+}
+
 /// The reason of a container whose process could not be started (containerd's name for it).
 pub const START_ERROR: &str = "StartError";
 /// Its exit code, as containerd reports it.

@@ -38,6 +38,19 @@ pub struct Ctr {
     pub start_error: Option<String>,
 }
 
+impl Ctr {
+    fn new(state: ContainerState, bundle: &Path, cgroup: String, log: Rc<LogSink>) -> Self {
+        Ctr {
+            state,
+            bundle: bundle.to_path_buf(),
+            cgroup,
+            log,
+            _stdin: None,
+            start_error: None,
+        }
+    }
+}
+
 pub struct Shim {
     pub dir: PathBuf,
     /// libcontainer's state root.
@@ -87,18 +100,7 @@ fn systemd_error_kind(e: &libcgroups::systemd::manager::SystemdManagerError) -> 
 
 /// A new container's state, before it starts.
 fn created_state(id: &str, pid: i32) -> ContainerState {
-    ContainerState {
-        id: id.to_string(),
-        status: Status::Created,
-        pid,
-        created_at: now_nanos(),
-        started_at: 0,
-        finished_at: 0,
-        exit_code: 0,
-        oom_killed: false,
-        message: String::new(),
-        reason: String::new(),
-    }
+    ContainerState::new(id, Status::Created, pid, now_nanos())
 }
 
 /// libcontainer checks the executable in the container's init, at create; runc and containerd
@@ -142,6 +144,12 @@ impl Shim {
             watchers: Vec::new(),
             exec_counter: 0,
         }
+    }
+
+    /// Keep a created container, recorded on disk first.
+    fn insert_created(&mut self, ctr: Ctr) {
+        self.persist(&ctr.state);
+        self.containers.insert(ctr.state.id.clone(), ctr);
     }
 
     fn persist(&self, state: &ContainerState) {
@@ -279,19 +287,9 @@ impl Shim {
                     ));
                 }
                 // Created with nothing to run; start then fails (exit 128, StartError).
-                let state = created_state(id, 0);
-                self.persist(&state);
-                self.containers.insert(
-                    id.to_string(),
-                    Ctr {
-                        state,
-                        bundle: bundle.to_path_buf(),
-                        cgroup,
-                        log,
-                        _stdin: None,
-                        start_error: Some(message),
-                    },
-                );
+                let mut ctr = Ctr::new(created_state(id, 0), bundle, cgroup, log);
+                ctr.start_error = Some(message);
+                self.insert_created(ctr);
                 return Ok(None);
             }
         };
@@ -317,19 +315,10 @@ impl Shim {
         for (fd, stream) in outputs {
             tokio::task::spawn_local(logs::copy(fd, stream, log.clone()));
         }
-        let state = created_state(id, container.pid().map_or(0, |p| p.as_raw()));
-        self.persist(&state);
-        self.containers.insert(
-            id.to_string(),
-            Ctr {
-                state,
-                bundle: bundle.to_path_buf(),
-                cgroup,
-                log,
-                _stdin: stdin_w,
-                start_error: None,
-            },
-        );
+        let pid = container.pid().map_or(0, |p| p.as_raw());
+        let mut ctr = Ctr::new(created_state(id, pid), bundle, cgroup, log);
+        ctr._stdin = stdin_w;
+        self.insert_created(ctr);
         Ok(relay)
     }
 

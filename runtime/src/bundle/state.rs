@@ -107,18 +107,7 @@ mod tests {
             created: 5,
             log: None,
         };
-        let mut s = ContainerState {
-            id: "a".into(),
-            status: Status::Running,
-            pid: 42,
-            created_at: 0,
-            started_at: 0,
-            finished_at: 0,
-            exit_code: 0,
-            oom_killed: false,
-            message: String::new(),
-            reason: String::new(),
-        };
+        let mut s = ContainerState::new("a", Status::Running, 42, 0);
         let st = OciState::new(&record, Some(&s));
         assert_eq!((st.status, st.pid), ("running", 42));
         assert_eq!(st.created, rfc3339(5));

@@ -161,18 +161,7 @@ impl RuntimeService {
 
 /// What we know of a container the shim has not reported on.
 fn unknown_state(c: &ContainerRecord) -> ContainerState {
-    ContainerState {
-        id: c.id.clone(),
-        status: ShimStatus::Unknown,
-        pid: 0,
-        created_at: c.created_at,
-        started_at: 0,
-        finished_at: 0,
-        exit_code: 0,
-        oom_killed: false,
-        message: String::new(),
-        reason: String::new(),
-    }
+    ContainerState::new(c.id.clone(), ShimStatus::Unknown, 0, c.created_at)
 }
 
 /// A helper binary next to the running `crishim` (both are installed together).
@@ -316,18 +305,13 @@ impl Inner {
                 kind: crishim_proto::shim::ErrorKind::NotFound,
                 ..
             }) => ContainerState {
-                id: c.id.clone(),
                 status: ShimStatus::Exited,
-                pid: 0,
-                created_at: c.created_at,
-                started_at: 0,
                 finished_at: crate::records::now_nanos(),
                 exit_code: 255,
-                oom_killed: false,
                 message:
                     "the container is unknown to its pod's shim (its creation was interrupted)"
                         .into(),
-                reason: String::new(),
+                ..unknown_state(c)
             },
             // Busy or slow is not dead: keep what we knew.
             Ok(_)
