@@ -617,36 +617,80 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
     env.finish_pod(&pod, traces).await;
 }
 
+/// No silent no: on this kernel (no AppArmor, no SELinux) a `Localhost` AppArmor profile and an
+/// SELinux label are refused by name, while `RuntimeDefault` AppArmor (nothing to apply) runs.
 #[tokio::test]
-async fn apparmor_and_selinux_options_are_accepted() {
+async fn lsm_options_are_refused_where_the_kernel_lacks_them() {
     let env = PodEnv::start().await;
-    let pod_cfg = env.pod_config("lsm");
+    let apparmor_on = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+        .is_ok_and(|v| v.trim() == "Y");
+    if apparmor_on || std::path::Path::new("/sys/fs/selinux/enforce").exists() {
+        eprintln!("this kernel has AppArmor or SELinux; the refusals are for kernels without");
+        return;
+    }
+    let mut pod_cfg = env.pod_config("lsm");
+    // A pod-level label is refused at RunPodSandbox.
+    pod_cfg
+        .linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .selinux_options = Some(cri::SeLinuxOption {
+        r#type: "spc_t".to_string(),
+        ..Default::default()
+    });
+    let e = env.d.run_pod(&pod_cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("SELinux"), "{e:?}");
+    pod_cfg
+        .linux
+        .as_mut()
+        .unwrap()
+        .security_context
+        .as_mut()
+        .unwrap()
+        .selinux_options = None;
+
     let pod = env.d.run_pod(&pod_cfg).await.unwrap();
     let mut traces = PodTraces::new(&pod, &pod_cfg);
+    let refused = |f: fn(&mut cri::LinuxContainerSecurityContext)| {
+        let mut c = env.container_config("lsm", &["sleep", "1000"]);
+        f(container_security(&mut c));
+        c
+    };
+    for c in [
+        refused(|sc| {
+            sc.apparmor = Some(cri::SecurityProfile {
+                profile_type: cri::security_profile::ProfileType::Localhost as i32,
+                localhost_ref: "crishim-test".to_string(),
+            })
+        }),
+        refused(|sc| {
+            sc.selinux_options = Some(cri::SeLinuxOption {
+                level: "s0:c1,c2".to_string(),
+                ..Default::default()
+            })
+        }),
+    ] {
+        let e = env
+            .d
+            .create_container(&pod, &c, &pod_cfg)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(
+            e.message().contains("AppArmor") || e.message().contains("SELinux"),
+            "{e:?}"
+        );
+    }
     let id = start(&env, &pod, &pod_cfg, &mut traces, "lsm", |c| {
-        let sc = container_security(c);
-        sc.apparmor = Some(cri::SecurityProfile {
+        container_security(c).apparmor = Some(cri::SecurityProfile {
             profile_type: cri::security_profile::ProfileType::RuntimeDefault as i32,
             ..Default::default()
-        });
-        sc.selinux_options = Some(cri::SeLinuxOption {
-            user: "system_u".to_string(),
-            role: "system_r".to_string(),
-            r#type: "container_t".to_string(),
-            level: "s0:c1,c2".to_string(),
         });
     })
     .await;
     assert_eq!(env.d.exec_ok(&id, &["echo", "ok"]).await.trim(), "ok");
-    let log = env.d.log_text();
-    assert!(
-        log.contains("AppArmor options accepted and ignored"),
-        "no log line for AppArmor"
-    );
-    assert!(
-        log.contains("SELinux options accepted and ignored"),
-        "no log line for SELinux"
-    );
     env.finish_pod(&pod, traces).await;
 }
 

@@ -186,7 +186,12 @@ impl Inner {
             min_oom_score_adj: own_oom_score_adj(),
         })
         .map_err(|e| from_spec_error("CreateContainer", e))?;
-        note_ignored_lsm_options(id, &record.config);
+        let lsm = Lsm::of_host();
+        if let Some(profile) = check_lsm_options(&record.config, lsm)? {
+            if let Some(process) = spec.process_mut() {
+                process.set_apparmor_profile(Some(profile));
+            }
+        }
         if self.wants_init(pod, &record.config) {
             self.add_init(&mut spec)?;
         }
@@ -352,24 +357,90 @@ impl Inner {
 
 /// AppArmor and SELinux options are accepted but not applied (the nodes crishim targets have
 /// neither enforcing); say so once per container, so nobody believes they took effect.
-fn note_ignored_lsm_options(id: &str, config: &cri::ContainerConfig) {
+/// The Linux security modules this node's kernel has enabled.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lsm {
+    pub apparmor: bool,
+    pub selinux: bool,
+}
+
+impl Lsm {
+    pub(super) fn of_host() -> Self {
+        let apparmor = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+            .is_ok_and(|v| v.trim() == "Y");
+        let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
+        Lsm { apparmor, selinux }
+    }
+}
+
+/// AppArmor and SELinux options: never silently dropped. A `Localhost` AppArmor profile is
+/// applied (by name; it must be loaded) where AppArmor is enabled and refused where it is not; an
+/// SELinux label is refused where SELinux is off. `RuntimeDefault` and `Unconfined` need nothing
+/// on a node without AppArmor. Returns the AppArmor profile to apply.
+pub(super) fn check_lsm_options(
+    config: &cri::ContainerConfig,
+    lsm: Lsm,
+) -> Result<Option<String>, Status> {
+    use cri::security_profile::ProfileType;
     let Some(sc) = config
         .linux
         .as_ref()
         .and_then(|l| l.security_context.as_ref())
     else {
-        return;
+        return Ok(None);
     };
+    // The typed field, else the deprecated string (`runtime/default`, `localhost/<name>`).
     #[allow(deprecated)]
-    let apparmor = sc.apparmor.is_some() || !sc.apparmor_profile.is_empty();
-    if apparmor {
-        let host = std::path::Path::new("/sys/kernel/security/apparmor").exists();
-        info!(container = %id, host_has_apparmor = host, "AppArmor options accepted and ignored: crishim does not apply AppArmor profiles");
+    let localhost = match &sc.apparmor {
+        Some(p) if p.profile_type == ProfileType::Localhost as i32 => Some(p.localhost_ref.clone()),
+        Some(_) => None,
+        None => sc
+            .apparmor_profile
+            .strip_prefix("localhost/")
+            .map(str::to_string),
+    };
+    check_selinux("CreateContainer", sc.selinux_options.as_ref(), lsm)?;
+    let Some(name) = localhost else {
+        if lsm.apparmor && sc.apparmor.is_some() {
+            warn!("AppArmor RuntimeDefault asked for: crishim loads no default profile yet");
+        }
+        return Ok(None);
+    };
+    if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: AppArmor localhost profile {name:?} is not a profile name"
+        )));
     }
-    if sc.selinux_options.is_some() {
-        let host = std::path::Path::new("/sys/fs/selinux/enforce").exists();
-        info!(container = %id, host_has_selinux = host, "SELinux options accepted and ignored: crishim does not apply SELinux labels");
+    if !lsm.apparmor {
+        return Err(Status::failed_precondition(format!(
+            "CreateContainer: AppArmor profile localhost/{name} asked for, but this node's kernel \
+             has no AppArmor enabled (/sys/module/apparmor/parameters/enabled is not Y)"
+        )));
     }
+    Ok(Some(name))
+}
+
+/// An SELinux label is refused, not ignored: crishim applies none, and on a node where SELinux is
+/// off there is nothing to apply it with.
+pub(super) fn check_selinux(
+    rpc: &str,
+    options: Option<&cri::SeLinuxOption>,
+    lsm: Lsm,
+) -> Result<(), Status> {
+    let asked = options.is_some_and(|o| {
+        !(o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty())
+    });
+    if !asked {
+        return Ok(());
+    }
+    Err(Status::failed_precondition(if lsm.selinux {
+        format!("{rpc}: an SELinux label is asked for, and crishim does not apply SELinux labels")
+    } else {
+        format!(
+            "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
+             (no /sys/fs/selinux)"
+        )
+    }))
 }
 
 /// `SIGQUIT`, `QUIT` or `3`.
@@ -404,5 +475,91 @@ mod tests {
         assert_eq!(parse_signal("quit"), Some(libc::SIGQUIT));
         assert_eq!(parse_signal("9"), Some(9));
         assert_eq!(parse_signal("SIGNOPE"), None);
+    }
+
+    fn with_security(
+        f: impl FnOnce(&mut cri::LinuxContainerSecurityContext),
+    ) -> cri::ContainerConfig {
+        let mut sc = cri::LinuxContainerSecurityContext::default();
+        f(&mut sc);
+        cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(sc),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn lsm_options_are_applied_or_refused_never_dropped() {
+        use cri::security_profile::ProfileType;
+        let none = Lsm {
+            apparmor: false,
+            selinux: false,
+        };
+        let apparmor = Lsm {
+            apparmor: true,
+            selinux: false,
+        };
+        let localhost = with_security(|sc| {
+            sc.apparmor = Some(cri::SecurityProfile {
+                profile_type: ProfileType::Localhost as i32,
+                localhost_ref: "my-profile".into(),
+            })
+        });
+        let e = check_lsm_options(&localhost, none).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("localhost/my-profile"), "{e:?}");
+        assert_eq!(
+            check_lsm_options(&localhost, apparmor).unwrap(),
+            Some("my-profile".to_string())
+        );
+        // The deprecated string field says the same.
+        let old = with_security(|sc| sc.apparmor_profile = "localhost/other".into());
+        assert_eq!(
+            check_lsm_options(&old, none).unwrap_err().code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            check_lsm_options(&old, apparmor).unwrap(),
+            Some("other".to_string())
+        );
+        // RuntimeDefault and unconfined need nothing where there is no AppArmor.
+        let default = with_security(|sc| {
+            sc.apparmor = Some(cri::SecurityProfile {
+                profile_type: ProfileType::RuntimeDefault as i32,
+                ..Default::default()
+            })
+        });
+        assert_eq!(check_lsm_options(&default, none).unwrap(), None);
+        let unconfined = with_security(|sc| sc.apparmor_profile = "unconfined".into());
+        assert_eq!(check_lsm_options(&unconfined, none).unwrap(), None);
+        // A name that is not one.
+        let bad = with_security(|sc| sc.apparmor_profile = "localhost/".into());
+        assert_eq!(
+            check_lsm_options(&bad, apparmor).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        // An SELinux label is refused with SELinux off, and on (none is applied); an empty one is none.
+        let label = with_security(|sc| {
+            sc.selinux_options = Some(cri::SeLinuxOption {
+                r#type: "container_t".into(),
+                ..Default::default()
+            })
+        });
+        for lsm in [
+            none,
+            Lsm {
+                apparmor: false,
+                selinux: true,
+            },
+        ] {
+            let e = check_lsm_options(&label, lsm).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        }
+        let empty = with_security(|sc| sc.selinux_options = Some(cri::SeLinuxOption::default()));
+        assert_eq!(check_lsm_options(&empty, none).unwrap(), None);
     }
 }

@@ -10,6 +10,7 @@ use nix::mount::MsFlags;
 use tonic::Status;
 use tracing::{info, warn};
 
+use super::container_create::{check_selinux, Lsm};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
@@ -44,6 +45,12 @@ impl RuntimeService {
         }
         check_hostname(&config.hostname)?;
         check_host_network_hostname(&config)?;
+        let pod_selinux = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|sc| sc.selinux_options.as_ref());
+        check_selinux("RunPodSandbox", pod_selinux, Lsm::of_host())?;
         check_sysctls(&config)?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
