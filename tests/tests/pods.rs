@@ -1699,3 +1699,35 @@ async fn a_missing_executable_is_a_start_error() {
     env.d.remove_pod(&pod).await.expect("RemovePodSandbox");
     env.stop();
 }
+
+/// A RuntimeClass handler the node lacks (a sandboxed one, say) is refused by name, not run
+/// without the isolation it asked for; `Status` lists the handlers there are.
+#[tokio::test]
+async fn an_unknown_runtime_handler_is_refused() {
+    let env = PodEnv::start().await;
+    let cfg = env.pod_config("handler");
+    let e = env
+        .d
+        .runtime_client()
+        .run_pod_sandbox(cri::RunPodSandboxRequest {
+            config: Some(cfg.clone()),
+            runtime_handler: "kata".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("\"kata\""), "{e:?}");
+    assert!(env.d.list_pod_ids(None).await.unwrap().is_empty());
+    let status = env.d.runtime_status().await.expect("Status");
+    let names: Vec<&str> = status
+        .runtime_handlers
+        .iter()
+        .map(|h| h.name.as_str())
+        .collect();
+    assert_eq!(names, [""]);
+    // The same pod with the default handler runs.
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}

@@ -45,6 +45,7 @@ impl RuntimeService {
         }
         check_hostname(&config.hostname)?;
         check_host_network_hostname(&config)?;
+        check_runtime_handler(&req.runtime_handler)?;
         let pod_selinux = config
             .linux
             .as_ref()
@@ -122,6 +123,22 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
 /// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
 /// of its own: refused, as containerd does, rather than a `HOSTNAME=` that differs from
 /// `hostname`.
+/// The RuntimeClass handlers this node serves: so far only the built-in default (libcontainer).
+pub(super) const RUNTIME_HANDLERS: [&str; 1] = [""];
+
+/// A pod that asks for a handler this node lacks (a sandboxed one, say) is refused rather than
+/// run without the isolation it asked for.
+fn check_runtime_handler(handler: &str) -> Result<(), Status> {
+    if RUNTIME_HANDLERS.contains(&handler) {
+        return Ok(());
+    }
+    let shown: String = handler.chars().take(64).collect();
+    Err(Status::invalid_argument(format!(
+        "RunPodSandbox: runtime handler {shown:?} is not configured on this node; it has only \
+         the default handler (\"\", libcontainer)"
+    )))
+}
+
 fn check_host_network_hostname(config: &cri::PodSandboxConfig) -> Result<(), Status> {
     let ns = config
         .linux
@@ -472,6 +489,13 @@ mod tests {
         use NamespaceMode::{Node, Pod};
         let mut cfg = pod_with(&[], Node, Pod);
         assert!(check_host_network_hostname(&cfg).is_ok());
+        assert!(check_runtime_handler("").is_ok());
+        let e = check_runtime_handler(&"kata".repeat(1000)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().len() < 200,
+            "the message echoes at most 64 characters"
+        );
         cfg.hostname = "web-0".into();
         let e = check_host_network_hostname(&cfg).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);

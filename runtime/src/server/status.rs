@@ -2,10 +2,14 @@
 
 use std::collections::HashMap;
 
-use crishim_proto::cri::{RuntimeCondition, RuntimeStatus, StatusRequest, StatusResponse};
+use crishim_proto::cri::{
+    RuntimeCondition, RuntimeHandler, RuntimeHandlerFeatures, RuntimeStatus, StatusRequest,
+    StatusResponse,
+};
 use tonic::Status;
 
 use super::runtime_service::RuntimeService;
+use super::sandbox_run::RUNTIME_HANDLERS;
 
 impl RuntimeService {
     pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
@@ -39,6 +43,14 @@ impl RuntimeService {
                 conditions: vec![runtime, network],
             }),
             info,
+            // Each handler RunPodSandbox accepts, so that the kubelet knows the node's set.
+            runtime_handlers: RUNTIME_HANDLERS
+                .iter()
+                .map(|name| RuntimeHandler {
+                    name: name.to_string(),
+                    features: Some(RuntimeHandlerFeatures::default()),
+                })
+                .collect(),
             ..Default::default()
         })
     }
