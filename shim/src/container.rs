@@ -380,7 +380,12 @@ impl Shim {
         let Some(c) = self.containers.get(id) else {
             return not_found(id);
         };
-        // Exited, or created with no process (see `start_error`).
+        // Created with no process (see `start_error`): signalled, it will never run, so it is
+        // recorded exited now (else a stop would wait for an exit that cannot come).
+        if let Some(e) = c.start_error.clone() {
+            self.fail_start(id, e);
+            return Response::Ok;
+        }
         if c.state.status == Status::Exited || c.state.pid == 0 {
             return Response::Ok;
         }

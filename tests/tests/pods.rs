@@ -1695,6 +1695,23 @@ async fn a_missing_executable_is_a_start_error() {
         .expect("ListContainers");
     assert_eq!(exited, vec![id.clone()]);
     env.d.remove_container(&id).await.expect("RemoveContainer");
+
+    // Stopped before it was started, it is exited at once (nothing would ever exit).
+    let id = env
+        .d
+        .create_container(&pod, &c, &cfg)
+        .await
+        .expect("CreateContainer");
+    let t = Instant::now();
+    env.d.stop_container(&id, 30).await.expect("StopContainer");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t.elapsed()
+    );
+    let st = env.d.container_status(&id).await.expect("ContainerStatus");
+    assert_eq!(st.state, cri::ContainerState::ContainerExited as i32);
+    env.d.remove_container(&id).await.expect("RemoveContainer");
     env.d.stop_pod(&pod).await.expect("StopPodSandbox");
     env.d.remove_pod(&pod).await.expect("RemovePodSandbox");
     env.stop();
