@@ -12,7 +12,6 @@ mod pull;
 pub mod reference;
 pub mod registry;
 pub mod rootfs;
-pub mod shown;
 pub mod store;
 pub mod unpack;
 

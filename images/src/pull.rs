@@ -16,11 +16,11 @@ use crate::error::{ImageError, IoContext, Result, StreamAborted};
 use crate::limits::Budget;
 use crate::reference::Reference;
 use crate::registry::{Credentials, Repository};
-use crate::shown::shown;
 use crate::store::meta::ImageRecord;
 use crate::store::{remove_any, Layout, CONTENT_DIR_MODE};
 use crate::unpack;
 use crate::ImageStore;
+use crishim_proto::shown::shown;
 
 /// Layers downloaded at once per pull.
 const LAYER_CONCURRENCY: usize = 4;

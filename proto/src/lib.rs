@@ -13,4 +13,5 @@ pub mod hostfs;
 pub mod random;
 pub mod record;
 pub mod shim;
+pub mod shown;
 pub mod vgpu;

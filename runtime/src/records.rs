@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use crishim_images::shown::shown;
 use crishim_proto::cri;
 use crishim_proto::hostfs;
 use crishim_proto::shim::ContainerState;
+use crishim_proto::shown::shown;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 

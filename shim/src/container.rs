@@ -13,6 +13,7 @@ use crishim_proto::shim::{
     paths, truncate_exec_output, ContainerState, ErrorKind, Response, Status, MAX_EXEC_OUTPUT,
     START_ERROR, START_ERROR_EXIT_CODE,
 };
+use crishim_proto::shown::shown;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
@@ -279,8 +280,10 @@ impl Shim {
                     }
                 });
                 let _ = std::fs::remove_dir_all(self.lc_root.join(id));
-                let message = e.to_string();
-                if !(start_error_at_start && is_start_error(&message)) {
+                let full = e.to_string();
+                // It quotes the command, which a request sizes: cut, as every echoed name is.
+                let message = shown(&full).into_owned();
+                if !(start_error_at_start && is_start_error(&full)) {
                     return Err(Response::error(
                         ErrorKind::FailedPrecondition,
                         format!("creating container {id}: {message}"),
@@ -370,10 +373,15 @@ impl Shim {
         c.state.reason = START_ERROR.into();
         c.state.message = message;
         let state = c.state.clone();
-        self.persist(&state);
+        self.record_exit(&state);
+        Response::State(state)
+    }
+
+    /// An exit, recorded on disk, then told to waiters and to every `Watch` stream.
+    fn record_exit(&mut self, state: &ContainerState) {
+        self.persist(state);
         self.exited.notify_waiters();
         self.watchers.retain(|w| w.send(state.clone()).is_ok());
-        Response::State(state)
     }
 
     pub fn kill(&mut self, id: &str, signal: i32, all: bool) -> Response {
@@ -493,9 +501,7 @@ impl Shim {
             // process is often a child, and the init then exits with its status.
             c.state.oom_killed = oom_killed(&c.cgroup);
             let state = c.state.clone();
-            self.persist(&state);
-            self.exited.notify_waiters();
-            self.watchers.retain(|w| w.send(state.clone()).is_ok());
+            self.record_exit(&state);
         }
     }
 }

@@ -1696,6 +1696,21 @@ async fn a_missing_executable_is_a_start_error() {
     assert_eq!(exited, vec![id.clone()]);
     env.d.remove_container(&id).await.expect("RemoveContainer");
 
+    // A request-sized command is not echoed whole, in the error or in the recorded status.
+    let long = "x".repeat(64 << 10);
+    let huge = env.container_config("huge", &[long.as_str()]);
+    let id = env
+        .d
+        .create_container(&pod, &huge, &cfg)
+        .await
+        .expect("CreateContainer");
+    let e = env.d.start_container(&id).await.unwrap_err();
+    assert!(e.message().len() < 1024, "{} bytes", e.message().len());
+    let st = env.d.container_status(&id).await.expect("ContainerStatus");
+    assert_eq!(st.reason, "StartError");
+    assert!(st.message.len() < 1024, "{} bytes", st.message.len());
+    env.d.remove_container(&id).await.expect("RemoveContainer");
+
     // Stopped before it was started, it is exited at once (nothing would ever exit).
     let id = env
         .d

@@ -65,7 +65,7 @@ impl RuntimeService {
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "image {:?} not found: pull it first",
-                    crishim_images::shown::shown(&image_name)
+                    crishim_proto::shown::shown(&image_name)
                 ))
             })?;
 
@@ -355,8 +355,6 @@ impl Inner {
     }
 }
 
-/// AppArmor and SELinux options are accepted but not applied (the nodes crishim targets have
-/// neither enforcing); say so once per container, so nobody believes they took effect.
 /// The Linux security modules this node's kernel has enabled.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Lsm {
@@ -365,11 +363,15 @@ pub(super) struct Lsm {
 }
 
 impl Lsm {
+    /// Read once: which modules are enabled is fixed at boot.
     pub(super) fn of_host() -> Self {
-        let apparmor = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
-            .is_ok_and(|v| v.trim() == "Y");
-        let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
-        Lsm { apparmor, selinux }
+        static HOST: std::sync::OnceLock<Lsm> = std::sync::OnceLock::new();
+        *HOST.get_or_init(|| {
+            let apparmor = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+                .is_ok_and(|v| v.trim() == "Y");
+            let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
+            Lsm { apparmor, selinux }
+        })
     }
 }
 
@@ -408,7 +410,8 @@ pub(super) fn check_lsm_options(
     };
     if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
         return Err(Status::invalid_argument(format!(
-            "CreateContainer: AppArmor localhost profile {name:?} is not a profile name"
+            "CreateContainer: AppArmor localhost profile {:?} is not a profile name",
+            crishim_proto::shown::shown(&name)
         )));
     }
     if !lsm.apparmor {
@@ -542,6 +545,12 @@ mod tests {
             check_lsm_options(&bad, apparmor).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
+        // An attacker-sized name is refused, and not echoed whole.
+        let huge =
+            with_security(|sc| sc.apparmor_profile = format!("localhost/{}", "p".repeat(1 << 20)));
+        let e = check_lsm_options(&huge, apparmor).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().len() < 512, "{} bytes", e.message().len());
         // An SELinux label is refused with SELinux off, and on (none is applied); an empty one is none.
         let label = with_security(|sc| {
             sc.selinux_options = Some(cri::SeLinuxOption {

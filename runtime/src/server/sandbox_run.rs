@@ -14,6 +14,7 @@ use super::container_create::{check_selinux, Lsm};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
+use crishim_proto::shown::shown;
 
 /// Kubernetes' default pod /dev/shm size.
 const SHM_SIZE: &str = "size=65536k";
@@ -120,9 +121,6 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
     )))
 }
 
-/// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
-/// of its own: refused, as containerd does, rather than a `HOSTNAME=` that differs from
-/// `hostname`.
 /// The RuntimeClass handlers this node serves: so far only the built-in default (libcontainer).
 pub(super) const RUNTIME_HANDLERS: [&str; 1] = [""];
 
@@ -132,13 +130,16 @@ fn check_runtime_handler(handler: &str) -> Result<(), Status> {
     if RUNTIME_HANDLERS.contains(&handler) {
         return Ok(());
     }
-    let shown: String = handler.chars().take(64).collect();
     Err(Status::invalid_argument(format!(
-        "RunPodSandbox: runtime handler {shown:?} is not configured on this node; it has only \
-         the default handler (\"\", libcontainer)"
+        "RunPodSandbox: runtime handler {:?} is not configured on this node; it has only the \
+         default handler (\"\", libcontainer)",
+        shown(handler)
     )))
 }
 
+/// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
+/// of its own: refused, as containerd does, rather than a `HOSTNAME=` that differs from
+/// `hostname`.
 fn check_host_network_hostname(config: &cri::PodSandboxConfig) -> Result<(), Status> {
     let ns = config
         .linux
@@ -457,7 +458,7 @@ mod tests {
         }
         // A 1 MiB name is refused, and the message does not carry all of it.
         let e = check_hostname(&"h".repeat(1 << 20)).unwrap_err();
-        assert!(e.message().len() < 200, "{}", e.message().len());
+        assert!(e.message().len() < 400, "{}", e.message().len());
     }
 
     #[test]
@@ -493,8 +494,8 @@ mod tests {
         let e = check_runtime_handler(&"kata".repeat(1000)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(
-            e.message().len() < 200,
-            "the message echoes at most 64 characters"
+            e.message().len() < 400,
+            "the message echoes at most MAX_SHOWN bytes of the handler"
         );
         cfg.hostname = "web-0".into();
         let e = check_host_network_hostname(&cfg).unwrap_err();
