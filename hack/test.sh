@@ -31,5 +31,40 @@ echo "+ cargo fmt --check, cargo clippy -D warnings" >&2
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
-echo "+ cargo test --workspace $*" >&2
-cargo test --workspace "$@"
+# Every test binary runs, even after a failure, so one run shows every failing test. A test that
+# fails is run once more, alone; one that then passes is reported as FLAKY (and the run passes),
+# so that a timing accident on a loaded CI machine does not hide the rest. A test that fails
+# twice, a binary that dies without naming a failed test, or a failed doc test fails the run.
+echo "+ cargo test --workspace --no-fail-fast $*" >&2
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+[ "$status" -eq 0 ] && exit 0
+# "<binary> <test>" for each failed test; "<binary> -" for a binary that failed without naming a
+# test, or never finished (a crash).
+failed="$(awk '
+  function close_bin() { if (bin != "" && !result) print bin, "-" }
+  /^ +Running / { close_bin(); bin = $NF; result = 0; named = 0; next }
+  /^ +Doc-tests / { close_bin(); bin = "doc"; result = 0; named = 0; next }
+  /^test .* \.\.\. FAILED$/ { print bin, $2; named = 1; next }
+  /^test result: / { result = 1; if ($3 == "FAILED" && !named) print bin, "-"; next }
+  END { close_bin() }
+' "$log")"
+[ -n "$failed" ] || exit "$status"
+echo "+ $(echo "$failed" | wc -l) failed; each runs once more, alone" >&2
+flaky=()
+while read -r bin name; do
+  if [ "$bin" = doc ] || [ "$name" = - ]; then
+    echo "FAILED (not retried): $bin $name" >&2
+    exit "$status"
+  fi
+  if ! RUST_TEST_THREADS=1 cargo test --workspace -- --exact "$name"; then
+    echo "FAILED twice: $name $bin" >&2
+    exit "$status"
+  fi
+  flaky+=("$name")
+done <<<"$failed"
+for t in "${flaky[@]}"; do echo "FLAKY: $t failed, then passed alone" >&2; done

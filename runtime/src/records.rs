@@ -4,7 +4,6 @@
 //! start-up is moved to `<root_dir>/records/quarantine/`, and its pod's or container's files are
 //! kept.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -270,33 +269,6 @@ pub use crishim_proto::record::{now_nanos, write_atomic};
 
 /// In-memory index: records by id, and reserved names so two pods (or two containers of one pod)
 /// never share a CRI name.
-#[derive(Default)]
-pub struct Index {
-    pub pods: HashMap<String, PodRecord>,
-    pub containers: HashMap<String, ContainerRecord>,
-    pub names: HashMap<String, String>,
-}
-
-impl Index {
-    /// Reserve `name` for `id`; on conflict returns the holder's id.
-    pub fn reserve(&mut self, name: &str, id: &str) -> Result<(), String> {
-        match self.names.get(name) {
-            Some(holder) if holder != id => Err(holder.clone()),
-            _ => {
-                self.names.insert(name.to_string(), id.to_string());
-                Ok(())
-            }
-        }
-    }
-
-    pub fn release(&mut self, name: &str, id: &str) {
-        if self.names.get(name).is_some_and(|h| h == id) {
-            self.names.remove(name);
-        }
-    }
-}
-
-/// The reserved name of a pod, as the kubelet composes it (name_namespace_uid_attempt).
 pub fn pod_name(m: &cri::PodSandboxMetadata) -> String {
     format!("{}_{}_{}_{}", m.name, m.namespace, m.uid, m.attempt)
 }
@@ -438,16 +410,5 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left, vec![std::ffi::OsString::from("a.json")]);
-    }
-
-    #[test]
-    fn names_are_reserved_once() {
-        let mut i = Index::default();
-        i.reserve("n", "a").unwrap();
-        assert_eq!(i.reserve("n", "b"), Err("a".into()));
-        i.release("n", "b");
-        assert!(i.reserve("n", "b").is_err(), "only the holder releases");
-        i.release("n", "a");
-        i.reserve("n", "b").unwrap();
     }
 }

@@ -1,4 +1,5 @@
-//! The daemon's side of the shim protocol: one connection per request.
+//! The daemon's side of the shim protocol: one connection per request. Handlers reach shims
+//! through the [`Shims`] trait, so their logic can be tested against a fake.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,6 +16,87 @@ pub enum ShimError {
     Timeout(PathBuf, Duration),
     #[error("shim at {0} sent a malformed answer: {1}")]
     Protocol(PathBuf, String),
+}
+
+/// A shim's `Watch` stream: the exits it had, `Ok`, then each exit as it happens. It ends when
+/// the shim does.
+pub type Watch = std::pin::Pin<Box<dyn futures::Stream<Item = Response> + Send>>;
+
+/// Every pod's shim, by pod id.
+#[tonic::async_trait]
+pub trait Shims: Send + Sync {
+    /// One request, one answer.
+    async fn call(
+        &self,
+        pod_id: &str,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, ShimError>;
+
+    /// Follow the pod's container exits.
+    async fn watch(&self, pod_id: &str) -> Result<Watch, ShimError>;
+
+    /// A streaming request (`ExecStream`, `Attach`): the connection that carries its frames, or
+    /// the shim's refusal.
+    async fn open_stream(
+        &self,
+        pod_id: &str,
+        req: &Request,
+    ) -> Result<Result<UnixStream, Response>, ShimError>;
+}
+
+/// The real shims: one unix socket in each pod's state directory under `pods_dir`.
+pub struct SocketShims {
+    pods_dir: PathBuf,
+}
+
+impl SocketShims {
+    pub fn new(pods_dir: PathBuf) -> Self {
+        SocketShims { pods_dir }
+    }
+
+    fn client(&self, pod_id: &str) -> ShimClient {
+        ShimClient::new(&self.pods_dir.join(pod_id))
+    }
+}
+
+#[tonic::async_trait]
+impl Shims for SocketShims {
+    async fn call(
+        &self,
+        pod_id: &str,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, ShimError> {
+        self.client(pod_id).call(req, timeout).await
+    }
+
+    async fn watch(&self, pod_id: &str) -> Result<Watch, ShimError> {
+        let client = self.client(pod_id);
+        let conn = BufReader::new(client.send(&Request::Watch).await?);
+        // Each line until EOF or a broken one; lines that are not answers are skipped.
+        let lines = futures::stream::unfold(conn, |mut conn| async move {
+            loop {
+                match read_line(&mut conn).await {
+                    Ok(Some(line)) => {
+                        if let Ok(r) = serde_json::from_slice::<Response>(&line) {
+                            return Some((r, conn));
+                        }
+                    }
+                    _ => return None,
+                }
+            }
+        });
+        Ok(Box::pin(lines))
+    }
+
+    async fn open_stream(
+        &self,
+        pod_id: &str,
+        req: &Request,
+    ) -> Result<Result<UnixStream, Response>, ShimError> {
+        self.client(pod_id).open_stream(req).await
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -3,13 +3,13 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use crishim_images::{ImageRecord, RootfsMount};
+use crishim_images::ImageRecord;
 use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
 use crishim_proto::shim::{Request, Response};
 use tonic::Status;
 use tracing::{info, warn};
 
-use super::errors::{from_image_error, from_spec_error, unexpected};
+use super::errors::{from_gpu_error, from_image_error, from_spec_error, unexpected};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{
     container_name, new_id_status, now_nanos, ContainerRecord, PodRecord, PodState,
@@ -48,10 +48,10 @@ impl RuntimeService {
         if image_name.is_empty() {
             return Err(Status::invalid_argument("CreateContainer: image is empty"));
         }
-        let pod = inner.pod(&req.pod_sandbox_id)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         let log_path = log_path(&pod, &config.log_path)?;
-        let _pod_guard = inner.lock(&pod.id).await;
-        let pod = inner.pod(&pod.id)?;
+        let _pod_guard = inner.store.lock(&pod.id).await;
+        let pod = inner.store.pod(&pod.id)?;
         if pod.state != PodState::Ready {
             return Err(Status::failed_precondition(format!(
                 "pod sandbox {} is not ready",
@@ -74,11 +74,7 @@ impl RuntimeService {
             &meta,
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),
         );
-        if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
-            return Err(Status::already_exists(format!(
-                "container name {name:?} is reserved by container {holder}"
-            )));
-        }
+        inner.store.reserve_container_name(&name, &id)?;
         match inner
             .create_container(&id, &pod, config, &image, image_name, log_path)
             .await
@@ -89,7 +85,7 @@ impl RuntimeService {
             }
             Err(e) => {
                 inner.undo_create(&pod.id, &id).await;
-                inner.index.lock().unwrap().release(&name, &id);
+                inner.store.release_name(&name, &id);
                 Err(e)
             }
         }
@@ -127,7 +123,7 @@ impl Inner {
     ) -> Result<(), Status> {
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
-        let (_, image_config) = self.images.config(image).map_err(from_image_error)?;
+        let image_config = self.images.config(image).map_err(from_image_error)?;
         let stop_signal = image_config
             .config()
             .as_ref()
@@ -154,20 +150,16 @@ impl Inner {
         };
         // Recorded before anything else happens: a record without a shim state (`last`) after a
         // crash means "half created", and start-up recovery undoes it.
-        self.save_container(&record)?;
+        self.store.save_container(&record)?;
 
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
         // root (the upper dir) has the mode the container sees.
         crishim_proto::hostfs::create_private_dir(&rootfs)
             .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
-        // Always writable here: the runtime still creates mount points in the rootfs, and then
-        // remounts it read-only itself when the spec says `root.readonly` (as runc does).
-        let mount: RootfsMount = self
-            .images
-            .prepare(image, id, false)
+        self.images
+            .mount_rootfs(image, id, &rootfs)
             .await
             .map_err(from_image_error)?;
-        mount.mount(&rootfs).map_err(from_image_error)?;
 
         let mut spec = spec::build(&SpecInputs {
             container_id: id,
@@ -200,16 +192,18 @@ impl Inner {
             .as_ref()
             .and_then(|c| c.env().clone())
             .unwrap_or_default();
-        self.gpu.apply(
-            &crate::gpu::Target {
-                container_id: id,
-                config: &record.config,
-                pod: &pod.config,
-                image_env: &image_env,
-                rootfs: &rootfs,
-            },
-            &mut spec,
-        )?;
+        self.gpu
+            .apply(
+                &crate::gpu::Target {
+                    container_id: id,
+                    config: &record.config,
+                    pod: &pod.config,
+                    image_env: &image_env,
+                    rootfs: &rootfs,
+                },
+                &mut spec,
+            )
+            .map_err(from_gpu_error)?;
         let mut annotations = spec.annotations().clone().unwrap_or_default();
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
@@ -228,14 +222,13 @@ impl Inner {
             start_error_at_start: true,
         };
         match self
-            .shim(&pod.id)
-            .call(&req, self.cgroup_request_timeout())
+            .shim_call(&pod.id, &req, self.cgroup_request_timeout())
             .await?
         {
             Response::State(s) => {
                 record.created_at = s.created_at;
                 record.last = Some(s);
-                self.save_container(&record)?;
+                self.store.save_container(&record)?;
                 self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
                     .await;
                 Ok(())
@@ -301,7 +294,7 @@ impl Inner {
         let pid = match pid_mode {
             Some(NamespaceMode::Target) => {
                 let target = opts.map(|o| o.target_id.clone()).unwrap_or_default();
-                let t = self.container(&target).map_err(|_| {
+                let t = self.store.container(&target).map_err(|_| {
                     Status::invalid_argument(format!(
                         "CreateContainer: pid namespace target {target:?} not found"
                     ))
@@ -339,19 +332,12 @@ impl Inner {
             }
         }
         let bundle = self.bundle_dir(id);
-        let rootfs = bundle.join("rootfs");
-        if super::sandbox_stop::is_mountpoint(&rootfs) {
-            if let Err(e) = nix::mount::umount2(&rootfs, nix::mount::MntFlags::MNT_DETACH) {
-                warn!(container = %id, error = %e, "unmounting rootfs");
-            }
-        }
-        if let Err(e) = self.images.cleanup(id).await {
-            warn!(container = %id, error = %e, "removing the writable layer");
+        if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
+            warn!(container = %id, error = %e, "removing the rootfs");
         }
         let _ = std::fs::remove_dir_all(&bundle);
         self.gpu.release(id);
-        let _ = self.container_records.remove(id);
-        self.index.lock().unwrap().containers.remove(id);
+        self.store.delete_container(id);
     }
 }
 

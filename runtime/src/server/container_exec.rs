@@ -48,7 +48,7 @@ pub(super) fn check_stdio(
 impl Inner {
     /// The record of `id`, which must be running.
     pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Status> {
-        let c = self.container(id)?;
+        let c = self.store.container(id)?;
         let state = self.refresh(&c).await;
         if state.status != ShimStatus::Running {
             return Err(Status::failed_precondition(format!(

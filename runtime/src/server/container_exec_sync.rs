@@ -17,7 +17,7 @@ impl RuntimeService {
         req: ExecSyncRequest,
     ) -> Result<ExecSyncResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
+        let c = inner.store.container(&req.container_id)?;
         if req.cmd.is_empty() {
             return Err(Status::invalid_argument("ExecSync: cmd is empty"));
         }
@@ -33,7 +33,7 @@ impl RuntimeService {
             args: req.cmd.clone(),
             timeout,
         };
-        match inner.shim(&c.pod_id).call(&exec, guard).await? {
+        match inner.shim_call(&c.pod_id, &exec, guard).await? {
             Response::Exec {
                 timed_out: true, ..
             } => Err(Status::deadline_exceeded(format!(

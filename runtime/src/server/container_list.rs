@@ -21,7 +21,7 @@ impl RuntimeService {
         };
         let wanted = |state: i32| f.state.as_ref().is_none_or(|s| s.state == state);
         // The relist path: states the watch streams keep current cost no shim round trip.
-        let (known, ask) = inner.containers_by_state(keep, |c, s| {
+        let (known, ask) = inner.store.containers_by_state(keep, |c, s| {
             let state = cri_state(s);
             wanted(state).then(|| container(c, state))
         });

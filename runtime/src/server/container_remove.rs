@@ -8,7 +8,8 @@ use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{container_name, ContainerRecord};
+use crate::records::ContainerRecord;
+use crate::store::StoreError;
 
 impl RuntimeService {
     pub(super) async fn do_remove_container(
@@ -16,12 +17,12 @@ impl RuntimeService {
         req: RemoveContainerRequest,
     ) -> Result<RemoveContainerResponse, Status> {
         let inner = &self.inner;
-        let c = match inner.container(&req.container_id) {
+        let c = match inner.store.container(&req.container_id) {
             Ok(c) => c,
-            Err(s) if s.code() == tonic::Code::NotFound => return Ok(RemoveContainerResponse {}),
-            Err(s) => return Err(s),
+            Err(StoreError::NotFound { .. }) => return Ok(RemoveContainerResponse {}),
+            Err(e) => return Err(e.into()),
         };
-        let _guard = inner.lock(&c.id).await;
+        let _guard = inner.store.lock(&c.id).await;
         inner.remove_container(&c).await?;
         Ok(RemoveContainerResponse {})
     }
@@ -39,20 +40,6 @@ impl Inner {
             crishim_proto::cri::ContainerEventType::ContainerDeletedEvent,
         )
         .await;
-        let pod_meta = self
-            .index
-            .lock()
-            .unwrap()
-            .pods
-            .get(&c.pod_id)
-            .and_then(|p| p.config.metadata.clone());
-        if let (Some(m), Some(pm)) = (&c.config.metadata, pod_meta) {
-            self.index
-                .lock()
-                .unwrap()
-                .release(&container_name(m, &pm), &c.id);
-        }
-        self.forget_lock(&c.id);
         info!(container = %c.id, "container removed");
         Ok(())
     }

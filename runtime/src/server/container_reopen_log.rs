@@ -12,7 +12,7 @@ impl RuntimeService {
         req: ReopenContainerLogRequest,
     ) -> Result<ReopenContainerLogResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
+        let c = inner.store.container(&req.container_id)?;
         if inner.refresh(&c).await.status != ShimStatus::Running {
             return Err(Status::failed_precondition(format!(
                 "container {} is not running",

@@ -13,11 +13,11 @@ impl RuntimeService {
         req: StartContainerRequest,
     ) -> Result<StartContainerResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
-        let _guard = inner.lock(&c.id).await;
+        let c = inner.store.container(&req.container_id)?;
+        let _guard = inner.store.lock(&c.id).await;
         match inner
-            .shim(&c.pod_id)
-            .call(
+            .shim_call(
+                &c.pod_id,
                 &Request::Start { id: c.id.clone() },
                 self.inner.cgroup_request_timeout(),
             )
@@ -35,7 +35,7 @@ impl RuntimeService {
                 // Announce the start with the state the shim answered, then record it through the
                 // same merge as the exit watcher: an exit it already recorded is never undone,
                 // and one seen first here is announced (once) after the start.
-                let mut started = inner.container(&c.id)?;
+                let mut started = inner.store.container(&c.id)?;
                 started.last = Some(s.clone());
                 inner
                     .emit_container(

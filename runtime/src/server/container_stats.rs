@@ -60,7 +60,7 @@ impl RuntimeService {
         req: ContainerStatsRequest,
     ) -> Result<ContainerStatsResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
+        let c = inner.store.container(&req.container_id)?;
         let running = inner.refresh(&c).await.status == ShimStatus::Running;
         let reading = inner.read_container(&c, running).await;
         let stats = inner.container_stats(&c, &reading);
@@ -74,17 +74,11 @@ impl RuntimeService {
     ) -> Result<ListContainerStatsResponse, Status> {
         let inner = &self.inner;
         let f = req.filter.unwrap_or_default();
-        let mut candidates: Vec<ContainerRecord> = inner
-            .index
-            .lock()
-            .unwrap()
-            .containers
-            .values()
-            .filter(|c| f.id.is_empty() || c.id.starts_with(&f.id))
-            .filter(|c| f.pod_sandbox_id.is_empty() || c.pod_id.starts_with(&f.pod_sandbox_id))
-            .filter(|c| super::labels_match(&f.label_selector, &c.config.labels))
-            .cloned()
-            .collect();
+        let mut candidates: Vec<ContainerRecord> = inner.store.containers_where(|c| {
+            c.id.starts_with(&f.id)
+                && c.pod_id.starts_with(&f.pod_sandbox_id)
+                && super::labels_match(&f.label_selector, &c.config.labels)
+        });
         candidates.sort_by_key(|c| c.created_at);
         let mut stats = Vec::with_capacity(candidates.len());
         for c in candidates {
@@ -113,7 +107,7 @@ impl Inner {
             })
             .filter(|p| !p.is_empty());
         from_bundle.or_else(|| {
-            let pod = self.pod(&c.pod_id).ok()?;
+            let pod = self.store.pod(&c.pod_id).ok()?;
             Some(pod.cgroup_driver.container_path(&pod.cgroup_parent, &c.id))
         })
     }
@@ -125,7 +119,7 @@ impl Inner {
         } else {
             None
         };
-        let upper = self.images.container_dir(&c.id).join("upper");
+        let upper = self.images.writable_dir(&c.id).join("upper");
         tokio::task::spawn_blocking(move || {
             let at = now_nanos();
             let mut r = Reading {
@@ -183,10 +177,10 @@ impl Inner {
 
     /// Drop the CPU samples of containers and pods that no longer exist.
     pub(super) fn forget_gone_rates(&self) {
-        let index = self.index.lock().unwrap();
+        let (pods, containers) = self.store.ids();
         self.cpu_rates.retain(|k| match k.strip_prefix("pod/") {
-            Some(pod) => index.pods.contains_key(pod),
-            None => index.containers.contains_key(k),
+            Some(pod) => pods.contains(pod),
+            None => containers.contains(k),
         });
     }
 }

@@ -15,7 +15,7 @@ impl RuntimeService {
         req: ContainerStatusRequest,
     ) -> Result<ContainerStatusResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
+        let c = inner.store.container(&req.container_id)?;
         let state = inner.refresh(&c).await;
         let mut info = HashMap::new();
         if req.verbose {

@@ -18,8 +18,8 @@ impl RuntimeService {
         req: StopContainerRequest,
     ) -> Result<StopContainerResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
-        let _guard = inner.lock(&c.id).await;
+        let c = inner.store.container(&req.container_id)?;
+        let _guard = inner.store.lock(&c.id).await;
         inner.stop_container(&c, request_secs(req.timeout)).await?;
         Ok(StopContainerResponse {})
     }
@@ -73,7 +73,7 @@ impl Inner {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut delay = Duration::from_millis(5);
         loop {
-            let current = self.container(&c.id).unwrap_or_else(|_| c.clone());
+            let current = self.store.container(&c.id).unwrap_or_else(|_| c.clone());
             if self.refresh(&current).await.status == ShimStatus::Exited {
                 return true;
             }

@@ -15,13 +15,13 @@ impl RuntimeService {
         req: UpdateContainerResourcesRequest,
     ) -> Result<UpdateContainerResourcesResponse, Status> {
         let inner = &self.inner;
-        let c = inner.container(&req.container_id)?;
+        let c = inner.store.container(&req.container_id)?;
         let linux = req.linux.ok_or_else(|| {
             Status::invalid_argument("UpdateContainerResources: linux resources are required")
         })?;
         let resources =
             spec::resources(&linux).map_err(|e| from_spec_error("UpdateContainerResources", e))?;
-        let _guard = inner.lock(&c.id).await;
+        let _guard = inner.store.lock(&c.id).await;
         inner
             .shim_ok(
                 &c.pod_id,
@@ -31,12 +31,12 @@ impl RuntimeService {
                 },
             )
             .await?;
-        let mut c = inner.container(&c.id)?;
+        let mut c = inner.store.container(&c.id)?;
         c.config
             .linux
             .get_or_insert_with(Default::default)
             .resources = Some(linux);
-        inner.save_container(&c)?;
+        inner.store.save_container(&c)?;
         Ok(UpdateContainerResourcesResponse {})
     }
 }

@@ -8,6 +8,7 @@ use tonic::{Code, Status};
 use crate::gpu::GpuError;
 use crate::shim_client::ShimError;
 use crate::spec::SpecError;
+use crate::store::StoreError;
 
 pub fn from_image_error(e: ImageError) -> Status {
     let code = match e.kind() {
@@ -32,15 +33,13 @@ pub fn from_spec_error(rpc: &str, e: SpecError) -> Status {
 }
 
 /// GPUs are asked for only at `CreateContainer`.
-impl From<GpuError> for Status {
-    fn from(e: GpuError) -> Self {
-        let msg = format!("CreateContainer: {e}");
-        match e {
-            GpuError::Invalid(_) => Status::invalid_argument(msg),
-            GpuError::Unavailable(_) => Status::failed_precondition(msg),
-            GpuError::Internal(_) | GpuError::Io { .. } => Status::internal(msg),
-        }
-    }
+pub fn from_gpu_error(e: GpuError) -> Status {
+    let code = match e {
+        GpuError::Invalid(_) => Code::InvalidArgument,
+        GpuError::Unavailable(_) => Code::FailedPrecondition,
+        GpuError::Internal(_) | GpuError::Io { .. } => Code::Internal,
+    };
+    Status::new(code, format!("CreateContainer: {e}"))
 }
 
 /// A shim that cannot be reached is unavailable (the kubelet retries); one that is slow, late.
@@ -50,6 +49,19 @@ impl From<ShimError> for Status {
             ShimError::Timeout(..) => Status::deadline_exceeded(e.to_string()),
             _ => Status::unavailable(e.to_string()),
         }
+    }
+}
+
+/// A lookup, a name reservation or a record write of the store.
+impl From<StoreError> for Status {
+    fn from(e: StoreError) -> Status {
+        let code = match e {
+            StoreError::EmptyId { .. } | StoreError::Ambiguous { .. } => Code::InvalidArgument,
+            StoreError::NotFound { .. } => Code::NotFound,
+            StoreError::NameReserved { .. } => Code::AlreadyExists,
+            StoreError::Io { .. } => Code::Internal,
+        };
+        Status::new(code, e.to_string())
     }
 }
 
@@ -83,7 +95,7 @@ mod tests {
         let spec = from_spec_error("CreateContainer", SpecError::Invalid("bad".into()));
         assert_eq!(spec.code(), Code::InvalidArgument);
         assert_eq!(spec.message(), "CreateContainer: bad");
-        let gpu: Status = GpuError::Unavailable("no driver".into()).into();
+        let gpu = from_gpu_error(GpuError::Unavailable("no driver".into()));
         assert_eq!(gpu.code(), Code::FailedPrecondition);
         let late: Status =
             ShimError::Timeout("/s".into(), std::time::Duration::from_secs(1)).into();
@@ -93,5 +105,22 @@ mod tests {
         let answer = Response::error(ShimErrorKind::Unavailable, "dbus");
         assert_eq!(unexpected(answer).code(), Code::Unavailable);
         assert_eq!(unexpected(Response::Ok).code(), Code::Internal);
+        let taken: Status = StoreError::NameReserved {
+            what: "pod sandbox",
+            name: "a_b_c_0".into(),
+            holder: "f00".into(),
+        }
+        .into();
+        assert_eq!(taken.code(), Code::AlreadyExists);
+        assert_eq!(
+            taken.message(),
+            "pod sandbox name \"a_b_c_0\" is reserved by pod sandbox f00"
+        );
+        let missing: Status = StoreError::NotFound {
+            what: "container",
+            id: "11d7".into(),
+        }
+        .into();
+        assert_eq!(missing.code(), Code::NotFound);
     }
 }

@@ -5,9 +5,8 @@
 use std::sync::Arc;
 
 use crishim_proto::cri::{self, ContainerEventResponse, ContainerEventType, GetEventsRequest};
-use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
+use crishim_proto::shim::{ContainerState, Response, Status as ShimStatus};
 use futures::StreamExt;
-use tokio::io::{AsyncWriteExt, BufReader};
 use tonic::Status;
 use tracing::warn;
 
@@ -53,7 +52,7 @@ impl Inner {
         }
         // Every container of the pod, as containerd sends (the kubelet's evented PLEG takes the
         // list as the pod's): `c` as given, and not at all once deleted.
-        let mut containers = self.pod_containers(&c.pod_id);
+        let mut containers = self.store.pod_containers(&c.pod_id);
         containers.retain(|o| o.id != c.id);
         if kind != ContainerEventType::ContainerDeletedEvent {
             containers.push(c.clone());
@@ -73,7 +72,7 @@ impl Inner {
         if self.events.receiver_count() == 0 {
             return;
         }
-        let statuses = statuses_of(&self.pod_containers(pod_id));
+        let statuses = statuses_of(&self.store.pod_containers(pod_id));
         self.broadcast(pod_id, pod_id, kind, statuses);
     }
 
@@ -99,6 +98,7 @@ impl Inner {
             container_event_type: kind as i32,
             created_at: now_nanos(),
             pod_sandbox_status: self
+                .store
                 .pod(pod_id)
                 .ok()
                 .map(|p| super::sandbox_status::pod_status(&p)),
@@ -112,26 +112,8 @@ impl Inner {
         id: &str,
         state: ContainerState,
     ) -> Option<ContainerRecord> {
-        let updated = {
-            let mut index = self.index.lock().unwrap();
-            let c = index.containers.get_mut(id)?;
-            let was_exited = c
-                .last
-                .as_ref()
-                .is_some_and(|s| s.status == ShimStatus::Exited);
-            if was_exited || c.last.as_ref() == Some(&state) {
-                return Some(c.clone());
-            }
-            c.last = Some(state);
-            let now_exited = c
-                .last
-                .as_ref()
-                .is_some_and(|s| s.status == ShimStatus::Exited);
-            (c.clone(), now_exited)
-        };
-        let (record, exited) = updated;
+        let (record, exited) = self.store.record_state(id, state)?;
         if exited {
-            let _ = self.container_records.save(&record.id, &record);
             self.emit_container(&record, ContainerEventType::ContainerStoppedEvent)
                 .await;
         }
@@ -146,36 +128,23 @@ impl Inner {
     }
 
     async fn watch(self: Arc<Self>, pod_id: String) {
-        let dir = self.pod_state_dir(&pod_id);
-        let conn = async {
-            let (_dirfd, path) = crishim_proto::shim::paths::short_socket_path(
-                &dir,
-                crishim_proto::shim::paths::SOCKET,
-            )?;
-            let mut conn = tokio::net::UnixStream::connect(&path).await?;
-            let mut req = serde_json::to_vec(&Request::Watch)?;
-            req.push(b'\n');
-            conn.write_all(&req).await?;
-            Ok::<_, std::io::Error>(conn)
-        }
-        .await;
-        if let Ok(conn) = conn {
-            let mut conn = BufReader::new(conn);
+        if let Ok(mut answers) = self.shims.watch(&pod_id).await {
             let mut following = false;
-            while let Ok(Some(line)) = crate::shim_client::read_line(&mut conn).await {
-                if let Ok(Response::State(s)) = serde_json::from_slice::<Response>(&line) {
+            while let Some(answer) = answers.next().await {
+                let caught_up = matches!(answer, Response::Ok);
+                if let Response::State(s) = answer {
                     self.update_state(&s.id.clone(), s).await;
                 }
                 // The shim sends the exits it already had, then `Ok`: from there on the
                 // recorded states are current. (A shim older than that never says so, and is
                 // asked each time, as before.)
-                if !following && matches!(serde_json::from_slice(&line), Ok(Response::Ok)) {
+                if !following && caught_up {
                     following = true;
                     // Records on disk keep a start only in memory (after a restart they say
                     // `created`): ask the shim once for what has not exited, then follow. A
                     // record without any state is an interrupted create, which recovery rolls
                     // back: left alone.
-                    for c in self.pod_containers(&pod_id) {
+                    for c in self.store.pod_containers(&pod_id) {
                         if c.last
                             .as_ref()
                             .is_some_and(|s| s.status != ShimStatus::Exited)
@@ -183,19 +152,19 @@ impl Inner {
                             self.refresh(&c).await;
                         }
                     }
-                    self.watched.lock().unwrap().insert(pod_id.clone());
+                    self.store.set_watched(&pod_id, true);
                 }
             }
         }
-        self.watched.lock().unwrap().remove(&pod_id);
+        self.store.set_watched(&pod_id, false);
         self.shim_gone(&pod_id).await;
     }
 
     /// The pod's shim ended. Expected while the pod is stopped; otherwise the shim died: kill what
     /// it left, record its containers as exited with the reason, and mark the pod not ready.
     pub(super) async fn shim_gone(&self, pod_id: &str) {
-        let _guard = self.lock(pod_id).await;
-        let Ok(mut pod) = self.pod(pod_id) else {
+        let _guard = self.store.lock(pod_id).await;
+        let Ok(mut pod) = self.store.pod(pod_id) else {
             return;
         };
         // Only a shim that is really gone: a reset connection or a slow answer is not that.
@@ -204,11 +173,11 @@ impl Inner {
         }
         warn!(pod = %pod_id, "the pod's shim died; cleaning up after it");
         self.teardown_pod(pod_id).await;
-        for c in self.pod_containers(pod_id) {
+        for c in self.store.pod_containers(pod_id) {
             self.refresh(&c).await;
         }
         pod.state = PodState::NotReady;
-        if self.save_pod(&pod).is_ok() {
+        if self.store.save_pod(&pod).is_ok() {
             self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
         }
     }

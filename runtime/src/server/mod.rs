@@ -15,12 +15,16 @@ mod container_stop;
 mod container_update_resources;
 pub mod errors;
 mod events;
+#[cfg(test)]
+mod fakes;
 mod image;
 mod image_list;
 mod image_pull;
 mod image_remove;
 mod image_status;
 mod imagefs_info;
+#[cfg(test)]
+mod lifecycle_tests;
 mod recovery;
 mod runtime_config;
 mod runtime_service;
@@ -80,31 +84,19 @@ fn labels_match(
 }
 
 impl runtime_service::Inner {
-    /// The pods whose id starts with `id` (any, when empty) and whose labels match `selector`.
-    fn pods_matching(
-        &self,
-        id: &str,
-        selector: &std::collections::HashMap<String, String>,
-    ) -> Vec<crate::records::PodRecord> {
-        self.pods_viewed(id, selector, |p| Some(p.clone()))
-    }
-
-    /// `view` of each pod whose id starts with `id` and whose labels match, under the index's
-    /// lock (no copy of the records); `None` leaves a pod out.
+    /// `view` of each pod whose id starts with `id` (any, when empty) and whose labels match
+    /// `selector`, with no copy of the records; `None` leaves a pod out.
     fn pods_viewed<T>(
         &self,
         id: &str,
         selector: &std::collections::HashMap<String, String>,
         view: impl Fn(&crate::records::PodRecord) -> Option<T>,
     ) -> Vec<T> {
-        self.index
-            .lock()
-            .unwrap()
-            .pods
-            .values()
-            .filter(|p| p.id.starts_with(id) && labels_match(selector, &p.config.labels))
-            .filter_map(view)
-            .collect()
+        self.store.pods_viewed(|p| {
+            (p.id.starts_with(id) && labels_match(selector, &p.config.labels))
+                .then(|| view(p))
+                .flatten()
+        })
     }
 }
 

@@ -13,7 +13,7 @@ impl Inner {
     /// Start-up: finish or roll back what a crash interrupted, resume watching live pods, and
     /// clean up leftovers nothing refers to.
     pub async fn recover(&self) {
-        let pods: Vec<_> = self.index.lock().unwrap().pods.values().cloned().collect();
+        let pods = self.store.pods_where(|_| true);
         for pod in pods {
             match pod.state {
                 PodState::Creating => {
@@ -25,15 +25,7 @@ impl Inner {
                 PodState::NotReady => self.teardown_pod(&pod.id).await,
             }
         }
-        let half_created: Vec<_> = self
-            .index
-            .lock()
-            .unwrap()
-            .containers
-            .values()
-            .filter(|c| c.last.is_none())
-            .cloned()
-            .collect();
+        let half_created = self.store.containers_where(|c| c.last.is_none());
         for c in half_created {
             info!(container = %c.id, "rolling back a CreateContainer interrupted by a restart");
             let _ = self.remove_container(&c).await;
@@ -44,20 +36,14 @@ impl Inner {
     /// Directories (and their mounts) of pods and containers that have no record. Those whose
     /// record was quarantined are kept.
     async fn remove_strays(&self) {
-        let (pods, containers) = {
-            let index = self.index.lock().unwrap();
-            (
-                index.pods.keys().cloned().collect::<HashSet<_>>(),
-                index.containers.keys().cloned().collect::<HashSet<_>>(),
-            )
-        };
+        let (pods, containers) = self.store.ids();
         let stray = |dir: PathBuf, known: &HashSet<String>| -> Vec<String> {
             std::fs::read_dir(dir)
                 .into_iter()
                 .flatten()
                 .flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| !known.contains(n) && !self.quarantined.contains(n))
+                .filter(|n| !known.contains(n) && !self.store.is_quarantined(n))
                 .collect()
         };
         for id in stray(self.config.state_dir.join("containers"), &containers) {

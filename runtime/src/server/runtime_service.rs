@@ -1,7 +1,6 @@
 //! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
 //! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
 
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,8 +13,10 @@ use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 use super::errors::unexpected;
 use super::logged;
 use crate::config::Config;
-use crate::records::{ContainerRecord, Index, PodRecord, RecordDir};
-use crate::shim_client::ShimClient;
+use crate::container_images::ContainerImages;
+use crate::records::ContainerRecord;
+use crate::shim_client::{Shims, SocketShims};
+use crate::store::Store;
 
 /// How long a plain shim request may take.
 pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,17 +30,13 @@ pub struct RuntimeService {
     pub(super) inner: Arc<Inner>,
 }
 
+/// The daemon: the store of pods and containers, and the parts it drives (shims, images, CNI,
+/// GPUs, events). Each RPC's file adds its operations to it.
 pub struct Inner {
     pub(super) config: Config,
-    pub(super) images: Arc<ImageStore>,
-    pub(super) index: Mutex<Index>,
-    pub(super) pod_records: RecordDir,
-    pub(super) container_records: RecordDir,
-    /// Ids of pods and containers whose record was unreadable at start-up and quarantined: their
-    /// directories are never removed as strays.
-    pub(super) quarantined: HashSet<String>,
-    /// Serialises lifecycle operations on one pod or container.
-    pub(super) locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) store: Store,
+    pub(super) shims: Arc<dyn Shims>,
+    pub(super) images: Arc<dyn ContainerImages>,
     pub(super) shim_binary: PathBuf,
     pub(super) init_binary: PathBuf,
     pub(super) cni: crate::cni::Cni,
@@ -59,9 +56,6 @@ pub struct Inner {
     pub(super) gpu: crate::gpu::Gpus,
     /// The server behind the `Exec`, `Attach` and `PortForward` URLs, once started.
     pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
-    /// Pods whose shim's `Watch` stream is open: their containers' recorded states are current
-    /// (operations record what they change, the stream every exit), so reads need no shim call.
-    pub(super) watched: Mutex<HashSet<String>>,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -69,37 +63,21 @@ pub(super) type EventStream = std::pin::Pin<
 >;
 
 impl RuntimeService {
+    /// The daemon on this node: records under `<root_dir>/records`, shims under
+    /// `<state_dir>/pods`, container filesystems from `images`.
     pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
-        let pod_records = RecordDir::new(config.root_dir.join("records/pods"))?;
-        let container_records = RecordDir::new(config.root_dir.join("records/containers"))?;
-        pod_records.remove_temporaries();
-        container_records.remove_temporaries();
-        let mut index = Index::default();
-        let pods = pod_records.load_all::<PodRecord>();
-        let containers = container_records.load_all::<ContainerRecord>();
-        // Their files stay: a person may recover them from the quarantined record.
-        let quarantined: HashSet<String> = pods
-            .quarantined
-            .into_iter()
-            .chain(containers.quarantined)
-            .collect();
-        for p in pods.records {
-            if let Some(m) = &p.config.metadata {
-                let _ = index.reserve(&crate::records::pod_name(m), &p.id);
-            }
-            index.pods.insert(p.id.clone(), p);
-        }
-        for c in containers.records {
-            let pod_meta = index
-                .pods
-                .get(&c.pod_id)
-                .and_then(|p| p.config.metadata.clone())
-                .unwrap_or_default();
-            if let Some(m) = &c.config.metadata {
-                let _ = index.reserve(&crate::records::container_name(m, &pod_meta), &c.id);
-            }
-            index.containers.insert(c.id.clone(), c);
-        }
+        let store = Store::open(&config.root_dir.join("records"))?;
+        let shims = Arc::new(SocketShims::new(config.state_dir.join("pods")));
+        Ok(Self::with_parts(config, store, shims, images))
+    }
+
+    /// The daemon over the given parts (tests pass fakes).
+    pub fn with_parts(
+        config: Config,
+        store: Store,
+        shims: Arc<dyn Shims>,
+        images: Arc<dyn ContainerImages>,
+    ) -> Self {
         let shim_binary = config
             .shim_binary
             .clone()
@@ -119,13 +97,9 @@ impl RuntimeService {
         let service = RuntimeService {
             inner: Arc::new_cyclic(|me| Inner {
                 config,
+                store,
+                shims,
                 images,
-                index: Mutex::new(index),
-                pod_records,
-                container_records,
-                quarantined,
-                locks: Mutex::default(),
-                watched: Mutex::default(),
                 shim_binary,
                 init_binary,
                 cni,
@@ -148,7 +122,7 @@ impl RuntimeService {
                 inner.shim_gone(&pod).await;
             }
         });
-        Ok(service)
+        service
     }
 }
 
@@ -173,22 +147,6 @@ fn sibling_binary(name: &str) -> PathBuf {
 }
 
 impl Inner {
-    /// Take the lifecycle lock of one pod or container.
-    pub(super) async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let m = self
-            .locks
-            .lock()
-            .unwrap()
-            .entry(id.to_string())
-            .or_default()
-            .clone();
-        m.lock_owned().await
-    }
-
-    pub(super) fn forget_lock(&self, id: &str) {
-        self.locks.lock().unwrap().remove(id);
-    }
-
     pub(super) fn pod_state_dir(&self, pod_id: &str) -> PathBuf {
         self.config.state_dir.join("pods").join(pod_id)
     }
@@ -201,75 +159,14 @@ impl Inner {
         self.config.state_dir.join("containers").join(container_id)
     }
 
-    pub(super) fn shim(&self, pod_id: &str) -> ShimClient {
-        ShimClient::new(&self.pod_state_dir(pod_id))
-    }
-
-    /// The pod `id` names: its full id, or a prefix of exactly one (crictl prints 13 characters).
-    pub(super) fn pod(&self, id: &str) -> Result<PodRecord, Status> {
-        resolve(&self.index.lock().unwrap().pods, id, "pod sandbox").cloned()
-    }
-
-    /// The container `id` names: its full id, or a prefix of exactly one.
-    pub(super) fn container(&self, id: &str) -> Result<ContainerRecord, Status> {
-        resolve(&self.index.lock().unwrap().containers, id, "container").cloned()
-    }
-
-    pub(super) fn save_pod(&self, p: &PodRecord) -> Result<(), Status> {
-        self.pod_records
-            .save(&p.id, p)
-            .map_err(|e| Status::internal(format!("saving pod record {}: {e}", p.id)))?;
-        self.index
-            .lock()
-            .unwrap()
-            .pods
-            .insert(p.id.clone(), p.clone());
-        Ok(())
-    }
-
-    pub(super) fn save_container(&self, c: &ContainerRecord) -> Result<(), Status> {
-        self.container_records
-            .save(&c.id, c)
-            .map_err(|e| Status::internal(format!("saving container record {}: {e}", c.id)))?;
-        self.index
-            .lock()
-            .unwrap()
-            .containers
-            .insert(c.id.clone(), c.clone());
-        Ok(())
-    }
-
-    pub(super) fn pod_containers(&self, pod_id: &str) -> Vec<ContainerRecord> {
-        self.index
-            .lock()
-            .unwrap()
-            .containers
-            .values()
-            .filter(|c| c.pod_id == pod_id)
-            .cloned()
-            .collect()
-    }
-
-    /// One pass over the containers `keep` selects, under the index's lock: each whose recorded
-    /// state is current (exited, or its pod's shim is watched) is mapped by `view` in place, with
-    /// no copy of its record; the others come back as records, for [`Inner::refresh`].
-    pub(super) fn containers_by_state<T>(
+    /// One request to the pod's shim.
+    pub(super) async fn shim_call(
         &self,
-        keep: impl Fn(&ContainerRecord) -> bool,
-        view: impl Fn(&ContainerRecord, &ContainerState) -> T,
-    ) -> (Vec<T>, Vec<ContainerRecord>) {
-        let watched = self.watched.lock().unwrap();
-        let index = self.index.lock().unwrap();
-        let (mut known, mut ask) = (Vec::new(), Vec::new());
-        for c in index.containers.values().filter(|c| keep(c)) {
-            match &c.last {
-                Some(s) if s.status == ShimStatus::Exited || watched.contains(&c.pod_id) => {
-                    known.push(view(c, s))
-                }
-                _ => ask.push(c.clone()),
-            }
-        }
-        (known, ask)
+        pod_id: &str,
+        req: &Request,
+        timeout: Duration,
+    ) -> Result<Response, crate::shim_client::ShimError> {
+        self.shims.call(pod_id, req, timeout).await
     }
 
     /// The container's current state: from its shim while it runs, else the last known one.
@@ -282,21 +179,15 @@ impl Inner {
         }
         // Followed by its pod's Watch stream: the index holds the current state (`c` may be an
         // older copy). The relist and status calls then cost no shim round trip.
-        if self.watched.lock().unwrap().contains(&c.pod_id) {
-            let current = self
-                .index
-                .lock()
-                .unwrap()
-                .containers
-                .get(&c.id)
-                .and_then(|c| c.last.clone());
-            if let Some(s) = current {
-                return s;
-            }
+        if let Some(s) = self.store.watched_state(c) {
+            return s;
         }
         let asked = self
-            .shim(&c.pod_id)
-            .call(&Request::State { id: c.id.clone() }, SHIM_TIMEOUT)
+            .shim_call(
+                &c.pod_id,
+                &Request::State { id: c.id.clone() },
+                SHIM_TIMEOUT,
+            )
             .await;
         let state = match asked {
             Ok(Response::State(s)) => s,
@@ -354,8 +245,7 @@ impl Inner {
 
     pub(super) async fn shim_alive(&self, pod_id: &str) -> bool {
         matches!(
-            self.shim(pod_id)
-                .call(&Request::Ping, Duration::from_secs(5))
+            self.shim_call(pod_id, &Request::Ping, Duration::from_secs(5))
                 .await,
             Ok(Response::Pong { .. })
         )
@@ -373,7 +263,7 @@ impl Inner {
     /// systemd driver).
     pub(super) async fn shim_ok(&self, pod_id: &str, req: Request) -> Result<(), Status> {
         let timeout = self.cgroup_request_timeout();
-        match self.shim(pod_id).call(&req, timeout).await? {
+        match self.shim_call(pod_id, &req, timeout).await? {
             Response::Ok | Response::State(_) => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -627,103 +517,5 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         Ok(GrpcResponse::new(
             self.do_get_container_events(r.into_inner()),
         ))
-    }
-}
-
-/// Candidates named in an ambiguous-prefix error.
-const MAX_CANDIDATES: usize = 5;
-/// Longest id shown back in an error: ids are 64 hex characters, a request may send anything.
-const MAX_SHOWN_ID: usize = 80;
-
-/// The record with id `id`, or the only one whose id starts with it, as containerd and CRI-O
-/// accept. An ambiguous prefix is refused naming some of its candidates.
-pub(super) fn resolve<'a, T>(
-    records: &'a HashMap<String, T>,
-    id: &str,
-    what: &str,
-) -> Result<&'a T, Status> {
-    if id.is_empty() {
-        return Err(Status::invalid_argument(format!("{what} id is empty")));
-    }
-    if let Some(r) = records.get(id) {
-        return Ok(r);
-    }
-    let shown: String = id.chars().take(MAX_SHOWN_ID).collect();
-    let mut hits = records.iter().filter(|(k, _)| k.starts_with(id));
-    match (hits.next(), hits.next()) {
-        (Some((_, r)), None) => Ok(r),
-        (None, _) => Err(Status::not_found(format!("{what} {shown:?} not found"))),
-        (Some((a, _)), Some((b, _))) => {
-            let mut ids: Vec<&str> = [a, b]
-                .into_iter()
-                .chain(hits.map(|(k, _)| k))
-                .map(String::as_str)
-                .collect();
-            ids.sort_unstable();
-            let more = ids.len().saturating_sub(MAX_CANDIDATES);
-            ids.truncate(MAX_CANDIDATES);
-            Err(Status::invalid_argument(format!(
-                "{what} id prefix {shown:?} is ambiguous: it matches {}{}; give more of the id",
-                ids.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
-            )))
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::resolve;
-    use std::collections::HashMap;
-    use tonic::Code;
-
-    #[test]
-    fn ids_resolve_by_unique_prefix() {
-        let ids = ["11d7ac32033a6f00", "11d7ac32033a6f01", "22aa", "11d7bb"];
-        let m: HashMap<String, usize> = ids
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.to_string(), i))
-            .collect();
-        assert_eq!(resolve(&m, "22aa", "container").unwrap(), &2, "a full id");
-        assert_eq!(
-            resolve(&m, "22", "container").unwrap(),
-            &2,
-            "a unique prefix"
-        );
-        assert_eq!(resolve(&m, "11d7b", "container").unwrap(), &3);
-        let e = resolve(&m, "11d7ac32033a6", "container").unwrap_err();
-        assert_eq!(e.code(), Code::InvalidArgument);
-        assert!(
-            e.message().contains("11d7ac32033a6f00, 11d7ac32033a6f01"),
-            "{}",
-            e.message()
-        );
-        assert_eq!(
-            resolve(&m, "33", "container").unwrap_err().code(),
-            Code::NotFound
-        );
-        assert_eq!(
-            resolve(&m, "", "container").unwrap_err().code(),
-            Code::InvalidArgument
-        );
-        let long = "f".repeat(1 << 20);
-        assert!(resolve(&m, &long, "container").unwrap_err().message().len() < 200);
-    }
-
-    #[test]
-    fn an_ambiguous_prefix_names_at_most_five_candidates() {
-        let m: HashMap<String, ()> = (0..12).map(|i| (format!("ab{i:02}"), ())).collect();
-        let e = resolve(&m, "ab", "pod sandbox").unwrap_err();
-        assert!(
-            e.message()
-                .contains("ab00, ab01, ab02, ab03, ab04 and 7 more"),
-            "{}",
-            e.message()
-        );
     }
 }

@@ -13,7 +13,7 @@ impl RuntimeService {
         req: PortForwardRequest,
     ) -> Result<PortForwardResponse, Status> {
         let inner = &self.inner;
-        let pod = inner.pod(&req.pod_sandbox_id)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         if pod.state != PodState::Ready {
             return Err(Status::failed_precondition(format!(
                 "PortForward: pod sandbox {} is not ready",

@@ -6,7 +6,8 @@ use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{pod_name, PodRecord};
+use crate::records::PodRecord;
+use crate::store::StoreError;
 
 impl RuntimeService {
     pub(super) async fn do_remove_pod_sandbox(
@@ -14,12 +15,12 @@ impl RuntimeService {
         req: RemovePodSandboxRequest,
     ) -> Result<RemovePodSandboxResponse, Status> {
         let inner = &self.inner;
-        let pod = match inner.pod(&req.pod_sandbox_id) {
+        let pod = match inner.store.pod(&req.pod_sandbox_id) {
             Ok(p) => p,
-            Err(s) if s.code() == tonic::Code::NotFound => return Ok(RemovePodSandboxResponse {}),
-            Err(s) => return Err(s),
+            Err(StoreError::NotFound { .. }) => return Ok(RemovePodSandboxResponse {}),
+            Err(e) => return Err(e.into()),
         };
-        let _guard = inner.lock(&pod.id).await;
+        let _guard = inner.store.lock(&pod.id).await;
         inner.remove_pod(&pod).await?;
         Ok(RemovePodSandboxResponse {})
     }
@@ -29,8 +30,8 @@ impl Inner {
     /// Stop the pod if needed, then remove its containers, files, record and name.
     pub(super) async fn remove_pod(&self, pod: &PodRecord) -> Result<(), Status> {
         self.stop_pod(&pod.id).await?;
-        for c in self.pod_containers(&pod.id) {
-            let _cguard = self.lock(&c.id).await;
+        for c in self.store.pod_containers(&pod.id) {
+            let _cguard = self.store.lock(&c.id).await;
             self.remove_container(&c).await?;
         }
         for dir in [self.pod_state_dir(&pod.id), self.pod_files_dir(&pod.id)] {
@@ -40,18 +41,9 @@ impl Inner {
                 }
             }
         }
-        self.pod_records
-            .remove(&pod.id)
-            .map_err(|e| Status::internal(format!("removing pod record: {e}")))?;
+        // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
-        {
-            let mut index = self.index.lock().unwrap();
-            index.pods.remove(&pod.id);
-            if let Some(m) = &pod.config.metadata {
-                index.release(&pod_name(m), &pod.id);
-            }
-        }
-        self.forget_lock(&pod.id);
+        self.store.delete_pod(pod)?;
         info!(pod = %pod.id, "pod sandbox removed");
         Ok(())
     }

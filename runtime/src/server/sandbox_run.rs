@@ -56,12 +56,8 @@ impl RuntimeService {
         check_sysctls(&config)?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
-        if let Err(holder) = inner.index.lock().unwrap().reserve(&name, &id) {
-            return Err(Status::already_exists(format!(
-                "pod sandbox name {name:?} is reserved by pod {holder}"
-            )));
-        }
-        let _guard = inner.lock(&id).await;
+        inner.store.reserve_pod_name(&name, &id)?;
+        let _guard = inner.store.lock(&id).await;
         match inner.create_pod(&id, config, req.runtime_handler).await {
             Ok(()) => {
                 inner.emit_pod(&id, cri::ContainerEventType::ContainerCreatedEvent);
@@ -71,15 +67,16 @@ impl RuntimeService {
             }
             Err(e) => {
                 inner.teardown_pod(&id).await;
-                if let Ok(pod) = inner.pod(&id) {
+                if let Ok(pod) = inner.store.pod(&id) {
                     if let Err(net) = inner.teardown_network(&pod).await {
                         warn!(pod = %id, error = %net, "undoing the pod network");
                     }
                 }
-                let _ = inner.pod_records.remove(&id);
-                inner.index.lock().unwrap().pods.remove(&id);
+                if let Ok(pod) = inner.store.pod(&id) {
+                    let _ = inner.store.delete_pod(&pod);
+                }
                 let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
-                inner.index.lock().unwrap().release(&name, &id);
+                inner.store.release_name(&name, &id);
                 Err(e)
             }
         }
@@ -273,7 +270,7 @@ impl Inner {
         };
         // Recorded before anything else happens, so a crash at any later point leaves a
         // `Creating` record that start-up recovery rolls back.
-        self.save_pod(&record)?;
+        self.store.save_pod(&record)?;
 
         for d in [&files, &state] {
             crishim_proto::hostfs::create_private_dir(d)
@@ -301,10 +298,10 @@ impl Inner {
             pid: !host_pid,
         };
         record.infra_pid = self.start_shim(id, &infra).await?;
-        self.save_pod(&record)?;
+        self.store.save_pod(&record)?;
         self.setup_network(&mut record).await?;
         record.state = PodState::Ready;
-        self.save_pod(&record)?;
+        self.store.save_pod(&record)?;
         self.watch_pod(id);
         Ok(())
     }
@@ -333,8 +330,8 @@ impl Inner {
             )));
         }
         match self
-            .shim(id)
-            .call(
+            .shim_call(
+                id,
                 &crishim_proto::shim::Request::Ping,
                 super::runtime_service::SHIM_TIMEOUT,
             )

@@ -30,7 +30,7 @@ impl RuntimeService {
         &self,
         req: PodSandboxStatsRequest,
     ) -> Result<PodSandboxStatsResponse, Status> {
-        let pod = self.inner.pod(&req.pod_sandbox_id)?;
+        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
         let stats = self.inner.pod_stats(&pod).await;
         self.inner.forget_gone_rates();
         Ok(PodSandboxStatsResponse { stats: Some(stats) })
@@ -41,7 +41,9 @@ impl RuntimeService {
         req: ListPodSandboxStatsRequest,
     ) -> Result<ListPodSandboxStatsResponse, Status> {
         let f = req.filter.unwrap_or_default();
-        let mut pods = self.inner.pods_matching(&f.id, &f.label_selector);
+        let mut pods = self
+            .inner
+            .pods_viewed(&f.id, &f.label_selector, |p| Some(p.clone()));
         pods.sort_by_key(|p| p.created_at);
         let mut stats = Vec::with_capacity(pods.len());
         for p in &pods {
@@ -83,7 +85,7 @@ impl Inner {
             };
         }
 
-        let mut containers = self.pod_containers(&pod.id);
+        let mut containers = self.store.pod_containers(&pod.id);
         containers.sort_by_key(|c| c.created_at);
         let mut readings: Vec<Reading> = Vec::new();
         for c in &containers {
@@ -177,13 +179,12 @@ impl Inner {
                 .iter()
                 .any(|o| o.trim_end_matches('/') == parent)
             || (!uid.is_empty() && (last.contains(uid) || last.contains(&uid.replace('-', "_"))));
-        let shared = self
-            .index
-            .lock()
-            .unwrap()
-            .pods
-            .values()
-            .any(|p| p.id != pod.id && p.cgroup_parent.trim_end_matches('/') == parent);
+        let shared = !self
+            .store
+            .pods_viewed(|p| {
+                (p.id != pod.id && p.cgroup_parent.trim_end_matches('/') == parent).then_some(())
+            })
+            .is_empty();
         (own && !shared && Cgroups::host().exists(parent)).then(|| parent.to_string())
     }
 

@@ -13,7 +13,7 @@ impl RuntimeService {
         &self,
         req: PodSandboxStatusRequest,
     ) -> Result<PodSandboxStatusResponse, Status> {
-        let pod = self.inner.pod(&req.pod_sandbox_id)?;
+        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
         let mut info = HashMap::new();
         if req.verbose {
             let verbose = serde_json::json!({

@@ -8,6 +8,7 @@ use tracing::{info, warn};
 
 use super::runtime_service::{Inner, RuntimeService};
 use crate::records::PodState;
+use crate::shim_client::ShimError;
 
 impl RuntimeService {
     pub(super) async fn do_stop_pod_sandbox(
@@ -15,8 +16,8 @@ impl RuntimeService {
         req: StopPodSandboxRequest,
     ) -> Result<StopPodSandboxResponse, Status> {
         let inner = &self.inner;
-        let pod = inner.pod(&req.pod_sandbox_id)?;
-        let _guard = inner.lock(&pod.id).await;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
+        let _guard = inner.store.lock(&pod.id).await;
         inner.stop_pod(&pod.id).await?;
         Ok(StopPodSandboxResponse {})
     }
@@ -25,19 +26,19 @@ impl RuntimeService {
 impl Inner {
     pub(super) async fn stop_pod(&self, pod_id: &str) -> Result<(), Status> {
         // Refresh first so each container's final state is recorded before the shim goes.
-        for c in self.pod_containers(pod_id) {
+        for c in self.store.pod_containers(pod_id) {
             self.refresh(&c).await;
         }
         self.teardown_pod(pod_id).await;
-        for c in self.pod_containers(pod_id) {
+        for c in self.store.pod_containers(pod_id) {
             let _ = self.refresh(&c).await;
         }
-        let mut pod = self.pod(pod_id)?;
+        let mut pod = self.store.pod(pod_id)?;
         // After the infra process: the pinned namespace still lets the plugins clean up.
         self.teardown_network(&pod).await?;
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
-            self.save_pod(&pod)?;
+            self.store.save_pod(&pod)?;
             self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
             info!(pod = %pod_id, "pod sandbox stopped");
         }
@@ -48,22 +49,22 @@ impl Inner {
     /// infra process; then any survivor is killed by pid and /dev/shm is unmounted. Idempotent.
     pub(super) async fn teardown_pod(&self, pod_id: &str) {
         let dir = self.pod_state_dir(pod_id);
-        let mut shut_down = false;
-        if dir.join(paths::SOCKET).exists() {
-            let timeout = std::time::Duration::from_secs(60);
-            match self.shim(pod_id).call(&Request::Shutdown, timeout).await {
-                Ok(_) => shut_down = true,
-                Err(e) => {
-                    warn!(pod = %pod_id, error = %e, "shim shutdown failed; killing what is left")
-                }
+        let timeout = std::time::Duration::from_secs(60);
+        let shut_down = match self.shim_call(pod_id, &Request::Shutdown, timeout).await {
+            Ok(_) => true,
+            // Already stopped (or never started): nothing answers, nothing to say.
+            Err(ShimError::Unreachable(..)) => false,
+            Err(e) => {
+                warn!(pod = %pod_id, error = %e, "shim shutdown failed; killing what is left");
+                false
             }
-        }
+        };
         let has_containers =
             std::fs::read_dir(dir.join("runc")).is_ok_and(|mut d| d.next().is_some());
         if !shut_down && has_containers {
             self.cleanup_dead_shim(&dir).await;
             // A dead shim's containers were re-parented to us, their subreaper: collect them.
-            for c in self.pod_containers(pod_id) {
+            for c in self.store.pod_containers(pod_id) {
                 if let Some(pid) = c.last.as_ref().map(|s| s.pid).filter(|p| *p > 0) {
                     kill_child(pid);
                     reap(pid).await;
@@ -80,14 +81,14 @@ impl Inner {
             }
         }
         let shm = dir.join("shm");
-        if is_mountpoint(&shm) {
+        if crate::container_images::is_mountpoint(&shm) {
             if let Err(e) = nix::mount::umount2(&shm, nix::mount::MntFlags::MNT_DETACH) {
                 warn!(pod = %pod_id, error = %e, "unmounting /dev/shm");
             }
         }
         let _ = std::fs::remove_file(dir.join(paths::SOCKET));
         // The shim deleted the containers' cgroups; now the parent directories we made, if empty.
-        if let Ok(pod) = self.pod(pod_id) {
+        if let Ok(pod) = self.store.pod(pod_id) {
             crate::cgroups::remove(&pod.owned_cgroups);
         }
     }
@@ -147,12 +148,4 @@ fn kill_if_ours(pid: i32) {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
-}
-
-pub(super) fn is_mountpoint(path: &std::path::Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let p = path.to_string_lossy();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(&p))
 }

@@ -91,8 +91,9 @@ impl Backend for StreamingBackend {
         Box::pin(async move {
             let inner = inner.map_err(std::io::Error::other)?;
             let pod = inner
+                .store
                 .pod(&pod_sandbox_id)
-                .map_err(|s| std::io::Error::new(std::io::ErrorKind::NotFound, s.message()))?;
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
             let netns = if pod.host_network {
                 None
             } else {
@@ -114,8 +115,8 @@ async fn connect(
     id: &str,
     open: impl FnOnce(&ContainerRecord) -> Request,
 ) -> Result<UnixStream, String> {
-    let c = inner.container(id).map_err(|s| s.message().to_string())?;
-    match inner.shim(&c.pod_id).open_stream(&open(&c)).await {
+    let c = inner.store.container(id).map_err(|e| e.to_string())?;
+    match inner.shims.open_stream(&c.pod_id, &open(&c)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(Response::Error { message, .. })) => Err(message),
         Ok(Err(other)) => Err(format!("unexpected shim answer: {other:?}")),

@@ -1,0 +1,84 @@
+//! What the container handlers need of the image store: find an image, read its config, and
+//! give a container its root filesystem and take it back. Behind a trait, so the handlers'
+//! logic can be tested with a fake host that mounts nothing.
+
+use std::path::{Path, PathBuf};
+
+use crishim_images::{ImageError, ImageRecord, ImageStore};
+use oci_spec::image::ImageConfiguration;
+
+#[tonic::async_trait]
+pub trait ContainerImages: Send + Sync {
+    /// The image a reference or id names, if pulled.
+    fn resolve(&self, name: &str) -> Result<Option<ImageRecord>, ImageError>;
+
+    fn config(&self, image: &ImageRecord) -> Result<ImageConfiguration, ImageError>;
+
+    /// Create the container's writable layer over `image` and mount it at `rootfs`.
+    async fn mount_rootfs(
+        &self,
+        image: &ImageRecord,
+        container_id: &str,
+        rootfs: &Path,
+    ) -> Result<(), ImageError>;
+
+    /// Undo [`mount_rootfs`](Self::mount_rootfs): unmount `rootfs` and delete the writable
+    /// layer. Idempotent.
+    async fn release_rootfs(&self, container_id: &str, rootfs: &Path) -> Result<(), ImageError>;
+
+    /// The directory holding the container's writable layer (`upper/`), for its disk usage.
+    fn writable_dir(&self, container_id: &str) -> PathBuf;
+
+    /// Where image content lives, reported as the image filesystem.
+    fn root(&self) -> &Path;
+}
+
+#[tonic::async_trait]
+impl ContainerImages for ImageStore {
+    fn resolve(&self, name: &str) -> Result<Option<ImageRecord>, ImageError> {
+        ImageStore::resolve(self, name)
+    }
+
+    fn config(&self, image: &ImageRecord) -> Result<ImageConfiguration, ImageError> {
+        ImageStore::config(self, image).map(|(_, c)| c)
+    }
+
+    async fn mount_rootfs(
+        &self,
+        image: &ImageRecord,
+        container_id: &str,
+        rootfs: &Path,
+    ) -> Result<(), ImageError> {
+        // Always writable here: the runtime still creates mount points in the rootfs, and then
+        // remounts it read-only itself when the spec says `root.readonly` (as runc does).
+        self.prepare(image, container_id, false)
+            .await?
+            .mount(rootfs)
+    }
+
+    async fn release_rootfs(&self, container_id: &str, rootfs: &Path) -> Result<(), ImageError> {
+        if is_mountpoint(rootfs) {
+            if let Err(e) = nix::mount::umount2(rootfs, nix::mount::MntFlags::MNT_DETACH) {
+                tracing::warn!(container = %container_id, error = %e, "unmounting rootfs");
+            }
+        }
+        self.cleanup(container_id).await
+    }
+
+    fn writable_dir(&self, container_id: &str) -> PathBuf {
+        self.container_dir(container_id)
+    }
+
+    fn root(&self) -> &Path {
+        ImageStore::root(self)
+    }
+}
+
+/// Whether `path` is a mount point of this process's mount namespace.
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let p = path.to_string_lossy();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+}

@@ -1,0 +1,463 @@
+//! Unit tests of the lifecycle handlers (create, start, stop, remove, list, status, recover)
+//! against a fake shim and a fake host: the handlers' own logic, each case in milliseconds. The
+//! integration tests in `tests/` run the same paths with real shims, mounts and processes.
+
+use std::sync::Arc;
+
+use crishim_proto::cri::runtime_service_server::RuntimeService as _;
+use crishim_proto::cri::{self, ContainerState as CriState};
+use crishim_proto::shim::{ErrorKind, Response, Status as ShimStatus};
+use tonic::{Code, Request};
+
+use super::fakes::{FakeHost, FakeShims, IMAGE};
+use super::RuntimeService;
+use crate::config::Config;
+use crate::records::{now_nanos, ContainerRecord, PodRecord, PodState};
+use crate::store::Store;
+
+struct Node {
+    svc: RuntimeService,
+    shims: FakeShims,
+    host: Arc<FakeHost>,
+    dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        Self::open(tempfile::tempdir().unwrap(), FakeShims::default())
+    }
+
+    /// A daemon over `dir`'s records, as after a restart.
+    fn open(dir: tempfile::TempDir, shims: FakeShims) -> Node {
+        let config = Config {
+            root_dir: dir.path().join("root"),
+            state_dir: dir.path().join("state"),
+            ..Config::default()
+        };
+        let store = Store::open(&config.root_dir.join("records")).unwrap();
+        let host = Arc::new(FakeHost::new(&dir.path().join("images")));
+        let svc = RuntimeService::with_parts(config, store, Arc::new(shims.clone()), host.clone());
+        Node {
+            svc,
+            shims,
+            host,
+            dir,
+        }
+    }
+
+    /// A ready pod (host network, so no CNI) whose shim runs.
+    fn pod(&self, name: &str) -> String {
+        let id = crate::records::new_id().unwrap();
+        let record = PodRecord {
+            id: id.clone(),
+            config: cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: name.into(),
+                    uid: format!("uid-{name}"),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                ..Default::default()
+            },
+            runtime_handler: String::new(),
+            state: PodState::Ready,
+            created_at: now_nanos(),
+            infra_pid: 1,
+            host_network: true,
+            host_pid: false,
+            host_ipc: true,
+            shared_pid: false,
+            shm: None,
+            cgroup_parent: format!("/crishim/{id}"),
+            cgroup_driver: Default::default(),
+            owned_cgroups: Vec::new(),
+            ips: Vec::new(),
+        };
+        // What RunPodSandbox writes for its containers.
+        let files = self.svc.inner.pod_files_dir(&id);
+        std::fs::create_dir_all(&files).unwrap();
+        for f in ["hostname", "resolv.conf", "hosts"] {
+            std::fs::write(files.join(f), "").unwrap();
+        }
+        self.svc.inner.store.save_pod(&record).unwrap();
+        self.shims.add_pod(&id);
+        id
+    }
+
+    async fn create(&self, pod: &str, name: &str) -> Result<String, tonic::Status> {
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: name.into(),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: IMAGE.into(),
+                    ..Default::default()
+                }),
+                envs: vec![cri::KeyValue {
+                    key: "SECRET".into(),
+                    value: "s3cr3t".into(),
+                }],
+                ..Default::default()
+            }),
+            sandbox_config: None,
+        };
+        let r = self.svc.create_container(Request::new(req)).await?;
+        Ok(r.into_inner().container_id)
+    }
+
+    async fn start(&self, id: &str) -> Result<(), tonic::Status> {
+        let req = cri::StartContainerRequest {
+            container_id: id.into(),
+        };
+        self.svc.start_container(Request::new(req)).await.map(drop)
+    }
+
+    async fn stop(&self, id: &str, timeout: i64) -> Result<(), tonic::Status> {
+        let req = cri::StopContainerRequest {
+            container_id: id.into(),
+            timeout,
+        };
+        self.svc.stop_container(Request::new(req)).await.map(drop)
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), tonic::Status> {
+        let req = cri::RemoveContainerRequest {
+            container_id: id.into(),
+        };
+        self.svc.remove_container(Request::new(req)).await.map(drop)
+    }
+
+    async fn status(&self, id: &str) -> Result<cri::ContainerStatus, tonic::Status> {
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        let r = self.svc.container_status(Request::new(req)).await?;
+        Ok(r.into_inner().status.expect("a status"))
+    }
+
+    async fn list(&self) -> Vec<cri::Container> {
+        let req = cri::ListContainersRequest { filter: None };
+        let r = self.svc.list_containers(Request::new(req)).await.unwrap();
+        r.into_inner().containers
+    }
+
+    fn record_file(&self, id: &str) -> std::path::PathBuf {
+        self.dir
+            .path()
+            .join(format!("root/records/containers/{id}.json"))
+    }
+}
+
+fn state_of(s: &cri::ContainerStatus) -> CriState {
+    CriState::try_from(s.state).unwrap()
+}
+
+#[tokio::test]
+async fn a_container_is_created_started_stopped_and_removed_through_its_shim() {
+    use std::os::unix::fs::PermissionsExt;
+    let node = Node::new();
+    let pod = node.pod("web");
+    let id = node.create(&pod, "app").await.unwrap();
+
+    // Created: a record, a rootfs, a root-only config.json holding the environment.
+    assert_eq!(node.shims.requests(), ["Create"]);
+    assert!(node.host.mounted().contains(&id));
+    let config = node
+        .dir
+        .path()
+        .join(format!("state/containers/{id}/config.json"));
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "config.json carries the environment's secrets");
+    assert!(std::fs::read_to_string(&config)
+        .unwrap()
+        .contains("SECRET=s3cr3t"));
+    assert!(node.record_file(&id).is_file());
+    assert_eq!(
+        state_of(&node.status(&id).await.unwrap()),
+        CriState::ContainerCreated
+    );
+
+    node.start(&id).await.unwrap();
+    assert_eq!(
+        state_of(&node.status(&id[..13]).await.unwrap()),
+        CriState::ContainerRunning
+    );
+
+    // The image's stop signal (SIGQUIT) first; the fake exits on it.
+    node.stop(&id[..13], 5).await.unwrap();
+    assert!(
+        node.shims
+            .requests()
+            .contains(&format!("Kill {}", libc::SIGQUIT)),
+        "{:?}",
+        node.shims.requests()
+    );
+    let st = node.status(&id).await.unwrap();
+    assert_eq!(state_of(&st), CriState::ContainerExited);
+    assert_eq!(st.exit_code, 128 + libc::SIGQUIT);
+    node.stop(&id, 5)
+        .await
+        .expect("stopping an exited container succeeds");
+
+    node.remove(&id).await.unwrap();
+    assert!(
+        node.shims.requests().ends_with(&["Delete".to_string()]),
+        "{:?}",
+        node.shims.requests()
+    );
+    assert!(!node.host.mounted().contains(&id), "the rootfs is released");
+    assert!(!node.record_file(&id).exists(), "the record is gone");
+    assert!(node.list().await.is_empty());
+    assert_eq!(node.status(&id).await.unwrap_err().code(), Code::NotFound);
+    node.remove(&id).await.expect("removing twice succeeds");
+    // Its name is free again.
+    node.create(&pod, "app").await.unwrap();
+}
+
+#[tokio::test]
+async fn create_refuses_a_taken_name_a_missing_image_and_a_pod_that_is_not_ready() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    node.create(&pod, "app").await.unwrap();
+    let taken = node.create(&pod, "app").await.unwrap_err();
+    assert_eq!(taken.code(), Code::AlreadyExists, "{taken:?}");
+    assert!(
+        taken.message().contains("reserved by container"),
+        "{taken:?}"
+    );
+
+    let mut req = cri::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "other".into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: "nosuch:1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sandbox_config: None,
+    };
+    let missing = node
+        .svc
+        .create_container(Request::new(req.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert!(missing.message().contains("pull it first"), "{missing:?}");
+
+    req.pod_sandbox_id = "f".repeat(64);
+    let no_pod = node
+        .svc
+        .create_container(Request::new(req))
+        .await
+        .unwrap_err();
+    assert_eq!(no_pod.code(), Code::NotFound);
+
+    let mut record = node.svc.inner.store.pod(&pod).unwrap();
+    record.state = PodState::NotReady;
+    node.svc.inner.store.save_pod(&record).unwrap();
+    let stopped = node.create(&pod, "late").await.unwrap_err();
+    assert_eq!(stopped.code(), Code::FailedPrecondition);
+    assert_eq!(node.list().await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_create_the_shim_refuses_is_undone_everywhere() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    node.shims.refuse_next_create(Response::error(
+        ErrorKind::FailedPrecondition,
+        "no such file",
+    ));
+    let e = node.create(&pod, "app").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(node.host.mounted().is_empty(), "the rootfs is released");
+    assert!(node.list().await.is_empty(), "no record is left");
+    let bundles = node.dir.path().join("state/containers");
+    assert_eq!(std::fs::read_dir(&bundles).map_or(0, |d| d.count()), 0);
+    node.create(&pod, "app")
+        .await
+        .expect("the name was released");
+}
+
+#[tokio::test]
+async fn stop_sends_sigkill_to_every_process_when_the_stop_signal_is_ignored() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let id = node.create(&pod, "app").await.unwrap();
+    node.start(&id).await.unwrap();
+    node.shims.ignore_signal(libc::SIGQUIT);
+    node.stop(&id, 1).await.unwrap();
+    let kills: Vec<_> = node
+        .shims
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("Kill"))
+        .collect();
+    assert_eq!(
+        kills,
+        [
+            format!("Kill {}", libc::SIGQUIT),
+            format!("Kill {} all", libc::SIGKILL)
+        ]
+    );
+    assert_eq!(
+        node.status(&id).await.unwrap().exit_code,
+        128 + libc::SIGKILL
+    );
+}
+
+#[tokio::test]
+async fn ids_resolve_by_prefix_and_unknown_ids_are_refused_with_clear_codes() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let id = node.create(&pod, "app").await.unwrap();
+    assert_eq!(node.status(&id[..5]).await.unwrap().id, id);
+    let asked = node.shims.requests();
+    assert_eq!(
+        node.start("").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(node.start("zz").await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(node.stop("zz", 1).await.unwrap_err().code(), Code::NotFound);
+    node.remove("zz")
+        .await
+        .expect("removing an unknown container succeeds");
+    // No request reached a shim for any of them.
+    assert_eq!(node.shims.requests(), asked);
+}
+
+#[tokio::test]
+async fn list_and_status_read_the_store_once_the_pods_shim_is_watched() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let id = node.create(&pod, "app").await.unwrap();
+    node.start(&id).await.unwrap();
+    node.svc.inner.watch_pod(&pod);
+    wait_for(|| {
+        node.svc
+            .inner
+            .store
+            .watched_state(&container(&node, &id))
+            .is_some()
+    })
+    .await;
+
+    let before = node.shims.requests().len();
+    for _ in 0..10 {
+        assert_eq!(node.list().await.len(), 1);
+        assert_eq!(
+            state_of(&node.status(&id).await.unwrap()),
+            CriState::ContainerRunning
+        );
+    }
+    assert_eq!(node.shims.requests().len(), before, "no shim was asked");
+
+    // An exit arrives on the watch stream, and the store has it with no question asked.
+    let _ = node
+        .svc
+        .inner
+        .shim_call(
+            &pod,
+            &crishim_proto::shim::Request::Kill {
+                id: id.clone(),
+                signal: libc::SIGTERM,
+                all: false,
+            },
+            std::time::Duration::from_secs(1),
+        )
+        .await;
+    wait_for(|| {
+        container(&node, &id)
+            .last
+            .is_some_and(|s| s.status == ShimStatus::Exited)
+    })
+    .await;
+    let st = node.status(&id).await.unwrap();
+    assert_eq!(
+        (state_of(&st), st.exit_code),
+        (CriState::ContainerExited, 128 + libc::SIGTERM)
+    );
+}
+
+#[tokio::test]
+async fn recovery_rolls_back_half_creates_follows_live_pods_and_marks_dead_shims() {
+    let node = Node::new();
+    let live = node.pod("live");
+    let dead = node.pod("dead");
+    let running = node.create(&live, "app").await.unwrap();
+    node.start(&running).await.unwrap();
+    let orphan = node.create(&dead, "app").await.unwrap();
+    node.start(&orphan).await.unwrap();
+    // A create a crash cut short: a record without any shim state.
+    let mut half = container(&node, &running);
+    half.id = "e".repeat(64);
+    half.config.metadata.as_mut().unwrap().name = "half".into();
+    half.last = None;
+    node.svc.inner.store.save_container(&half).unwrap();
+
+    // The daemon restarts over the same records; the dead pod's shim died meanwhile.
+    let Node { dir, shims, .. } = node;
+    shims.kill_shim(&dead);
+    let node = Node::open(dir, shims);
+    node.svc.recover().await;
+
+    assert!(
+        !node.record_file(&half.id).exists(),
+        "the half create is rolled back"
+    );
+    assert_eq!(
+        node.status(&half.id).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        state_of(&node.status(&running).await.unwrap()),
+        CriState::ContainerRunning
+    );
+    wait_for(|| {
+        node.svc
+            .inner
+            .store
+            .watched_state(&container(&node, &running))
+            .is_some()
+    })
+    .await;
+
+    let st = node.status(&orphan).await.unwrap();
+    assert_eq!(
+        (state_of(&st), st.exit_code),
+        (CriState::ContainerExited, 255)
+    );
+    assert!(st.message.contains("shim is gone"), "{st:?}");
+    assert_eq!(
+        node.svc.inner.store.pod(&dead).unwrap().state,
+        PodState::NotReady
+    );
+    assert_eq!(
+        node.svc.inner.store.pod(&live).unwrap().state,
+        PodState::Ready
+    );
+}
+
+fn container(node: &Node, id: &str) -> ContainerRecord {
+    node.svc.inner.store.container(id).unwrap()
+}
+
+/// Poll `cond` for up to 5 s (background tasks feed the store).
+async fn wait_for(cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("condition not met within 5 s");
+}
