@@ -107,6 +107,11 @@ impl Cgroups {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path climbs"))
     }
 
+    /// Write one control file (the daemon does so only for pod cgroups it made).
+    pub fn write(&self, controller: &str, path: &str, file: &str, value: &str) -> io::Result<()> {
+        std::fs::write(self.file(controller, path, file)?, value)
+    }
+
     fn read(&self, controller: &str, path: &str, file: &str) -> io::Result<String> {
         std::fs::read_to_string(self.file(controller, path, file)?)
     }

@@ -14,7 +14,7 @@ pub fn spec(image: &str) -> cri::ImageSpec {
         image: image.to_string(),
         annotations: HashMap::new(),
         user_specified_image: image.to_string(),
-        runtime_handler: String::new(),
+        ..Default::default()
     }
 }
 

@@ -306,7 +306,7 @@ impl Gen {
             envs: (0..self.rng.below(3))
                 .map(|_| cri::KeyValue {
                     key: self.string(),
-                    value: self.string(),
+                    value: self.string().into(),
                 })
                 .collect(),
             mounts: (0..self.rng.below(2))

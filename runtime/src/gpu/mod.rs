@@ -284,7 +284,7 @@ impl Gpus {
                 .iter()
                 .rev()
                 .find(|kv| kv.key == key)
-                .map(|kv| kv.value.clone())
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
         };
         let image_ld = request::image_value(t.image_env, "LD_LIBRARY_PATH");
         let request_ld = request_env("LD_LIBRARY_PATH");

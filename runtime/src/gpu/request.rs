@@ -93,7 +93,7 @@ pub fn parse(config: &cri::ContainerConfig, image_env: &[String]) -> Result<Requ
             .iter()
             .rev()
             .find(|kv| kv.key == key)
-            .map(|kv| kv.value.clone())
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
     };
     if let Some(v) = env(ENV_VISIBLE_DEVICES) {
         parse_visible(&v, &mut req)?;
@@ -267,7 +267,7 @@ pub(crate) mod tests {
                 .iter()
                 .map(|(k, v)| cri::KeyValue {
                     key: k.to_string(),
-                    value: v.to_string(),
+                    value: v.to_string().into(),
                 })
                 .collect(),
             annotations: annotations

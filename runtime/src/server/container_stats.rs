@@ -44,6 +44,7 @@ pub(super) fn memory_usage(at: i64, m: &Memory) -> cri::MemoryUsage {
         rss_bytes: m.rss.and_then(value),
         page_faults: m.page_faults.and_then(value),
         major_page_faults: m.major_page_faults.and_then(value),
+        psi: None,
     }
 }
 
@@ -150,6 +151,7 @@ impl Inner {
             timestamp: at,
             usage_core_nano_seconds: value(usage),
             usage_nano_cores: value(self.cpu_rates.rate(key, at, usage)),
+            psi: None,
         }
     }
 
@@ -172,6 +174,7 @@ impl Inner {
                 inodes_used: value(d.inodes),
             }),
             swap: None,
+            io: None,
         }
     }
 

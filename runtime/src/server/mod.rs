@@ -25,6 +25,7 @@ mod image_status;
 mod imagefs_info;
 #[cfg(test)]
 mod lifecycle_tests;
+mod list_streams;
 mod recovery;
 mod runtime_config;
 mod runtime_service;
@@ -36,6 +37,7 @@ mod sandbox_run;
 mod sandbox_stats;
 mod sandbox_status;
 mod sandbox_stop;
+mod sandbox_update_resources;
 mod status;
 mod streaming;
 mod update_runtime_config;
@@ -142,6 +144,15 @@ impl cri::image_service_server::ImageService for ImageService {
         r: Request<cri::RemoveImageRequest>,
     ) -> Result<Response<cri::RemoveImageResponse>, Status> {
         logged("RemoveImage", self.do_remove_image(r.into_inner()).await)
+    }
+
+    type StreamImagesStream = list_streams::Chunks<cri::StreamImagesResponse>;
+
+    async fn stream_images(
+        &self,
+        r: Request<cri::StreamImagesRequest>,
+    ) -> Result<Response<Self::StreamImagesStream>, Status> {
+        logged("StreamImages", self.do_stream_images(r.into_inner()).await)
     }
 
     async fn image_fs_info(

@@ -11,6 +11,7 @@ use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatu
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::errors::unexpected;
+use super::list_streams::Chunks;
 use super::logged;
 use crate::config::Config;
 use crate::container_images::ContainerImages;
@@ -505,6 +506,76 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         logged(
             "ListPodSandboxMetrics",
             self.do_list_pod_sandbox_metrics(r.into_inner()).await,
+        )
+    }
+
+    async fn update_pod_sandbox_resources(
+        &self,
+        r: GrpcRequest<cri::UpdatePodSandboxResourcesRequest>,
+    ) -> Result<GrpcResponse<cri::UpdatePodSandboxResourcesResponse>, Status> {
+        logged(
+            "UpdatePodSandboxResources",
+            self.do_update_pod_sandbox_resources(r.into_inner()).await,
+        )
+    }
+
+    type StreamPodSandboxesStream = Chunks<cri::StreamPodSandboxesResponse>;
+
+    async fn stream_pod_sandboxes(
+        &self,
+        r: GrpcRequest<cri::StreamPodSandboxesRequest>,
+    ) -> Result<GrpcResponse<Self::StreamPodSandboxesStream>, Status> {
+        logged(
+            "StreamPodSandboxes",
+            self.do_stream_pod_sandboxes(r.into_inner()).await,
+        )
+    }
+
+    type StreamContainersStream = Chunks<cri::StreamContainersResponse>;
+
+    async fn stream_containers(
+        &self,
+        r: GrpcRequest<cri::StreamContainersRequest>,
+    ) -> Result<GrpcResponse<Self::StreamContainersStream>, Status> {
+        logged(
+            "StreamContainers",
+            self.do_stream_containers(r.into_inner()).await,
+        )
+    }
+
+    type StreamContainerStatsStream = Chunks<cri::StreamContainerStatsResponse>;
+
+    async fn stream_container_stats(
+        &self,
+        r: GrpcRequest<cri::StreamContainerStatsRequest>,
+    ) -> Result<GrpcResponse<Self::StreamContainerStatsStream>, Status> {
+        logged(
+            "StreamContainerStats",
+            self.do_stream_container_stats(r.into_inner()).await,
+        )
+    }
+
+    type StreamPodSandboxStatsStream = Chunks<cri::StreamPodSandboxStatsResponse>;
+
+    async fn stream_pod_sandbox_stats(
+        &self,
+        r: GrpcRequest<cri::StreamPodSandboxStatsRequest>,
+    ) -> Result<GrpcResponse<Self::StreamPodSandboxStatsStream>, Status> {
+        logged(
+            "StreamPodSandboxStats",
+            self.do_stream_pod_sandbox_stats(r.into_inner()).await,
+        )
+    }
+
+    type StreamPodSandboxMetricsStream = Chunks<cri::StreamPodSandboxMetricsResponse>;
+
+    async fn stream_pod_sandbox_metrics(
+        &self,
+        r: GrpcRequest<cri::StreamPodSandboxMetricsRequest>,
+    ) -> Result<GrpcResponse<Self::StreamPodSandboxMetricsStream>, Status> {
+        logged(
+            "StreamPodSandboxMetrics",
+            self.do_stream_pod_sandbox_metrics(r.into_inner()).await,
         )
     }
 

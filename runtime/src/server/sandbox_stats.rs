@@ -132,6 +132,7 @@ impl Inner {
                             .filter_map(|c| Some(c.cpu.as_ref()?.usage_nano_cores.as_ref()?.value))
                             .sum(),
                     ),
+                    psi: None,
                 }),
         };
         let memory = own_memory.or_else(|| {
@@ -166,7 +167,7 @@ impl Inner {
     /// The pod's cgroup parent when it is the pod's alone, so its counters are the pod's: the
     /// default `/crishim/<pod-id>`, one the daemon created for this pod, or the kubelet's
     /// `…/pod<uid>`; and no other pod shares it.
-    fn own_pod_cgroup(&self, pod: &PodRecord) -> Option<String> {
+    pub(super) fn own_pod_cgroup(&self, pod: &PodRecord) -> Option<String> {
         let parent = pod.cgroup_parent.trim_end_matches('/');
         if parent.is_empty() {
             return None;

@@ -148,7 +148,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
             config,
             image,
             &pod_hostname(inputs, host),
-        )))
+        )?))
         .set_cwd(process::cwd(config, image))
         .set_user(user::resolve(
             &inputs.rootfs,

@@ -57,7 +57,7 @@ pub(super) fn env(
     config: &cri::ContainerConfig,
     image: Option<&ImageConfig>,
     hostname: &str,
-) -> Vec<String> {
+) -> Result<Vec<String>, SpecError> {
     let mut env = vec![DEFAULT_PATH_ENV.to_string()];
     if config.tty {
         env.push("TERM=xterm".to_string());
@@ -67,14 +67,20 @@ pub(super) fn env(
         &mut env,
         image.and_then(|c| c.env().clone()).unwrap_or_default(),
     );
-    merge_env(
-        &mut env,
-        config
-            .envs
-            .iter()
-            .map(|kv| format!("{}={}", kv.key, kv.value)),
-    );
-    env
+    // The CRI carries values as bytes (1.36 and later); an OCI environment holds strings.
+    let mut ours = Vec::with_capacity(config.envs.len());
+    for kv in &config.envs {
+        let value = std::str::from_utf8(&kv.value).map_err(|_| {
+            SpecError::Invalid(format!(
+                "the value of environment variable {:?} is not UTF-8, which an OCI runtime \
+                 cannot pass on",
+                crishim_proto::shown::shown(&kv.key)
+            ))
+        })?;
+        ours.push(format!("{}={value}", kv.key));
+    }
+    merge_env(&mut env, ours);
+    Ok(env)
 }
 
 /// Sets or replaces `KEY=value` entries; a bare `KEY` (possible in an image's Env) unsets it.

@@ -321,11 +321,11 @@ fn env_is_image_env_then_config_env_later_value_wins_in_place() {
     f.config.envs = vec![
         cri::KeyValue {
             key: "MODE".to_string(),
-            value: "pod".to_string(),
+            value: "pod".to_string().into(),
         },
         cri::KeyValue {
             key: "EXTRA".to_string(),
-            value: "a=b".to_string(),
+            value: "a=b".to_string().into(),
         },
     ];
     assert_eq!(
@@ -367,7 +367,7 @@ fn hostname_env_is_the_pod_hostname_and_a_config_env_can_override_it() {
     assert!(env(&f.spec()).contains(&"HOSTNAME=web-0".to_string()));
     f.config.envs = vec![cri::KeyValue {
         key: "HOSTNAME".to_string(),
-        value: "custom".to_string(),
+        value: "custom".to_string().into(),
     }];
     let env = env(&f.spec());
     assert!(env.contains(&"HOSTNAME=custom".to_string()));

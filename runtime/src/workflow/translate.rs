@@ -101,7 +101,7 @@ pub fn container_config(
             .flatten()
             .map(|e| cri::KeyValue {
                 key: e.name.clone(),
-                value: e.value.clone().unwrap_or_default(),
+                value: e.value.clone().unwrap_or_default().into(),
             })
             .collect(),
         mounts,
