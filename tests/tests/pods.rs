@@ -849,6 +849,73 @@ impl Drop for SharedDir {
     }
 }
 
+/// `Status` announces recursive read-only mounts (this kernel has `mount_setattr`), and such a
+/// mount makes a submount read-only too, where a plain read-only bind leaves it writable.
+#[tokio::test]
+async fn recursive_read_only_mounts_are_announced_and_reach_submounts() {
+    let shared = SharedDir::new();
+    let host_dir = shared.path().to_path_buf();
+    let sub = host_dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    nix::mount::mount(
+        Some("crishim-rro"),
+        &sub,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mounting a tmpfs on the host");
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let status = d.runtime_status().await.expect("Status");
+    let features = status.runtime_handlers[0].features.unwrap();
+    assert!(features.recursive_read_only_mounts, "{status:#?}");
+    assert!(
+        !features.user_namespaces,
+        "not built: must not be announced"
+    );
+    assert!(status.features.unwrap().supplemental_groups_policy);
+
+    let cfg = env.pod_config("rro");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let mut c = sh_container(&env, "rro", LOOP_UNTIL_TERM, &marker("rro"));
+    let bind = |path: &str, recursive: bool| cri::Mount {
+        container_path: path.to_string(),
+        host_path: host_dir.to_string_lossy().into_owned(),
+        readonly: true,
+        recursive_read_only: recursive,
+        ..Default::default()
+    };
+    c.mounts = vec![bind("/mnt/rro", true), bind("/mnt/ro", false)];
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    let ro = d
+        .exec_sync(&id, &["touch", "/mnt/ro/sub/f"], 10)
+        .await
+        .unwrap();
+    assert_eq!(ro.exit_code, 0, "ro leaves submounts writable: {ro:?}");
+    let r = d
+        .exec_sync(&id, &["touch", "/mnt/rro/sub/g"], 10)
+        .await
+        .unwrap();
+    assert_ne!(r.exit_code, 0, "rro must reach the submount");
+    assert!(
+        String::from_utf8_lossy(&r.stderr).contains("Read-only"),
+        "{r:?}"
+    );
+    assert!(!sub.join("g").exists());
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    shared.unmount_all();
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
 #[tokio::test]
 async fn bidirectional_mount_propagates_mounts_both_ways() {
     let shared = SharedDir::new();
@@ -1123,6 +1190,52 @@ async fn stop_container_ignoring_sigterm_is_killed_after_the_timeout() {
     assert_eq!(st.reason, "Error", "{st:#?}");
     let left = wait_no_process_with_command(&m, Duration::from_secs(3)).await;
     assert!(left.is_empty(), "killed container still runs: {left:#?}");
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
+/// `ContainerConfig.stop_signal` (Kubernetes 1.33+) comes before the image's STOPSIGNAL: a
+/// container that ignores SIGTERM and exits 42 on SIGUSR1 stops on the first signal, before the
+/// grace period, and its status reports the signal.
+#[tokio::test]
+async fn stop_signal_from_the_container_config_reaches_the_container() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("usr1");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let m = marker("usr1");
+    let mut c = sh_container(
+        &env,
+        "usr1",
+        &format!("trap '' TERM; trap 'echo got-usr1; exit 42' USR1; echo ready; {IGNORE_TERM}"),
+        &m,
+    );
+    c.stop_signal = cri::Signal::Sigusr1 as i32;
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    let log = Path::new(&cfg.log_directory).join("usr1.log");
+    wait_for_log_line(&log, "stdout", "ready", WAIT).await;
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.stop_signal, cri::Signal::Sigusr1 as i32, "{st:#?}");
+
+    let t0 = Instant::now();
+    d.stop_container(&id, 30).await.expect("StopContainer");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    wait_for_log_line(&log, "stdout", "got-usr1", WAIT).await;
+    let st = d.container_status(&id).await.unwrap();
+    assert_eq!(st.exit_code, 42, "the trap's exit, not SIGKILL: {st:#?}");
+
+    let mut bad = sh_container(&env, "badsig", "true", &marker("badsig"));
+    bad.stop_signal = 4242;
+    let e = d.create_container(&pod, &bad, &cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
 
     d.remove_pod(&pod).await.expect("RemovePodSandbox");
     assert_no_leaks(d, &traces).await;

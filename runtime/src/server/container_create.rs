@@ -124,11 +124,15 @@ impl Inner {
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
         let image_config = self.images.config(image).map_err(from_image_error)?;
-        let stop_signal = image_config
-            .config()
-            .as_ref()
-            .and_then(|c| c.stop_signal().clone())
-            .and_then(|s| parse_signal(&s))
+        let image_signal = || {
+            image_config
+                .config()
+                .as_ref()
+                .and_then(|c| c.stop_signal().clone())
+                .and_then(|s| parse_signal(&s))
+        };
+        let stop_signal = super::stop_signal::from_cri(config.stop_signal)?
+            .or_else(image_signal)
             .unwrap_or(libc::SIGTERM);
         let image_ref = image
             .repo_digests

@@ -76,6 +76,7 @@ pub(super) fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::
         mounts: c.config.mounts.clone(),
         log_path: c.log_path.display().to_string(),
         resources: None,
+        stop_signal: super::stop_signal::to_cri(c.stop_signal) as i32,
         ..Default::default()
     }
 }

@@ -39,6 +39,7 @@ mod sandbox_status;
 mod sandbox_stop;
 mod sandbox_update_resources;
 mod status;
+mod stop_signal;
 mod streaming;
 mod update_runtime_config;
 mod version;
