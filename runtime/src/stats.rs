@@ -26,6 +26,17 @@ pub struct Cgroups {
     v2: bool,
 }
 
+/// The limits a cgroup enforces, in the CRI's units (0: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu_period: i64,
+    pub cpu_quota: i64,
+    pub cpu_shares: i64,
+    pub memory_limit: i64,
+    pub cpuset_cpus: String,
+    pub cpuset_mems: String,
+}
+
 /// A cgroup's memory counters, as the kubelet wants them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Memory {
@@ -135,6 +146,46 @@ impl Cgroups {
         } else {
             parse_u64(&self.read("cpuacct", path, "cpuacct.usage")?)
         }
+    }
+
+    /// The CPU and memory limits in force, read back from the control files (0: no limit, as in
+    /// the CRI), for `ContainerStatus.resources`.
+    pub fn limits(&self, path: &str) -> io::Result<Limits> {
+        let text = |c: &str, f: &str| self.read(c, path, f).map(|s| s.trim().to_string());
+        let number = |c: &str, f: &str| -> io::Result<i64> {
+            let s = text(c, f)?;
+            s.parse::<i64>()
+                .map_err(|_| invalid(&format!("{f} holds {:?}", crishim_proto::shown::shown(&s))))
+        };
+        // cpuset is optional (not every v2 tree delegates it).
+        let optional = |c: &str, f: &str| text(c, f).unwrap_or_default();
+        let mut l = Limits {
+            cpuset_cpus: optional("cpuset", "cpuset.cpus"),
+            cpuset_mems: optional("cpuset", "cpuset.mems"),
+            ..Limits::default()
+        };
+        if self.v2 {
+            let max = text("cpu", "cpu.max")?;
+            let mut parts = max.split_whitespace();
+            let quota = parts.next().unwrap_or("max");
+            l.cpu_period = parts.next().and_then(|p| p.parse().ok()).unwrap_or(100_000);
+            l.cpu_quota = quota.parse().unwrap_or(0);
+            let weight = number("cpu", "cpu.weight")?.clamp(1, 10_000);
+            l.cpu_shares = 2 + ((weight - 1) * 262_142) / 9_999;
+            let memory = text("memory", "memory.max")?;
+            l.memory_limit = memory.parse().unwrap_or(0);
+        } else {
+            l.cpu_period = number("cpu", "cpu.cfs_period_us")?;
+            l.cpu_quota = number("cpu", "cpu.cfs_quota_us")?.max(0);
+            l.cpu_shares = number("cpu", "cpu.shares")?;
+            let memory = number("memory", "memory.limit_in_bytes")?;
+            l.memory_limit = if memory as u64 >= V1_UNLIMITED {
+                0
+            } else {
+                memory
+            };
+        }
+        Ok(l)
     }
 
     /// Memory counters: usage, working set, rss, page faults and the limit.
@@ -339,6 +390,51 @@ mod tests {
         let p = root.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn limits_read_back_from_v1_and_v2_files() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        write(r, "cpu/c/cpu.cfs_period_us", "100000\n");
+        write(r, "cpu/c/cpu.cfs_quota_us", "-1\n");
+        write(r, "cpu/c/cpu.shares", "1024\n");
+        write(r, "memory/c/memory.limit_in_bytes", "9223372036854771712\n");
+        write(r, "cpuset/c/cpuset.cpus", "0-1\n");
+        write(r, "cpuset/c/cpuset.mems", "0\n");
+        let l = Cgroups::at(r).limits("/c").unwrap();
+        assert_eq!(
+            l,
+            Limits {
+                cpu_period: 100_000,
+                cpu_quota: 0,
+                cpu_shares: 1024,
+                memory_limit: 0,
+                cpuset_cpus: "0-1".into(),
+                cpuset_mems: "0".into(),
+            }
+        );
+        write(r, "cpu/c/cpu.shares", "lots\n");
+        assert!(Cgroups::at(r).limits("/c").is_err(), "garbage is an error");
+
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        write(r, "cgroup.controllers", "cpu memory");
+        write(r, "c/cpu.max", "50000 100000\n");
+        write(r, "c/cpu.weight", "39\n");
+        write(r, "c/memory.max", "67108864\n");
+        let l = Cgroups::at(r).limits("/c").unwrap();
+        assert_eq!(
+            (l.cpu_period, l.cpu_quota, l.cpu_shares, l.memory_limit),
+            (100_000, 50_000, 998, 64 << 20)
+        );
+        write(r, "c/cpu.max", "max 100000\n");
+        write(r, "c/memory.max", "max\n");
+        let l = Cgroups::at(r).limits("/c").unwrap();
+        assert_eq!(
+            (l.cpu_quota, l.memory_limit, l.cpuset_cpus.as_str()),
+            (0, 0, "")
+        );
     }
 
     #[test]

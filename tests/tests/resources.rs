@@ -64,6 +64,22 @@ async fn limits_reach_the_cgroup_and_going_over_memory_is_oom_killed() {
     assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
     assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000");
     assert_eq!(read("cpu", "cpu.shares"), "512");
+    // ContainerStatus reports what the cgroup enforces (KEP-1287).
+    let in_force = |st: cri::ContainerStatus| {
+        let r = st
+            .resources
+            .expect("ContainerStatus.resources")
+            .linux
+            .unwrap();
+        (
+            r.cpu_period,
+            r.cpu_quota,
+            r.cpu_shares,
+            r.memory_limit_in_bytes,
+        )
+    };
+    let st = env.d.container_status(&limited).await.unwrap();
+    assert_eq!(in_force(st), (100_000, 50_000, 512, 64 * MIB));
 
     // Changed live, while it runs.
     env.d
@@ -85,6 +101,8 @@ async fn limits_reach_the_cgroup_and_going_over_memory_is_oom_killed() {
         (128 * MIB).to_string()
     );
     assert_eq!(read("cpu", "cpu.cfs_quota_us"), "25000");
+    let st = env.d.container_status(&limited).await.unwrap();
+    assert_eq!(in_force(st), (100_000, 25_000, 512, 128 * MIB));
     let r = env
         .d
         .runtime_client()

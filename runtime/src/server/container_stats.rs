@@ -97,7 +97,7 @@ impl RuntimeService {
 impl Inner {
     /// The container's cgroup: `linux.cgroupsPath` of its bundle's `config.json`, else the path
     /// `CreateContainer` gives it.
-    fn container_cgroup(&self, c: &ContainerRecord) -> Option<String> {
+    pub(super) fn container_cgroup(&self, c: &ContainerRecord) -> Option<String> {
         let from_bundle = std::fs::read(c.bundle.join("config.json"))
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())

@@ -27,9 +27,36 @@ impl RuntimeService {
             });
             info.insert("info".to_string(), verbose.to_string());
         }
+        let mut status = container_status(&c, &state);
+        if state.status == ShimStatus::Running {
+            status.resources = inner.resources_in_force(&c).await;
+        }
         Ok(ContainerStatusResponse {
-            status: Some(container_status(&c, &state)),
+            status: Some(status),
             info,
+        })
+    }
+}
+
+impl super::runtime_service::Inner {
+    /// The limits the container's cgroup enforces (KEP-1287: the kubelet resizes a pod in place
+    /// only when the runtime reports them). `None` when they cannot be read.
+    async fn resources_in_force(&self, c: &ContainerRecord) -> Option<cri::ContainerResources> {
+        let cgroup = self.container_cgroup(c)?;
+        let read =
+            tokio::task::spawn_blocking(move || crate::stats::Cgroups::host().limits(&cgroup));
+        let l = read.await.ok()?.ok()?;
+        Some(cri::ContainerResources {
+            linux: Some(cri::LinuxContainerResources {
+                cpu_period: l.cpu_period,
+                cpu_quota: l.cpu_quota,
+                cpu_shares: l.cpu_shares,
+                memory_limit_in_bytes: l.memory_limit,
+                cpuset_cpus: l.cpuset_cpus,
+                cpuset_mems: l.cpuset_mems,
+                ..Default::default()
+            }),
+            windows: None,
         })
     }
 }
