@@ -150,6 +150,20 @@ impl ImageStore {
         let Some(image) = self.resolve(ref_or_id)? else {
             return Ok(None);
         };
+        // A mounted image volume (KEP-4639: prepared read-only) keeps its image, as the kubelet
+        // expects; a container's own rootfs does not (its layers stay until it goes, as in
+        // containerd).
+        let volume = self
+            .meta
+            .containers()?
+            .into_iter()
+            .find(|(_, r)| r.readonly && r.image == image.id);
+        if let Some((id, _)) = volume {
+            return Err(ImageError::InUse {
+                image: image.id.to_string(),
+                container: format!("{id} (an image volume)"),
+            });
+        }
         self.meta.remove_image(image.id.as_str())?;
         info!(id = %image.id, "removed image");
         self.gc().await?;

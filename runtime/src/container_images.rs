@@ -22,9 +22,18 @@ pub trait ContainerImages: Send + Sync {
         rootfs: &Path,
     ) -> Result<(), ImageError>;
 
-    /// Undo [`mount_rootfs`](Self::mount_rootfs): unmount `rootfs` and delete the writable
-    /// layer. Idempotent.
-    async fn release_rootfs(&self, container_id: &str, rootfs: &Path) -> Result<(), ImageError>;
+    /// Mount `image`'s root filesystem read-only at `target`, as image volume `volume_id` (an
+    /// image volume keeps its image from being removed).
+    async fn mount_volume(
+        &self,
+        image: &ImageRecord,
+        volume_id: &str,
+        target: &Path,
+    ) -> Result<(), ImageError>;
+
+    /// Undo [`mount_rootfs`](Self::mount_rootfs) or [`mount_volume`](Self::mount_volume):
+    /// unmount `target` and delete what `id` held. Idempotent.
+    async fn release_rootfs(&self, id: &str, target: &Path) -> Result<(), ImageError>;
 
     /// The directory holding the container's writable layer (`upper/`), for its disk usage.
     fn writable_dir(&self, container_id: &str) -> PathBuf;
@@ -56,13 +65,22 @@ impl ContainerImages for ImageStore {
             .mount(rootfs)
     }
 
-    async fn release_rootfs(&self, container_id: &str, rootfs: &Path) -> Result<(), ImageError> {
-        if is_mountpoint(rootfs) {
-            if let Err(e) = nix::mount::umount2(rootfs, nix::mount::MntFlags::MNT_DETACH) {
-                tracing::warn!(container = %container_id, error = %e, "unmounting rootfs");
+    async fn mount_volume(
+        &self,
+        image: &ImageRecord,
+        volume_id: &str,
+        target: &Path,
+    ) -> Result<(), ImageError> {
+        self.prepare(image, volume_id, true).await?.mount(target)
+    }
+
+    async fn release_rootfs(&self, id: &str, target: &Path) -> Result<(), ImageError> {
+        if is_mountpoint(target) {
+            if let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH) {
+                tracing::warn!(id = %id, target = %target.display(), error = %e, "unmounting");
             }
         }
-        self.cleanup(container_id).await
+        self.cleanup(id).await
     }
 
     fn writable_dir(&self, container_id: &str) -> PathBuf {

@@ -651,10 +651,9 @@ pub fn spawn_exec(
             if let Some((_, path)) = &console {
                 let _ = std::fs::remove_file(path);
             }
-            return Err(Response::error(
-                ErrorKind::FailedPrecondition,
-                format!("exec in {id}: {e}"),
-            ));
+            // libcontainer's workload errors end in a NUL from the C side; not for a client.
+            let message = format!("exec in {id}: {e}").replace('\0', "");
+            return Err(Response::error(ErrorKind::FailedPrecondition, message));
         }
     };
     // Registered before the next await, so the reaper cannot miss it.

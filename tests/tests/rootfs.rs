@@ -308,3 +308,109 @@ fn random_bytes(n: usize) -> Vec<u8> {
     std::io::Read::read_exact(&mut f, &mut out).unwrap();
     out
 }
+
+/// Image volumes (KEP-4639): a `Mount` naming an image mounts that image read-only and `noexec`;
+/// `image_sub_path` picks a directory inside it, and cannot climb out through a symlink; the
+/// image cannot be removed while the volume is mounted; a volume image that was not pulled is
+/// `NotFound`; nothing is left mounted after the pod goes.
+#[tokio::test]
+async fn image_volumes_are_read_only_noexec_and_hold_their_image() {
+    let env = PodEnv::start().await;
+    let model = Image::new(vec![LayerBuilder::new()
+        .dir("models", 0o755)
+        .file("models/weights.bin", b"w8s".to_vec(), 0o644)
+        .file("models/run.sh", b"#!/bin/sh\necho ran\n".to_vec(), 0o755)
+        .symlink("escape", "../../../../../../etc")
+        .build(Compression::Gzip)]);
+    let pushed = env.push_and_pull("model", &model).await;
+    let volume = |path: &str, sub: &str| cri::Mount {
+        container_path: path.to_string(),
+        image: Some(cri::ImageSpec {
+            image: pushed.tag_ref(),
+            ..Default::default()
+        }),
+        image_sub_path: sub.to_string(),
+        ..Default::default()
+    };
+    let mut cfg = crishim_tests::pods::container_config("vol", &env.image(), SLEEP);
+    container_security(&mut cfg).run_as_user = Some(cri::Int64Value { value: 0 });
+    cfg.mounts = vec![volume("/model", ""), volume("/weights", "models")];
+    let pod_cfg = env.pod_config("vol");
+    let (pod, id, traces) = env.run_traced(&pod_cfg, &cfg).await;
+
+    let d = &env.d;
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/model/models/weights.bin"]).await,
+        "w8s"
+    );
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/weights/weights.bin"]).await,
+        "w8s"
+    );
+    let write = d
+        .exec_sync(&id, &["touch", "/weights/new"], 10)
+        .await
+        .unwrap();
+    assert_ne!(write.exit_code, 0, "an image volume is read-only");
+    // Refused by the kernel: the exec fails (as runc's does) rather than running the script.
+    match d.exec_sync(&id, &["/weights/run.sh"], 10).await {
+        Ok(r) => assert_ne!(r.exit_code, 0, "an image volume is noexec: {r:?}"),
+        Err(e) => {
+            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+            assert!(!e.message().contains('\0'), "{e:?}");
+        }
+    }
+    let mounts = d.exec_ok(&id, &["cat", "/proc/self/mounts"]).await;
+    let line = mounts
+        .lines()
+        .find(|l| l.split(' ').nth(1) == Some("/weights"))
+        .unwrap_or_else(|| panic!("/weights not mounted: {mounts}"));
+    for opt in ["ro", "nosuid", "nodev", "noexec"] {
+        assert!(
+            line.split(' ').nth(3).unwrap().split(',').any(|o| o == opt),
+            "{line}"
+        );
+    }
+
+    let e = d.remove_image(&pushed.tag_ref()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("image volume"), "{e:?}");
+
+    // A sub-path whose symlink climbs stays inside the image: the host's /etc is not reached.
+    let mut escape = crishim_tests::pods::container_config("escape", &env.image(), SLEEP);
+    escape.mounts = vec![volume("/esc", "escape")];
+    match d.create_container(&pod, &escape, &pod_cfg).await {
+        Ok(c) => {
+            d.start_container(&c).await.unwrap();
+            let ls = d.exec_ok(&c, &["ls", "/esc"]).await;
+            assert!(
+                !ls.contains("passwd"),
+                "the host's /etc leaked into the volume: {ls}"
+            );
+            d.stop_container(&c, 0).await.unwrap();
+            d.remove_container(&c).await.unwrap();
+        }
+        Err(e) => assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}"),
+    }
+    let mut missing = crishim_tests::pods::container_config("missing", &env.image(), SLEEP);
+    missing.mounts = vec![cri::Mount {
+        container_path: "/m".into(),
+        image: Some(cri::ImageSpec {
+            image: "nosuch/image:1".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    let e = d
+        .create_container(&pod, &missing, &pod_cfg)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    teardown(&env, &pod, &traces).await;
+    // With the volume gone, the image can go.
+    d.remove_image(&pushed.tag_ref())
+        .await
+        .expect("RemoveImage after the pod");
+    env.stop();
+}

@@ -165,6 +165,9 @@ impl Inner {
             .await
             .map_err(from_image_error)?;
 
+        let image_volumes = self
+            .mount_image_volumes(id, &record.config, &bundle)
+            .await?;
         let mut spec = spec::build(&SpecInputs {
             container_id: id,
             config: &record.config,
@@ -178,6 +181,7 @@ impl Inner {
                 hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
                 shm: pod.shm.clone(),
             },
+            image_volumes: &image_volumes,
             cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
             min_oom_score_adj: own_oom_score_adj(),
         })
@@ -336,6 +340,7 @@ impl Inner {
             }
         }
         let bundle = self.bundle_dir(id);
+        self.release_image_volumes(id, &bundle).await;
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
             warn!(container = %id, error = %e, "removing the rootfs");
         }

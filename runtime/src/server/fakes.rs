@@ -263,6 +263,15 @@ impl ContainerImages for FakeHost {
         Ok(())
     }
 
+    async fn mount_volume(
+        &self,
+        image: &ImageRecord,
+        volume_id: &str,
+        target: &Path,
+    ) -> Result<(), ImageError> {
+        self.mount_rootfs(image, volume_id, target).await
+    }
+
     async fn release_rootfs(&self, container_id: &str, _rootfs: &Path) -> Result<(), ImageError> {
         self.mounted.lock().unwrap().remove(container_id);
         Ok(())

@@ -22,6 +22,7 @@ mod image_list;
 mod image_pull;
 mod image_remove;
 mod image_status;
+mod image_volumes;
 mod imagefs_info;
 #[cfg(test)]
 mod lifecycle_tests;

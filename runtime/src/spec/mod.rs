@@ -20,6 +20,7 @@ use oci_spec::runtime::{Linux, Process, Root, Spec};
 mod devices;
 mod host;
 mod mounts;
+pub use mounts::is_image_volume;
 mod namespaces;
 mod process;
 mod resources;
@@ -56,6 +57,15 @@ pub struct PodFiles {
     pub shm: Option<PathBuf>,
 }
 
+/// An image volume (KEP-4639) the daemon has mounted: what to bind, read-only and `noexec`, at
+/// a `Mount`'s container path.
+#[derive(Debug, Clone)]
+pub struct ImageVolume {
+    pub container_path: String,
+    /// Inside the mounted image (its `image_sub_path` already resolved there).
+    pub source: PathBuf,
+}
+
 /// Everything the spec depends on.
 pub struct SpecInputs<'a> {
     pub container_id: &'a str,
@@ -67,6 +77,8 @@ pub struct SpecInputs<'a> {
     pub rootfs: PathBuf,
     pub namespaces: PodNamespaces,
     pub files: PodFiles,
+    /// The config's image mounts, mounted.
+    pub image_volumes: &'a [ImageVolume],
     /// cgroupfs-style path, e.g. `/kubepods/besteffort/pod<uid>/<container-id>`.
     pub cgroups_path: String,
     /// The daemon's own `oom_score_adj`: a container's is never set below it, as containerd's
@@ -138,7 +150,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
     let capabilities = security::capabilities(sc, privileged, host)?;
     let seccomp = security::seccomp(sc, privileged, &capabilities)?;
     let devices = devices::build(config, privileged, host)?;
-    let mounts = mounts::build(config, &inputs.files, privileged)?;
+    let mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
 
     let mut process = Process::default();
     process

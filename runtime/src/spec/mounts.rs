@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crishim_proto::cri;
 use oci_spec::runtime::Mount;
 
-use super::{PodFiles, SpecError};
+use super::{ImageVolume, PodFiles, SpecError};
 
 pub(super) struct Mounts {
     pub mounts: Vec<Mount>,
@@ -22,11 +22,14 @@ struct Bind {
     readonly: bool,
     recursive_readonly: bool,
     propagation: i32,
+    /// An image volume: also `nosuid`, `nodev` and `noexec`.
+    noexec: bool,
 }
 
 pub(super) fn build(
     config: &cri::ContainerConfig,
     files: &PodFiles,
+    image_volumes: &[ImageVolume],
     privileged: bool,
 ) -> Result<Mounts, SpecError> {
     let readonly_rootfs = config
@@ -38,7 +41,7 @@ pub(super) fn build(
     let mut binds = config
         .mounts
         .iter()
-        .map(cri_bind)
+        .map(|m| cri_bind(m, image_volumes))
         .collect::<Result<Vec<_>, _>>()?;
     let requested = |path: &str| binds.iter().any(|b| clean(&b.container_path) == path);
     // The pod's files, unless the container mounts something there itself. Like the rootfs,
@@ -67,6 +70,7 @@ pub(super) fn build(
             readonly,
             recursive_readonly: false,
             propagation: cri::MountPropagation::PropagationPrivate as i32,
+            noexec: false,
         });
     }
     binds.extend(pod_binds);
@@ -97,21 +101,35 @@ pub(super) fn build(
 
 /// Validates a CRI mount: an absolute container path and an existing host path, whose symlinks
 /// are resolved here as the CRI asks.
-fn cri_bind(m: &cri::Mount) -> Result<Bind, SpecError> {
+fn cri_bind(m: &cri::Mount, image_volumes: &[ImageVolume]) -> Result<Bind, SpecError> {
     if !m.container_path.starts_with('/') {
         return Err(SpecError::Invalid(format!(
             "mount container path {:?} is not absolute",
             m.container_path
         )));
     }
+    if is_image_volume(m) {
+        let v = image_volumes
+            .iter()
+            .find(|v| v.container_path == m.container_path)
+            .ok_or_else(|| {
+                SpecError::Internal(format!(
+                    "image volume at {} was not mounted",
+                    m.container_path
+                ))
+            })?;
+        return Ok(Bind {
+            container_path: m.container_path.clone(),
+            host_path: v.source.clone(),
+            readonly: true,
+            recursive_readonly: false,
+            propagation: cri::MountPropagation::PropagationPrivate as i32,
+            noexec: true,
+        });
+    }
     if m.host_path.is_empty() {
-        let why = if m.image.is_some() {
-            "image volume mounts are not supported"
-        } else {
-            "no host path"
-        };
         return Err(SpecError::Invalid(format!(
-            "mount at {}: {why}",
+            "mount at {}: no host path",
             m.container_path
         )));
     }
@@ -133,7 +151,13 @@ fn cri_bind(m: &cri::Mount) -> Result<Bind, SpecError> {
         readonly: m.readonly,
         recursive_readonly: m.recursive_read_only,
         propagation: m.propagation,
+        noexec: false,
     })
+}
+
+/// A `Mount` naming an image (KEP-4639) rather than a host path.
+pub fn is_image_volume(m: &cri::Mount) -> bool {
+    m.image.as_ref().is_some_and(|i| !i.image.is_empty())
 }
 
 /// `rbind`, the propagation, then `ro`/`rro`/`rw`. `selinux_relabel` is ignored (no SELinux).
@@ -167,11 +191,17 @@ fn bind_mount(bind: &Bind) -> Result<(Mount, &'static str), SpecError> {
         .set_destination(PathBuf::from(&bind.container_path))
         .set_typ(Some("bind".to_string()))
         .set_source(Some(bind.host_path.clone()))
-        .set_options(Some(vec![
-            "rbind".to_string(),
-            propagation.to_string(),
-            access.to_string(),
-        ]));
+        .set_options(Some({
+            let mut options = vec![
+                "rbind".to_string(),
+                propagation.to_string(),
+                access.to_string(),
+            ];
+            if bind.noexec {
+                options.extend(["nosuid", "nodev", "noexec"].map(String::from));
+            }
+            options
+        }));
     Ok((mount, propagation))
 }
 

@@ -107,6 +107,7 @@ impl Fixture {
         let mut image = ImageConfiguration::default();
         image.set_config(Some(self.image.clone()));
         let inputs = SpecInputs {
+            image_volumes: &[],
             container_id: "c1",
             config: &self.config,
             sandbox: &self.sandbox,
