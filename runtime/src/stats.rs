@@ -26,6 +26,30 @@ pub struct Cgroups {
     v2: bool,
 }
 
+/// One line of a pressure file (`some` or `full`): the stall averages (percent) and the total
+/// stalled time (µs).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pressure {
+    pub total: u64,
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+}
+
+/// A resource's pressure stall information (cgroup v2 `<resource>.pressure`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Psi {
+    pub some: Option<Pressure>,
+    pub full: Option<Pressure>,
+}
+
+/// Swap in use and the room left (`None`: no limit to measure against).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swap {
+    pub usage: u64,
+    pub available: Option<u64>,
+}
+
 /// The limits a cgroup enforces, in the CRI's units (0: none).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -188,6 +212,48 @@ impl Cgroups {
         Ok(l)
     }
 
+    /// Pressure stall information of `resource` (`cpu`, `memory`, `io`): cgroup v2 only, and only
+    /// where the kernel has PSI (`None` otherwise).
+    pub fn psi(&self, path: &str, resource: &str) -> Option<Psi> {
+        if !self.v2 {
+            return None;
+        }
+        let text = self
+            .read(resource, path, &format!("{resource}.pressure"))
+            .ok()?;
+        Some(parse_psi(&text))
+    }
+
+    /// Swap usage: v2 `memory.swap.current` against `memory.swap.max`; v1 the memsw counter less
+    /// memory usage (where swap is accounted). `None` where neither exists.
+    pub fn swap(&self, path: &str) -> Option<Swap> {
+        if self.v2 {
+            let usage = parse_u64(&self.read("memory", path, "memory.swap.current").ok()?).ok()?;
+            let max = self.read("memory", path, "memory.swap.max").ok()?;
+            let available = parse_u64(&max).ok().map(|m| m.saturating_sub(usage));
+            return Some(Swap { usage, available });
+        }
+        let memsw = parse_u64(
+            &self
+                .read("memory", path, "memory.memsw.usage_in_bytes")
+                .ok()?,
+        )
+        .ok()?;
+        let memory = parse_u64(&self.read("memory", path, "memory.usage_in_bytes").ok()?).ok()?;
+        let limit = parse_u64(
+            &self
+                .read("memory", path, "memory.memsw.limit_in_bytes")
+                .ok()?,
+        )
+        .ok()
+        .filter(|l| *l < V1_UNLIMITED);
+        let usage = memsw.saturating_sub(memory);
+        Some(Swap {
+            usage,
+            available: limit.map(|l| l.saturating_sub(memsw)),
+        })
+    }
+
     /// Memory counters: usage, working set, rss, page faults and the limit.
     pub fn memory(&self, path: &str) -> io::Result<Memory> {
         let (usage_file, limit_file, prefix) = if self.v2 {
@@ -219,6 +285,35 @@ impl Cgroups {
     pub fn pids(&self, path: &str) -> io::Result<u64> {
         parse_u64(&self.read("pids", path, "pids.current")?)
     }
+}
+
+/// `some avg10=0.12 avg60=0.00 avg300=0.00 total=1234` and the `full` line; what does not parse
+/// is left out.
+pub fn parse_psi(text: &str) -> Psi {
+    let mut psi = Psi::default();
+    for line in text.lines().take(2) {
+        let mut words = line.split_whitespace();
+        let kind = words.next();
+        let mut p = Pressure::default();
+        for kv in words {
+            let Some((k, v)) = kv.split_once('=') else {
+                continue;
+            };
+            match k {
+                "total" => p.total = v.parse().unwrap_or(0),
+                "avg10" => p.avg10 = v.parse().unwrap_or(0.0),
+                "avg60" => p.avg60 = v.parse().unwrap_or(0.0),
+                "avg300" => p.avg300 = v.parse().unwrap_or(0.0),
+                _ => {}
+            }
+        }
+        match kind {
+            Some("some") => psi.some = Some(p),
+            Some("full") => psi.full = Some(p),
+            _ => {}
+        }
+    }
+    psi
 }
 
 fn invalid(msg: &str) -> io::Error {
@@ -390,6 +485,60 @@ mod tests {
         let p = root.join(rel);
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn pressure_and_swap_are_read_where_the_kernel_has_them() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        write(r, "cgroup.controllers", "cpu memory io");
+        write(
+            r,
+            "c/memory.pressure",
+            "some avg10=1.50 avg60=0.25 avg300=0.00 total=4242\nfull avg10=0.50 avg60=0.00 avg300=0.00 total=99\n",
+        );
+        write(r, "c/memory.swap.current", "4096\n");
+        write(r, "c/memory.swap.max", "65536\n");
+        let cg = Cgroups::at(r);
+        let psi = cg.psi("/c", "memory").unwrap();
+        assert_eq!(
+            psi.some,
+            Some(Pressure {
+                total: 4242,
+                avg10: 1.5,
+                avg60: 0.25,
+                avg300: 0.0
+            })
+        );
+        assert_eq!(psi.full.unwrap().total, 99);
+        assert!(cg.psi("/c", "io").is_none(), "no io.pressure file");
+        assert_eq!(
+            cg.swap("/c"),
+            Some(Swap {
+                usage: 4096,
+                available: Some(61440)
+            })
+        );
+        write(r, "c/memory.swap.max", "max\n");
+        assert_eq!(cg.swap("/c").unwrap().available, None);
+        assert_eq!(parse_psi("garbage\n"), Psi::default());
+
+        // v1: no PSI per cgroup; swap from memsw where accounted.
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path();
+        write(r, "memory/c/memory.usage_in_bytes", "1000\n");
+        let cg = Cgroups::at(r);
+        assert!(cg.psi("/c", "cpu").is_none());
+        assert!(cg.swap("/c").is_none(), "swap not accounted");
+        write(r, "memory/c/memory.memsw.usage_in_bytes", "1500\n");
+        write(r, "memory/c/memory.memsw.limit_in_bytes", "2000\n");
+        assert_eq!(
+            cg.swap("/c"),
+            Some(Swap {
+                usage: 500,
+                available: Some(500)
+            })
+        );
     }
 
     #[test]

@@ -29,6 +29,23 @@ pub(super) struct Reading {
     pub memory: Option<Memory>,
     pub pids: Option<u64>,
     pub disk: Option<DiskUsage>,
+    /// Pressure of cpu, memory and io (cgroup v2 with PSI only).
+    pub psi: [Option<stats::Psi>; 3],
+    pub swap: Option<stats::Swap>,
+}
+
+/// The CRI form of a resource's pressure.
+pub(super) fn cri_psi(p: Option<stats::Psi>) -> Option<cri::PsiStats> {
+    let data = |d: stats::Pressure| cri::PsiData {
+        total: d.total,
+        avg10: d.avg10,
+        avg60: d.avg60,
+        avg300: d.avg300,
+    };
+    p.map(|p| cri::PsiStats {
+        full: p.full.map(data),
+        some: p.some.map(data),
+    })
 }
 
 pub(super) fn value(v: u64) -> Option<UInt64Value> {
@@ -132,6 +149,8 @@ impl Inner {
                 r.cpu = known("cpu", path, cg.cpu_usage_ns(path));
                 r.memory = known("memory", path, cg.memory(path));
                 r.pids = known("pids", path, cg.pids(path));
+                r.psi = ["cpu", "memory", "io"].map(|res| cg.psi(path, res));
+                r.swap = cg.swap(path);
             }
             r.disk = stats::disk_usage(&upper)
                 .map_err(
@@ -163,8 +182,14 @@ impl Inner {
                 labels: c.config.labels.clone(),
                 annotations: c.config.annotations.clone(),
             }),
-            cpu: r.cpu.map(|u| self.cpu_usage(&c.id, r.at, u)),
-            memory: r.memory.as_ref().map(|m| memory_usage(r.at, m)),
+            cpu: r.cpu.map(|u| cri::CpuUsage {
+                psi: cri_psi(r.psi[0]),
+                ..self.cpu_usage(&c.id, r.at, u)
+            }),
+            memory: r.memory.as_ref().map(|m| cri::MemoryUsage {
+                psi: cri_psi(r.psi[1]),
+                ..memory_usage(r.at, m)
+            }),
             writable_layer: r.disk.map(|d| cri::FilesystemUsage {
                 timestamp: r.at,
                 fs_id: Some(cri::FilesystemIdentifier {
@@ -173,8 +198,15 @@ impl Inner {
                 used_bytes: value(d.bytes),
                 inodes_used: value(d.inodes),
             }),
-            swap: None,
-            io: None,
+            swap: r.swap.map(|s| cri::SwapUsage {
+                timestamp: r.at,
+                swap_usage_bytes: value(s.usage),
+                swap_available_bytes: s.available.and_then(value),
+            }),
+            io: r.psi[2].map(|p| cri::IoUsage {
+                timestamp: r.at,
+                psi: cri_psi(Some(p)),
+            }),
         }
     }
 
