@@ -21,6 +21,8 @@ pub enum ErrorKind {
     BadContent,
     /// The operation conflicts with current state (an image in use).
     FailedPrecondition,
+    /// A pull made no progress for its progress timeout.
+    DeadlineExceeded,
     /// A limit was reached: `[images]` size, entry or free-space limits.
     ResourceExhausted,
     /// A local failure (disk, database, kernel).
@@ -63,6 +65,15 @@ pub enum ImageError {
     NoMatchingPlatform { digest: String, platform: String },
     #[error("image {image} is in use by container {container}")]
     InUse { image: String, container: String },
+    #[error(
+        "pulling layer {layer} stalled: no bytes for {timeout:?} after {received} bytes \
+         (images.pull_progress_timeout)"
+    )]
+    PullStalled {
+        layer: String,
+        received: u64,
+        timeout: std::time::Duration,
+    },
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -93,6 +104,7 @@ impl ImageError {
             BadContent(_) | HostileLayer { .. } => ErrorKind::BadContent,
             ResourceExhausted(_) => ErrorKind::ResourceExhausted,
             InUse { .. } => ErrorKind::FailedPrecondition,
+            PullStalled { .. } => ErrorKind::DeadlineExceeded,
             Io { .. } | Metadata(_) | Mount { .. } => ErrorKind::Internal,
         }
     }

@@ -74,9 +74,13 @@ impl ImageStore {
     }
 
     /// Hold every later pull to `limits` (the `[images]` table; the defaults apply until then).
-    pub fn with_limits(mut self, limits: ImagesConfig) -> Self {
+    /// The HTTP client's own read timeout is set past the pull progress timeout, so that the
+    /// progress timeout is the one that fires on a stalled layer.
+    pub fn with_limits(mut self, limits: ImagesConfig) -> Result<Self> {
+        let read = limits.pull_progress_timeout + std::time::Duration::from_secs(30);
+        self.client = self.client.with_read_timeout(read)?;
         self.limits = limits;
-        self
+        Ok(self)
     }
 
     pub fn root(&self) -> &Path {

@@ -30,6 +30,38 @@ pub struct ImagesConfig {
     /// A pull stops rather than leave the image filesystem with less free space than this.
     #[serde(default = "default_min_free_percent")]
     pub min_free_percent: u8,
+    /// A layer download that receives no bytes for this long is cancelled (`DeadlineExceeded`),
+    /// as containerd's `image_pull_progress_timeout`; one that makes progress runs as long as it
+    /// needs. `"5m"`, `"90s"`, `"1h"`: 1 s to 1 h.
+    #[serde(
+        default = "default_pull_progress_timeout",
+        deserialize_with = "progress_timeout"
+    )]
+    pub pull_progress_timeout: std::time::Duration,
+}
+
+/// containerd's default `image_pull_progress_timeout`.
+pub const DEFAULT_PULL_PROGRESS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+const PULL_PROGRESS_TIMEOUT_RANGE: (u64, u64) = (1, 3600);
+
+fn default_pull_progress_timeout() -> std::time::Duration {
+    DEFAULT_PULL_PROGRESS_TIMEOUT
+}
+
+fn progress_timeout<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<std::time::Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    let t = humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!("pull_progress_timeout {s:?}: {e} (e.g. \"5m\")"))
+    })?;
+    let (lo, hi) = PULL_PROGRESS_TIMEOUT_RANGE;
+    if t.as_secs() < lo || t.as_secs() > hi {
+        return Err(serde::de::Error::custom(format!(
+            "pull_progress_timeout {s:?} is outside {lo} s to {hi} s"
+        )));
+    }
+    Ok(t)
 }
 
 fn default_max_unpacked_bytes() -> u64 {
@@ -48,6 +80,7 @@ impl Default for ImagesConfig {
             max_unpacked_bytes: DEFAULT_MAX_UNPACKED_BYTES,
             max_layer_entries: DEFAULT_MAX_LAYER_ENTRIES,
             min_free_percent: DEFAULT_MIN_FREE_PERCENT,
+            pull_progress_timeout: DEFAULT_PULL_PROGRESS_TIMEOUT,
         }
     }
 }
@@ -59,6 +92,7 @@ impl ImagesConfig {
             max_unpacked_bytes: u64::MAX,
             max_layer_entries: u64::MAX,
             min_free_percent: 0,
+            pull_progress_timeout: DEFAULT_PULL_PROGRESS_TIMEOUT,
         }
     }
 
@@ -190,6 +224,7 @@ mod tests {
             max_unpacked_bytes: 100,
             max_layer_entries: 2,
             min_free_percent: 0,
+            ..ImagesConfig::default()
         });
         b.add_bytes(60, &fd).unwrap();
         assert!(b.fits(40).is_ok() && b.fits(41).is_err());

@@ -355,8 +355,20 @@ impl ImageStore {
             let mut hasher = Hasher::default();
             let mut size = 0u64;
             let mut feeding = true;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
+            let stall = self.limits.pull_progress_timeout;
+            loop {
+                let next = tokio::time::timeout(stall, stream.next()).await;
+                let chunk = match next {
+                    Ok(Some(chunk)) => chunk?,
+                    Ok(None) => break,
+                    Err(_) => {
+                        return Err(ImageError::PullStalled {
+                            layer: digest.to_string(),
+                            received: size,
+                            timeout: stall,
+                        })
+                    }
+                };
                 size += chunk.len() as u64;
                 if size > desc.size() {
                     return Err(ImageError::DigestMismatch {

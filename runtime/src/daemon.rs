@@ -48,7 +48,8 @@ pub async fn serve_until(
     let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
         .await
         .context("opening the image store")?
-        .with_limits(config.images.clone());
+        .with_limits(config.images.clone())
+        .context("building the registry client")?;
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone());
     let runtime =

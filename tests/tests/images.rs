@@ -1137,3 +1137,113 @@ async fn serve_exits_zero_on_sigterm_after_serving_requests() {
     assert!(d.list_images(None).await.unwrap().is_empty());
     d.stop();
 }
+
+/// A loopback proxy to `upstream` that forwards everything, except that once a request for a path
+/// containing `stall_on` goes through, it passes only `budget` more bytes of the reply and then
+/// holds the connection open, sending nothing: a registry that stalls mid-layer.
+async fn stalling_proxy(upstream: String, stall_on: String, budget: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                continue;
+            };
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let flag = stalled.clone();
+            let needle = stall_on.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 << 10];
+                while let Ok(n) = cr.read(&mut buf).await {
+                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if String::from_utf8_lossy(&buf[..n]).contains(&needle) {
+                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 << 10];
+                let mut left = budget;
+                while let Ok(n) = sr.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    let n = if stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                        let n = n.min(left);
+                        left -= n;
+                        n
+                    } else {
+                        n
+                    };
+                    if n > 0 && cw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    if stalled.load(std::sync::atomic::Ordering::SeqCst) && left == 0 {
+                        // Hold the connection: the client waits for bytes that never come.
+                        tokio::time::sleep(Duration::from_secs(600)).await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `[images] pull_progress_timeout`: a layer that stops arriving midway is cancelled with
+/// `DeadlineExceeded` naming the layer and the bytes received, after about the timeout, and
+/// nothing of it is kept; the same image pulls through once the registry answers again.
+#[tokio::test]
+async fn a_pull_that_stalls_is_cancelled_after_the_progress_timeout() {
+    let reg = registry().await;
+    let mut tar = crishim_tests::image::RawTar::new();
+    // Random bytes, so gzip cannot shrink the layer below the bytes the proxy lets through.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..(2u32 << 20))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    tar.file("noise.bin", &noise, 0o644);
+    let layer = crishim_tests::Layer::from_tar(&tar.finish(), Compression::Gzip);
+    let layer_digest = layer.digest.clone();
+    assert!(
+        layer.blob.len() > 1 << 20,
+        "the layer must outgrow the proxy's budget"
+    );
+    let p = push(&reg, "stall", "v1", &Image::new(vec![layer])).await;
+    let proxy = stalling_proxy(reg.host(), digest_hex(&layer_digest).to_string(), 256 << 10).await;
+    let mut opts = DaemonOptions::new().mirror(&reg.host(), &[&format!("http://{proxy}")]);
+    opts.images.push("pull_progress_timeout = \"2s\"".into());
+    let d = daemon(opts).await;
+
+    let t0 = std::time::Instant::now();
+    let e = d.pull(&p.tag_ref()).await.expect_err("a stalled pull");
+    let took = t0.elapsed();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+    assert!(e.message().contains(digest_hex(&layer_digest)), "{e:?}");
+    assert!(e.message().contains("pull_progress_timeout"), "{e:?}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(20),
+        "cancelled after {took:?}"
+    );
+    assert_nothing_stored(&d, &p.tag_ref(), &layer_digest).await;
+
+    // An out-of-range timeout is refused at start-up, naming the key.
+    let mut bad = DaemonOptions::new();
+    bad.images.push("pull_progress_timeout = \"0s\"".into());
+    let out = serve_expecting_exit(&bad, BAD_CONFIG_TIMEOUT)
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("pull_progress_timeout"), "{stderr}");
+}

@@ -108,8 +108,20 @@ fn url_host(url: &Url) -> String {
     }
 }
 
+/// How long one read of a reply may wait, unless [`RegistryClient::with_read_timeout`] says.
+const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
 impl RegistryClient {
     pub fn new(config: RegistryConfig) -> Result<Self> {
+        Self::build(config, DEFAULT_READ_TIMEOUT)
+    }
+
+    /// The same client with another read timeout (each read of a reply, headers included).
+    pub fn with_read_timeout(self, read: Duration) -> Result<Self> {
+        Self::build(self.config, read)
+    }
+
+    fn build(config: RegistryConfig, read_timeout: Duration) -> Result<Self> {
         let plain_http = PlainHttp {
             insecure: config
                 .configs
@@ -140,7 +152,7 @@ impl RegistryClient {
         let build = |insecure: bool| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
-                .read_timeout(Duration::from_secs(120))
+                .read_timeout(read_timeout)
                 .redirect(policy())
                 .danger_accept_invalid_certs(insecure)
                 .user_agent(concat!("crishim/", env!("CARGO_PKG_VERSION")))

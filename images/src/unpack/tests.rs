@@ -427,6 +427,7 @@ fn unpacked_bytes_and_entries_are_limited() {
         max_unpacked_bytes: 64 << 10,
         max_layer_entries: 100,
         min_free_percent: 0,
+        ..crate::ImagesConfig::default()
     };
     let big = RawTar::new().file("zeros", &vec![0u8; 128 << 10]).finish();
     let e = run_with(&big, limits.clone()).1.unwrap_err();

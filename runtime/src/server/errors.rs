@@ -18,6 +18,7 @@ pub fn from_image_error(e: ImageError) -> Status {
         ImageErrorKind::Unavailable => Code::Unavailable,
         ImageErrorKind::DataLoss => Code::DataLoss,
         ImageErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ImageErrorKind::DeadlineExceeded => Code::DeadlineExceeded,
         ImageErrorKind::ResourceExhausted => Code::ResourceExhausted,
         ImageErrorKind::Internal => Code::Internal,
     };
