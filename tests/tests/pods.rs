@@ -1870,6 +1870,30 @@ async fn an_unknown_runtime_handler_is_refused() {
         .map(|h| h.name.as_str())
         .collect();
     assert_eq!(names, [""]);
+    // PullImage names a handler too (one image store serves them all).
+    let e = env
+        .d
+        .image_client()
+        .pull_image(cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: env.image(),
+                runtime_handler: "kata".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // Labels and annotations are capped (every relist repeats them).
+    let mut fat = cfg.clone();
+    fat.annotations = (0..300)
+        .map(|i| (format!("a{i}"), "x".repeat(1024)))
+        .collect();
+    let e = env.d.run_pod(&fat).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("annotations"), "{e:?}");
+    assert!(env.d.list_pod_ids(None).await.unwrap().is_empty());
     // The same pod with the default handler runs.
     let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
     env.d.stop_pod(&pod).await.unwrap();

@@ -48,6 +48,7 @@ impl RuntimeService {
         if image_name.is_empty() {
             return Err(Status::invalid_argument("CreateContainer: image is empty"));
         }
+        crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
         let pod = inner.store.pod(&req.pod_sandbox_id)?;
         let log_path = log_path(&pod, &config.log_path)?;
         let _pod_guard = inner.store.lock(&pod.id).await;

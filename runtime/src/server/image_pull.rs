@@ -11,7 +11,10 @@ impl ImageService {
         &self,
         req: PullImageRequest,
     ) -> Result<PullImageResponse, Status> {
-        let image = req.image.map(|i| i.image).unwrap_or_default();
+        let spec = req.image.unwrap_or_default();
+        // One image store serves every handler (KEP-4216), so a known one changes nothing.
+        super::sandbox_run::check_handler("PullImage", &spec.runtime_handler)?;
+        let image = spec.image;
         if image.is_empty() {
             return Err(Status::invalid_argument(
                 "PullImage: image reference is empty",

@@ -45,6 +45,7 @@ impl RuntimeService {
             )));
         }
         check_hostname(&config.hostname)?;
+        crate::bounds::check_metadata("RunPodSandbox", &config.labels, &config.annotations)?;
         check_host_network_hostname(&config)?;
         check_runtime_handler(&req.runtime_handler)?;
         let pod_selinux = config
@@ -124,11 +125,16 @@ pub(super) const RUNTIME_HANDLERS: [&str; 1] = [""];
 /// A pod that asks for a handler this node lacks (a sandboxed one, say) is refused rather than
 /// run without the isolation it asked for.
 fn check_runtime_handler(handler: &str) -> Result<(), Status> {
+    check_handler("RunPodSandbox", handler)
+}
+
+/// A runtime handler this node has (`rpc` names the request in the refusal).
+pub(super) fn check_handler(rpc: &str, handler: &str) -> Result<(), Status> {
     if RUNTIME_HANDLERS.contains(&handler) {
         return Ok(());
     }
     Err(Status::invalid_argument(format!(
-        "RunPodSandbox: runtime handler {:?} is not configured on this node; it has only the \
+        "{rpc}: runtime handler {:?} is not configured on this node; it has only the \
          default handler (\"\", libcontainer)",
         shown(handler)
     )))
