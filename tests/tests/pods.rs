@@ -849,6 +849,19 @@ impl Drop for SharedDir {
     }
 }
 
+/// A new directory `dir` with a 1 MiB tmpfs named `source` mounted on it (on the host).
+fn mount_tmpfs(dir: &Path, source: &str) {
+    std::fs::create_dir(dir).unwrap();
+    nix::mount::mount(
+        Some(source),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )
+    .expect("mounting a tmpfs on the host");
+}
+
 /// `Status` announces recursive read-only mounts (this kernel has `mount_setattr`), and such a
 /// mount makes a submount read-only too, where a plain read-only bind leaves it writable.
 #[tokio::test]
@@ -856,15 +869,7 @@ async fn recursive_read_only_mounts_are_announced_and_reach_submounts() {
     let shared = SharedDir::new();
     let host_dir = shared.path().to_path_buf();
     let sub = host_dir.join("sub");
-    std::fs::create_dir(&sub).unwrap();
-    nix::mount::mount(
-        Some("crishim-rro"),
-        &sub,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .expect("mounting a tmpfs on the host");
+    mount_tmpfs(&sub, "crishim-rro");
     let env = PodEnv::start().await;
     let d = &env.d;
     let status = d.runtime_status().await.expect("Status");
@@ -982,15 +987,7 @@ async fn bidirectional_mount_propagates_mounts_both_ways() {
 
     // Host → container.
     let from_host = host_dir.join("fromhost");
-    std::fs::create_dir(&from_host).unwrap();
-    nix::mount::mount(
-        Some("crishim-bidi-host"),
-        &from_host,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .expect("mounting a tmpfs on the host");
+    mount_tmpfs(&from_host, "crishim-bidi-host");
     std::fs::write(from_host.join("g"), "from-host\n").unwrap();
     assert_eq!(
         d.exec_ok(&id, &["cat", "/mnt/shared/fromhost/g"]).await,
