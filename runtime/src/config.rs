@@ -61,6 +61,9 @@ pub struct Config {
     /// `[gpu]`: GPU discovery and injection (see `crate::gpu`).
     #[serde(default)]
     pub gpu: crate::gpu::GpuConfig,
+    /// `[metrics] address`: Prometheus text at `/metrics`; off when unset.
+    #[serde(default)]
+    pub metrics: crate::metrics::MetricsConfig,
     /// `cgroupfs` (crishim writes the cgroups) or `systemd` (each container is a transient scope
     /// in its pod's slice, made through systemd's D-Bus API; cgroup v2 only). It must match the
     /// kubelet's `--cgroup-driver`; `RuntimeConfig` reports it.
@@ -174,6 +177,7 @@ impl Default for Config {
             cni: CniConfig::default(),
             streaming: StreamingConfig::default(),
             gpu: crate::gpu::GpuConfig::default(),
+            metrics: Default::default(),
             cgroup_driver: crate::cgroups::CgroupDriver::default(),
         }
     }

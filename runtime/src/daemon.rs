@@ -59,6 +59,14 @@ pub async fn serve_until(
         .start_streaming()
         .await
         .context("starting the streaming server")?;
+    if let Some(address) = &config.metrics.address {
+        let metrics = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("[metrics] address {address:?}: binding"))?;
+        info!(address = %metrics.local_addr().map_or(address.clone(), |a| a.to_string()), "serving /metrics");
+        let source = runtime.clone();
+        tokio::spawn(crate::metrics::serve(metrics, move || source.gauges()));
+    }
 
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");

@@ -11,6 +11,7 @@ pub mod cri_client;
 pub mod daemon;
 pub mod gpu;
 pub mod host_files;
+pub mod metrics;
 pub mod records;
 pub mod server;
 pub mod shim_client;

@@ -343,6 +343,11 @@ impl Store {
         }
     }
 
+    /// How many pods' shims are followed (their `Watch` stream is open).
+    pub fn watched_count(&self) -> usize {
+        self.watched.lock().unwrap().len()
+    }
+
     /// The ids of every pod and every container.
     pub fn ids(&self) -> (HashSet<String>, HashSet<String>) {
         let index = self.index.lock().unwrap();

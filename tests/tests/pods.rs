@@ -1897,3 +1897,107 @@ async fn an_unknown_runtime_handler_is_refused() {
     env.d.remove_pod(&pod).await.unwrap();
     env.stop();
 }
+
+/// `GET /metrics` on `addr`: the body.
+async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics endpoint");
+    sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    sock.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name{labels}` (`0` when absent).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `[metrics] address`: the Prometheus endpoint counts CRI calls by method and code, times pod
+/// start-up and pulls, and reports pods and containers by state.
+#[tokio::test]
+async fn metrics_count_calls_pod_starts_pulls_and_states() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let opts = DaemonOptions::new().extra_toml(&format!("[metrics]\naddress = \"{addr}\""));
+    let env = PodEnv::start_with(opts).await;
+    let cfg = env.pod_config("metrics");
+    let c = sh_container(&env, "metrics", LOOP_UNTIL_TERM, &marker("metrics"));
+    let (pod, _id, traces) = env.run_traced(&cfg, &c).await;
+    let _ = env.d.container_status("no-such-container").await;
+
+    let text = scrape(&addr).await;
+    let ok = |m: &str| {
+        sample(
+            &text,
+            &format!("crishim_cri_requests_total{{method=\"{m}\",code=\"OK\"}}"),
+        )
+    };
+    assert_eq!(ok("RunPodSandbox"), 1.0, "{text}");
+    assert_eq!(ok("StartContainer"), 1.0, "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            "crishim_cri_requests_total{method=\"ContainerStatus\",code=\"NotFound\"}"
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            "crishim_cri_request_duration_seconds_count{method=\"CreateContainer\"}"
+        ) >= 1.0
+    );
+    assert_eq!(
+        sample(&text, "crishim_pod_start_duration_seconds_count"),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        sample(&text, "crishim_image_pulls_total{result=\"success\"}") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        sample(&text, "crishim_image_pull_bytes_total") > 0.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "crishim_pods{state=\"ready\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "crishim_containers{state=\"running\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(sample(&text, "crishim_shims"), 1.0, "{text}");
+
+    env.d.stop_pod(&pod).await.unwrap();
+    let text = scrape(&addr).await;
+    assert_eq!(
+        sample(&text, "crishim_pods{state=\"notready\"}"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "crishim_containers{state=\"exited\"}"),
+        1.0,
+        "{text}"
+    );
+    env.d.remove_pod(&pod).await.unwrap();
+    assert_no_leaks(&env.d, &traces).await;
+    env.stop();
+}

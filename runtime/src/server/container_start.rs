@@ -7,6 +7,23 @@ use tonic::Status;
 use super::errors::unexpected;
 use super::runtime_service::RuntimeService;
 
+impl super::runtime_service::Inner {
+    /// The pod's first container to start ends its start-up: observed once per pod.
+    fn count_pod_start(&self, c: &crate::records::ContainerRecord) {
+        let first = self
+            .store
+            .pod_containers(&c.pod_id)
+            .iter()
+            .all(|o| o.id == c.id || o.last.as_ref().is_none_or(|s| s.started_at == 0));
+        if let (true, Ok(pod)) = (first, self.store.pod(&c.pod_id)) {
+            let took = crate::records::now_nanos()
+                .saturating_sub(pod.created_at)
+                .max(0);
+            crate::metrics::global().pod_started(std::time::Duration::from_nanos(took as u64));
+        }
+    }
+}
+
 impl RuntimeService {
     pub(super) async fn do_start_container(
         &self,
@@ -32,6 +49,7 @@ impl RuntimeService {
                 Err(Status::failed_precondition(message))
             }
             Response::State(s) => {
+                inner.count_pod_start(&c);
                 // Announce the start with the state the shim answered, then record it through the
                 // same merge as the exit watcher: an exit it already recorded is never undone,
                 // and one seen first here is announced (once) after the start.

@@ -113,6 +113,9 @@ impl Inner {
         state: ContainerState,
     ) -> Option<ContainerRecord> {
         let (record, exited) = self.store.record_state(id, state)?;
+        if exited && record.last.as_ref().is_some_and(|s| s.oom_killed) {
+            crate::metrics::global().oom_killed();
+        }
         if exited {
             self.emit_container(&record, ContainerEventType::ContainerStoppedEvent)
                 .await;

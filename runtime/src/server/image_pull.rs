@@ -31,11 +31,11 @@ impl ImageService {
             .map_err(|e| Status::invalid_argument(format!("PullImage: auth: {e}")))?,
             None => None,
         };
-        let record = self
-            .store
-            .pull(&image, creds.as_ref())
-            .await
-            .map_err(from_image_error)?;
+        let t0 = std::time::Instant::now();
+        let pulled = self.store.pull(&image, creds.as_ref()).await;
+        let size = pulled.as_ref().map_or(0, |r| r.size);
+        crate::metrics::global().pull(pulled.is_ok(), size, t0.elapsed());
+        let record = pulled.map_err(from_image_error)?;
         Ok(PullImageResponse {
             image_ref: record.id.to_string(),
         })

@@ -104,8 +104,15 @@ impl runtime_service::Inner {
     }
 }
 
-/// Log each call's outcome once, at the edge.
-fn logged<T>(rpc: &'static str, r: Result<T, Status>) -> Result<Response<T>, Status> {
+/// Run one call, then log its outcome once, at the edge, and count it in the metrics.
+async fn logged<T>(
+    rpc: &'static str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<Response<T>, Status> {
+    let t0 = std::time::Instant::now();
+    let r = call.await;
+    let code = r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+    crate::metrics::global().request(rpc, code, t0.elapsed());
     match r {
         Ok(v) => {
             debug!(rpc, "ok");
@@ -124,28 +131,28 @@ impl cri::image_service_server::ImageService for ImageService {
         &self,
         r: Request<cri::ListImagesRequest>,
     ) -> Result<Response<cri::ListImagesResponse>, Status> {
-        logged("ListImages", self.do_list_images(r.into_inner()).await)
+        logged("ListImages", self.do_list_images(r.into_inner())).await
     }
 
     async fn image_status(
         &self,
         r: Request<cri::ImageStatusRequest>,
     ) -> Result<Response<cri::ImageStatusResponse>, Status> {
-        logged("ImageStatus", self.do_image_status(r.into_inner()).await)
+        logged("ImageStatus", self.do_image_status(r.into_inner())).await
     }
 
     async fn pull_image(
         &self,
         r: Request<cri::PullImageRequest>,
     ) -> Result<Response<cri::PullImageResponse>, Status> {
-        logged("PullImage", self.do_pull_image(r.into_inner()).await)
+        logged("PullImage", self.do_pull_image(r.into_inner())).await
     }
 
     async fn remove_image(
         &self,
         r: Request<cri::RemoveImageRequest>,
     ) -> Result<Response<cri::RemoveImageResponse>, Status> {
-        logged("RemoveImage", self.do_remove_image(r.into_inner()).await)
+        logged("RemoveImage", self.do_remove_image(r.into_inner())).await
     }
 
     type StreamImagesStream = list_streams::Chunks<cri::StreamImagesResponse>;
@@ -154,13 +161,13 @@ impl cri::image_service_server::ImageService for ImageService {
         &self,
         r: Request<cri::StreamImagesRequest>,
     ) -> Result<Response<Self::StreamImagesStream>, Status> {
-        logged("StreamImages", self.do_stream_images(r.into_inner()).await)
+        logged("StreamImages", self.do_stream_images(r.into_inner())).await
     }
 
     async fn image_fs_info(
         &self,
         r: Request<cri::ImageFsInfoRequest>,
     ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
-        logged("ImageFsInfo", self.do_image_fs_info(r.into_inner()).await)
+        logged("ImageFsInfo", self.do_image_fs_info(r.into_inner())).await
     }
 }

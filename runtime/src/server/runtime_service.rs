@@ -128,6 +128,42 @@ impl RuntimeService {
 }
 
 impl RuntimeService {
+    /// Pods and containers by state, and the shims followed, for a metrics scrape.
+    pub fn gauges(&self) -> crate::metrics::Gauges {
+        use crate::records::PodState;
+        let store = &self.inner.store;
+        let mut g = crate::metrics::Gauges {
+            shims: store.watched_count() as u64,
+            ..Default::default()
+        };
+        for state in store.pods_viewed(|p| Some(p.state)) {
+            let name = match state {
+                PodState::Creating => "creating",
+                PodState::Ready => "ready",
+                PodState::NotReady => "notready",
+            };
+            *g.pods.entry(name).or_default() += 1;
+        }
+        // Followed or exited: current. The others: the state recorded last (a scrape asks no
+        // shim).
+        let (mut states, others) = store.containers_by_state(|_| true, |_, s| s.status);
+        states.extend(
+            others
+                .iter()
+                .map(|c| c.last.as_ref().map_or(ShimStatus::Created, |s| s.status)),
+        );
+        for status in states {
+            let name = match status {
+                ShimStatus::Created => "created",
+                ShimStatus::Running => "running",
+                ShimStatus::Exited => "exited",
+                ShimStatus::Unknown => "unknown",
+            };
+            *g.containers.entry(name).or_default() += 1;
+        }
+        g
+    }
+
     /// Reconcile records with what runs, after a restart (see `Inner::recover`).
     pub async fn recover(&self) {
         self.inner.recover().await
@@ -277,25 +313,19 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         &self,
         r: GrpcRequest<cri::VersionRequest>,
     ) -> Result<GrpcResponse<cri::VersionResponse>, Status> {
-        logged("Version", self.do_version(r.into_inner()).await)
+        logged("Version", self.do_version(r.into_inner())).await
     }
     async fn run_pod_sandbox(
         &self,
         r: GrpcRequest<cri::RunPodSandboxRequest>,
     ) -> Result<GrpcResponse<cri::RunPodSandboxResponse>, Status> {
-        logged(
-            "RunPodSandbox",
-            self.do_run_pod_sandbox(r.into_inner()).await,
-        )
+        logged("RunPodSandbox", self.do_run_pod_sandbox(r.into_inner())).await
     }
     async fn stop_pod_sandbox(
         &self,
         r: GrpcRequest<cri::StopPodSandboxRequest>,
     ) -> Result<GrpcResponse<cri::StopPodSandboxResponse>, Status> {
-        logged(
-            "StopPodSandbox",
-            self.do_stop_pod_sandbox(r.into_inner()).await,
-        )
+        logged("StopPodSandbox", self.do_stop_pod_sandbox(r.into_inner())).await
     }
     async fn remove_pod_sandbox(
         &self,
@@ -303,8 +333,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::RemovePodSandboxResponse>, Status> {
         logged(
             "RemovePodSandbox",
-            self.do_remove_pod_sandbox(r.into_inner()).await,
+            self.do_remove_pod_sandbox(r.into_inner()),
         )
+        .await
     }
     async fn pod_sandbox_status(
         &self,
@@ -312,71 +343,51 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::PodSandboxStatusResponse>, Status> {
         logged(
             "PodSandboxStatus",
-            self.do_pod_sandbox_status(r.into_inner()).await,
+            self.do_pod_sandbox_status(r.into_inner()),
         )
+        .await
     }
     async fn list_pod_sandbox(
         &self,
         r: GrpcRequest<cri::ListPodSandboxRequest>,
     ) -> Result<GrpcResponse<cri::ListPodSandboxResponse>, Status> {
-        logged(
-            "ListPodSandbox",
-            self.do_list_pod_sandbox(r.into_inner()).await,
-        )
+        logged("ListPodSandbox", self.do_list_pod_sandbox(r.into_inner())).await
     }
     async fn create_container(
         &self,
         r: GrpcRequest<cri::CreateContainerRequest>,
     ) -> Result<GrpcResponse<cri::CreateContainerResponse>, Status> {
-        logged(
-            "CreateContainer",
-            self.do_create_container(r.into_inner()).await,
-        )
+        logged("CreateContainer", self.do_create_container(r.into_inner())).await
     }
     async fn start_container(
         &self,
         r: GrpcRequest<cri::StartContainerRequest>,
     ) -> Result<GrpcResponse<cri::StartContainerResponse>, Status> {
-        logged(
-            "StartContainer",
-            self.do_start_container(r.into_inner()).await,
-        )
+        logged("StartContainer", self.do_start_container(r.into_inner())).await
     }
     async fn stop_container(
         &self,
         r: GrpcRequest<cri::StopContainerRequest>,
     ) -> Result<GrpcResponse<cri::StopContainerResponse>, Status> {
-        logged(
-            "StopContainer",
-            self.do_stop_container(r.into_inner()).await,
-        )
+        logged("StopContainer", self.do_stop_container(r.into_inner())).await
     }
     async fn remove_container(
         &self,
         r: GrpcRequest<cri::RemoveContainerRequest>,
     ) -> Result<GrpcResponse<cri::RemoveContainerResponse>, Status> {
-        logged(
-            "RemoveContainer",
-            self.do_remove_container(r.into_inner()).await,
-        )
+        logged("RemoveContainer", self.do_remove_container(r.into_inner())).await
     }
     async fn list_containers(
         &self,
         r: GrpcRequest<cri::ListContainersRequest>,
     ) -> Result<GrpcResponse<cri::ListContainersResponse>, Status> {
-        logged(
-            "ListContainers",
-            self.do_list_containers(r.into_inner()).await,
-        )
+        logged("ListContainers", self.do_list_containers(r.into_inner())).await
     }
     async fn container_status(
         &self,
         r: GrpcRequest<cri::ContainerStatusRequest>,
     ) -> Result<GrpcResponse<cri::ContainerStatusResponse>, Status> {
-        logged(
-            "ContainerStatus",
-            self.do_container_status(r.into_inner()).await,
-        )
+        logged("ContainerStatus", self.do_container_status(r.into_inner())).await
     }
     async fn reopen_container_log(
         &self,
@@ -384,14 +395,15 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::ReopenContainerLogResponse>, Status> {
         logged(
             "ReopenContainerLog",
-            self.do_reopen_container_log(r.into_inner()).await,
+            self.do_reopen_container_log(r.into_inner()),
         )
+        .await
     }
     async fn exec_sync(
         &self,
         r: GrpcRequest<cri::ExecSyncRequest>,
     ) -> Result<GrpcResponse<cri::ExecSyncResponse>, Status> {
-        logged("ExecSync", self.do_exec_sync(r.into_inner()).await)
+        logged("ExecSync", self.do_exec_sync(r.into_inner())).await
     }
     async fn update_runtime_config(
         &self,
@@ -399,23 +411,21 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::UpdateRuntimeConfigResponse>, Status> {
         logged(
             "UpdateRuntimeConfig",
-            self.do_update_runtime_config(r.into_inner()).await,
+            self.do_update_runtime_config(r.into_inner()),
         )
+        .await
     }
     async fn status(
         &self,
         r: GrpcRequest<cri::StatusRequest>,
     ) -> Result<GrpcResponse<cri::StatusResponse>, Status> {
-        logged("Status", self.do_status(r.into_inner()).await)
+        logged("Status", self.do_status(r.into_inner())).await
     }
     async fn runtime_config(
         &self,
         r: GrpcRequest<cri::RuntimeConfigRequest>,
     ) -> Result<GrpcResponse<cri::RuntimeConfigResponse>, Status> {
-        logged(
-            "RuntimeConfig",
-            self.do_runtime_config(r.into_inner()).await,
-        )
+        logged("RuntimeConfig", self.do_runtime_config(r.into_inner())).await
     }
 
     async fn update_container_resources(
@@ -424,35 +434,33 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::UpdateContainerResourcesResponse>, Status> {
         logged(
             "UpdateContainerResources",
-            self.do_update_container_resources(r.into_inner()).await,
+            self.do_update_container_resources(r.into_inner()),
         )
+        .await
     }
     async fn exec(
         &self,
         r: GrpcRequest<cri::ExecRequest>,
     ) -> Result<GrpcResponse<cri::ExecResponse>, Status> {
-        logged("Exec", self.do_exec(r.into_inner()).await)
+        logged("Exec", self.do_exec(r.into_inner())).await
     }
     async fn attach(
         &self,
         r: GrpcRequest<cri::AttachRequest>,
     ) -> Result<GrpcResponse<cri::AttachResponse>, Status> {
-        logged("Attach", self.do_attach(r.into_inner()).await)
+        logged("Attach", self.do_attach(r.into_inner())).await
     }
     async fn port_forward(
         &self,
         r: GrpcRequest<cri::PortForwardRequest>,
     ) -> Result<GrpcResponse<cri::PortForwardResponse>, Status> {
-        logged("PortForward", self.do_port_forward(r.into_inner()).await)
+        logged("PortForward", self.do_port_forward(r.into_inner())).await
     }
     async fn container_stats(
         &self,
         r: GrpcRequest<cri::ContainerStatsRequest>,
     ) -> Result<GrpcResponse<cri::ContainerStatsResponse>, Status> {
-        logged(
-            "ContainerStats",
-            self.do_container_stats(r.into_inner()).await,
-        )
+        logged("ContainerStats", self.do_container_stats(r.into_inner())).await
     }
     async fn list_container_stats(
         &self,
@@ -460,17 +468,15 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::ListContainerStatsResponse>, Status> {
         logged(
             "ListContainerStats",
-            self.do_list_container_stats(r.into_inner()).await,
+            self.do_list_container_stats(r.into_inner()),
         )
+        .await
     }
     async fn pod_sandbox_stats(
         &self,
         r: GrpcRequest<cri::PodSandboxStatsRequest>,
     ) -> Result<GrpcResponse<cri::PodSandboxStatsResponse>, Status> {
-        logged(
-            "PodSandboxStats",
-            self.do_pod_sandbox_stats(r.into_inner()).await,
-        )
+        logged("PodSandboxStats", self.do_pod_sandbox_stats(r.into_inner())).await
     }
     async fn list_pod_sandbox_stats(
         &self,
@@ -478,8 +484,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::ListPodSandboxStatsResponse>, Status> {
         logged(
             "ListPodSandboxStats",
-            self.do_list_pod_sandbox_stats(r.into_inner()).await,
+            self.do_list_pod_sandbox_stats(r.into_inner()),
         )
+        .await
     }
     async fn checkpoint_container(
         &self,
@@ -496,8 +503,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::ListMetricDescriptorsResponse>, Status> {
         logged(
             "ListMetricDescriptors",
-            self.do_list_metric_descriptors(r.into_inner()).await,
+            self.do_list_metric_descriptors(r.into_inner()),
         )
+        .await
     }
     async fn list_pod_sandbox_metrics(
         &self,
@@ -505,8 +513,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::ListPodSandboxMetricsResponse>, Status> {
         logged(
             "ListPodSandboxMetrics",
-            self.do_list_pod_sandbox_metrics(r.into_inner()).await,
+            self.do_list_pod_sandbox_metrics(r.into_inner()),
         )
+        .await
     }
 
     async fn update_pod_sandbox_resources(
@@ -515,8 +524,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<cri::UpdatePodSandboxResourcesResponse>, Status> {
         logged(
             "UpdatePodSandboxResources",
-            self.do_update_pod_sandbox_resources(r.into_inner()).await,
+            self.do_update_pod_sandbox_resources(r.into_inner()),
         )
+        .await
     }
 
     type StreamPodSandboxesStream = Chunks<cri::StreamPodSandboxesResponse>;
@@ -527,8 +537,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<Self::StreamPodSandboxesStream>, Status> {
         logged(
             "StreamPodSandboxes",
-            self.do_stream_pod_sandboxes(r.into_inner()).await,
+            self.do_stream_pod_sandboxes(r.into_inner()),
         )
+        .await
     }
 
     type StreamContainersStream = Chunks<cri::StreamContainersResponse>;
@@ -539,8 +550,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<Self::StreamContainersStream>, Status> {
         logged(
             "StreamContainers",
-            self.do_stream_containers(r.into_inner()).await,
+            self.do_stream_containers(r.into_inner()),
         )
+        .await
     }
 
     type StreamContainerStatsStream = Chunks<cri::StreamContainerStatsResponse>;
@@ -551,8 +563,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<Self::StreamContainerStatsStream>, Status> {
         logged(
             "StreamContainerStats",
-            self.do_stream_container_stats(r.into_inner()).await,
+            self.do_stream_container_stats(r.into_inner()),
         )
+        .await
     }
 
     type StreamPodSandboxStatsStream = Chunks<cri::StreamPodSandboxStatsResponse>;
@@ -563,8 +576,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<Self::StreamPodSandboxStatsStream>, Status> {
         logged(
             "StreamPodSandboxStats",
-            self.do_stream_pod_sandbox_stats(r.into_inner()).await,
+            self.do_stream_pod_sandbox_stats(r.into_inner()),
         )
+        .await
     }
 
     type StreamPodSandboxMetricsStream = Chunks<cri::StreamPodSandboxMetricsResponse>;
@@ -575,8 +589,9 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<GrpcResponse<Self::StreamPodSandboxMetricsStream>, Status> {
         logged(
             "StreamPodSandboxMetrics",
-            self.do_stream_pod_sandbox_metrics(r.into_inner()).await,
+            self.do_stream_pod_sandbox_metrics(r.into_inner()),
         )
+        .await
     }
 
     type GetContainerEventsStream = EventStream;
