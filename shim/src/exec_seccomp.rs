@@ -22,6 +22,9 @@ const LOAD_CAPS: [Capability; 2] = [Capability::SysAdmin, Capability::Setpcap];
 #[derive(Clone)]
 pub struct SeccompExecutor {
     seccomp: LinuxSeccomp,
+    /// The profile compiled once by this shim (`seccomp_program`); `None`: libcontainer builds
+    /// it in the process (notify profiles).
+    program: Option<std::sync::Arc<crate::seccomp_program::Program>>,
     /// The container's own capabilities, to return to once the filter is loaded; `None` when the
     /// process can load it as it is.
     restore: Option<LinuxCapabilities>,
@@ -36,7 +39,15 @@ impl SeccompExecutor {
             process.set_capabilities(Some(widened(&own)));
             own
         });
-        Self { seccomp, restore }
+        let program = crate::seccomp_program::cached(&seccomp).unwrap_or_else(|e| {
+            eprintln!("crishim-shim: compiling the seccomp profile ({e}); libcontainer will");
+            None
+        });
+        Self {
+            seccomp,
+            program,
+            restore,
+        }
     }
 }
 
@@ -69,10 +80,16 @@ impl Executor for SeccompExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
         // A notify fd (SCMP_ACT_NOTIFY) has no listener for exec'd processes; closing it makes
         // those calls fail instead of hanging.
-        let notify = libcontainer::seccomp::initialize_seccomp(&self.seccomp)
-            .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
-        if let Some(fd) = notify {
-            let _ = nix::unistd::close(fd);
+        if let Some(program) = &self.program {
+            program
+                .load()
+                .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
+        } else {
+            let notify = libcontainer::seccomp::initialize_seccomp(&self.seccomp)
+                .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
+            if let Some(fd) = notify {
+                let _ = nix::unistd::close(fd);
+            }
         }
         if let Some(own) = &self.restore {
             let syscall = libcontainer::syscall::syscall::create_syscall();

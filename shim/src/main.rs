@@ -21,6 +21,7 @@ mod infra;
 mod logs;
 mod reaper;
 mod record;
+mod seccomp_program;
 mod server;
 mod start;
 mod stream;

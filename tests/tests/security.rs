@@ -598,6 +598,56 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         sc.run_as_user = Some(cri::Int64Value { value: 1000 });
     })
     .await;
+    // A Localhost profile with an argument comparison and an errno action.
+    let profile = env.d.dir().join("args-errno.json");
+    std::fs::write(
+        &profile,
+        r#"{"defaultAction":"SCMP_ACT_ALLOW","architectures":["SCMP_ARCH_X86_64"],
+            "syscalls":[{"names":["personality"],"action":"SCMP_ACT_ERRNO","errnoRet":18,
+                         "args":[{"index":0,"value":8,"op":"SCMP_CMP_EQ"}]},
+                        {"names":["unshare"],"action":"SCMP_ACT_ERRNO","errnoRet":1}]}"#,
+    )
+    .unwrap();
+    let local = start(&env, &pod, &pod_cfg, &mut traces, "local", |c| {
+        container_security(c).seccomp = Some(cri::SecurityProfile {
+            profile_type: ProfileType::Localhost as i32,
+            localhost_ref: profile.to_string_lossy().into_owned(),
+        });
+    })
+    .await;
+    // The shim loads a program it compiled once into exec'd processes; container init gets its
+    // filter from libcontainer (libseccomp, the reference path). The kernel holds the same
+    // program for both.
+    for (n, id) in [&root, &nnp, &local].into_iter().enumerate() {
+        let init = container_pid(&env, id).await;
+        let marker = format!("77{n}1");
+        let bg = format!("sleep {marker} </dev/null >/dev/null 2>&1 &");
+        env.d.exec_ok(id, &["sh", "-c", &bg]).await;
+        let execd = host_pid_with_cmdline(&["sleep", &marker]);
+        let (a, b) = (seccomp_program(init), seccomp_program(execd));
+        assert!(
+            a.len() > 8,
+            "{} bytes of BPF in the container's init",
+            a.len()
+        );
+        if a != b {
+            let at = a
+                .iter()
+                .zip(&b)
+                .position(|(x, y)| x != y)
+                .unwrap_or(a.len().min(b.len()));
+            panic!(
+                "the exec'd process's filter differs from the container init's: {} against {} \
+                 bytes, first at byte {at}",
+                b.len(),
+                a.len()
+            );
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(execd),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
     for id in [&root, &nnp] {
         let main = env.d.exec_ok(id, &["cat", "/proc/1/status"]).await;
         let execd = env.d.exec_ok(id, &["cat", "/proc/self/status"]).await;
@@ -615,6 +665,75 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         assert!(err.contains("Operation not permitted"), "stderr: {err}");
     }
     env.finish_pod(&pod, traces).await;
+}
+
+/// The host pid of the container's init (`ContainerStatus` verbose info).
+async fn container_pid(env: &PodEnv, id: &str) -> i32 {
+    let info = env
+        .d
+        .runtime_client()
+        .container_status(cri::ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
+    v["pid"].as_i64().unwrap() as i32
+}
+
+/// The host pid of the one process whose argv is `argv` (waits up to 5 s for it).
+fn host_pid_with_cmdline(argv: &[&str]) -> i32 {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    for _ in 0..500 {
+        let found = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            (std::fs::read(format!("/proc/{pid}/cmdline")).ok()? == want).then_some(pid)
+        });
+        if let Some(pid) = found {
+            return pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("no process runs {argv:?}");
+}
+
+/// The BPF program of the process's newest seccomp filter, as the kernel holds it
+/// (`PTRACE_SECCOMP_GET_FILTER`, while attached).
+fn seccomp_program(pid: i32) -> Vec<u8> {
+    const PTRACE_SECCOMP_GET_FILTER: libc::c_uint = 0x420c;
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: attach to a process of the test's own container, stop, read, detach.
+    unsafe {
+        assert_eq!(
+            libc::ptrace(libc::PTRACE_ATTACH, pid, null, null),
+            0,
+            "PTRACE_ATTACH {pid}: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut status = 0;
+        libc::waitpid(pid, &mut status, libc::__WALL);
+    }
+    let mut prog = vec![0u8; 8 * 4096];
+    // SAFETY: the kernel writes at most BPF_MAXINSNS instructions of 8 bytes into `prog`.
+    let n = unsafe {
+        libc::ptrace(
+            PTRACE_SECCOMP_GET_FILTER,
+            pid,
+            0usize,
+            prog.as_mut_ptr() as *mut libc::c_void,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    // SAFETY: detaching lets the process run on.
+    unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, null, null) };
+    assert!(n > 0, "PTRACE_SECCOMP_GET_FILTER on {pid}: {err}");
+    prog.truncate(n as usize * 8);
+    prog
 }
 
 /// No silent no: on this kernel (no AppArmor, no SELinux) a `Localhost` AppArmor profile and an

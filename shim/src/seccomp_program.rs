@@ -1,0 +1,359 @@
+//! Seccomp profiles compiled to BPF once per shim, not once per exec'd process.
+//!
+//! libseccomp builds the BPF program from the profile every time a filter is loaded, which costs
+//! an exec'd process more than the rest of its start (issue #18). The shim compiles each distinct
+//! profile once with libseccomp's own generator (`seccomp_export_bpf`, the program
+//! `seccomp_load` would install), keeps it, and an exec'd process loads that program with
+//! `seccomp(SECCOMP_SET_MODE_FILTER)` and the flags libseccomp would pass. The rules are added as
+//! libcontainer adds them (the reference path, which container init still uses), so both paths
+//! install the same program; `security::exec_sync_processes_load_the_same_bpf_as_container_init`
+//! reads both back with `PTRACE_SECCOMP_GET_FILTER` and compares them.
+//!
+//! Profiles with a `SCMP_ACT_NOTIFY` rule or `SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV` are not
+//! compiled here (they need a listener fd): those go through libcontainer as before.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use libseccomp::{
+    ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
+};
+use oci_spec::runtime::{
+    Arch, LinuxSeccomp, LinuxSeccompAction as Act, LinuxSeccompFilterFlag as Flag,
+    LinuxSeccompOperator as Op,
+};
+
+/// Distinct profiles one shim keeps programs for; past that the cache starts again.
+const MAX_CACHED: usize = 16;
+
+/// A compiled filter: classic BPF instructions and the `seccomp(2)` flags to load them with.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Program {
+    filter: Vec<libc::sock_filter>,
+    flags: libc::c_ulong,
+}
+
+impl Program {
+    /// Install the filter on the calling thread (and, with `TSYNC`, its process).
+    pub fn load(&self) -> std::io::Result<()> {
+        let prog = libc::sock_fprog {
+            len: u16::try_from(self.filter.len())
+                .map_err(|_| std::io::Error::other("seccomp program too long"))?,
+            filter: self.filter.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: `prog` points at `len` instructions that live for the call; the kernel copies
+        // them.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                self.flags,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+thread_local! {
+    /// The shim is single-threaded: one cache, keyed by the profile's JSON.
+    static PROGRAMS: RefCell<HashMap<String, Arc<Program>>> = RefCell::new(HashMap::new());
+}
+
+/// The program for `profile`, compiled on first use; `None` for profiles left to libcontainer.
+pub fn cached(profile: &LinuxSeccomp) -> Result<Option<Arc<Program>>, String> {
+    if !compilable(profile) {
+        return Ok(None);
+    }
+    let key = serde_json::to_string(profile).map_err(|e| e.to_string())?;
+    if let Some(p) = PROGRAMS.with(|c| c.borrow().get(&key).cloned()) {
+        return Ok(Some(p));
+    }
+    let program = Arc::new(compile(profile)?);
+    PROGRAMS.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= MAX_CACHED {
+            c.clear();
+        }
+        c.insert(key, program.clone());
+    });
+    Ok(Some(program))
+}
+
+fn compilable(profile: &LinuxSeccomp) -> bool {
+    let notify = profile.default_action() == Act::ScmpActNotify
+        || profile
+            .syscalls()
+            .iter()
+            .flatten()
+            .any(|s| s.action() == Act::ScmpActNotify);
+    let killable = profile
+        .flags()
+        .iter()
+        .flatten()
+        .any(|f| *f == Flag::SeccompFilterFlagWaitKillableRecv);
+    !notify && !killable
+}
+
+/// Build `profile`'s program with libseccomp, rule for rule as libcontainer does.
+pub fn compile(profile: &LinuxSeccomp) -> Result<Program, String> {
+    let err = |what: &str, e: libseccomp::error::SeccompError| format!("{what}: {e}");
+    let default = action(profile.default_action(), profile.default_errno_ret())?;
+    let mut ctx = ScmpFilterContext::new(default).map_err(|e| err("new filter", e))?;
+    let mut flags: libc::c_ulong = 0;
+    for f in profile.flags().iter().flatten() {
+        flags |= match f {
+            Flag::SeccompFilterFlagLog => libc::SECCOMP_FILTER_FLAG_LOG,
+            Flag::SeccompFilterFlagTsync => libc::SECCOMP_FILTER_FLAG_TSYNC,
+            Flag::SeccompFilterFlagSpecAllow => libc::SECCOMP_FILTER_FLAG_SPEC_ALLOW,
+            Flag::SeccompFilterFlagWaitKillableRecv => {
+                return Err("WAIT_KILLABLE_RECV needs a notify listener".into())
+            }
+        };
+    }
+    for a in profile.architectures().iter().flatten() {
+        ctx.add_arch(arch(*a))
+            .map_err(|e| err("adding an architecture", e))?;
+    }
+    for rule in profile.syscalls().iter().flatten() {
+        let act = action(rule.action(), rule.errno_ret())?;
+        // A rule that does what the default does is redundant (and libseccomp refuses it).
+        if act == default {
+            continue;
+        }
+        for name in rule.names() {
+            // A name this kernel's libseccomp does not know: nothing to filter.
+            let Ok(nr) = ScmpSyscall::from_name(name) else {
+                continue;
+            };
+            let Some(args) = rule.args() else {
+                ctx.add_rule(act, nr).map_err(|e| err("adding a rule", e))?;
+                continue;
+            };
+            let cmps: Vec<ScmpArgCompare> = args
+                .iter()
+                .map(|a| {
+                    ScmpArgCompare::new(a.index() as u32, op(a.op(), a.value_two()), a.value())
+                })
+                .collect();
+            let mut indexes: Vec<usize> = args.iter().map(|a| a.index()).collect();
+            indexes.sort_unstable();
+            indexes.dedup();
+            if indexes.len() == args.len() {
+                ctx.add_rule_conditional(act, nr, &cmps)
+                    .map_err(|e| err("adding a conditional rule", e))?;
+            } else {
+                // One argument compared twice: one rule per comparison (runc's way too).
+                for c in &cmps {
+                    ctx.add_rule_conditional(act, nr, std::slice::from_ref(c))
+                        .map_err(|e| err("adding a conditional rule", e))?;
+                }
+            }
+        }
+    }
+    let bytes = export(&ctx)?;
+    let size = std::mem::size_of::<libc::sock_filter>();
+    if bytes.len() % size != 0 {
+        return Err(format!("libseccomp exported {} bytes of BPF", bytes.len()));
+    }
+    let filter = bytes
+        .chunks_exact(size)
+        .map(|c| libc::sock_filter {
+            code: u16::from_ne_bytes([c[0], c[1]]),
+            jt: c[2],
+            jf: c[3],
+            k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+        })
+        .collect();
+    Ok(Program { filter, flags })
+}
+
+/// The program as `seccomp_export_bpf` writes it (through a memfd: Debian 12's libseccomp 2.5
+/// has no in-memory export).
+fn export(ctx: &ScmpFilterContext) -> Result<Vec<u8>, String> {
+    use std::io::{Read, Seek};
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name and flags; the fd is owned below.
+    let fd = unsafe { libc::memfd_create(c"crishim-seccomp".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(format!("memfd_create: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    ctx.export_bpf(&file)
+        .map_err(|e| format!("exporting BPF: {e}"))?;
+    let mut bytes = Vec::new();
+    file.rewind()
+        .and_then(|_| file.read_to_end(&mut bytes))
+        .map_err(|e| format!("reading the exported BPF: {e}"))?;
+    Ok(bytes)
+}
+
+fn action(a: Act, errno: Option<u32>) -> Result<ScmpAction, String> {
+    let errno = errno.map_or(libc::EPERM, |e| e as i32);
+    Ok(match a {
+        Act::ScmpActKill | Act::ScmpActKillThread => ScmpAction::KillThread,
+        Act::ScmpActKillProcess => ScmpAction::KillProcess,
+        Act::ScmpActTrap => ScmpAction::Trap,
+        Act::ScmpActErrno => ScmpAction::Errno(errno),
+        Act::ScmpActTrace => ScmpAction::Trace(
+            u16::try_from(errno).map_err(|_| format!("SCMP_ACT_TRACE value {errno}"))?,
+        ),
+        Act::ScmpActAllow => ScmpAction::Allow,
+        Act::ScmpActLog => ScmpAction::Log,
+        Act::ScmpActNotify => return Err("SCMP_ACT_NOTIFY is not compiled here".into()),
+    })
+}
+
+fn op(o: Op, value_two: Option<u64>) -> ScmpCompareOp {
+    match o {
+        Op::ScmpCmpNe => ScmpCompareOp::NotEqual,
+        Op::ScmpCmpLt => ScmpCompareOp::Less,
+        Op::ScmpCmpLe => ScmpCompareOp::LessOrEqual,
+        Op::ScmpCmpEq => ScmpCompareOp::Equal,
+        Op::ScmpCmpGe => ScmpCompareOp::GreaterEqual,
+        Op::ScmpCmpGt => ScmpCompareOp::Greater,
+        Op::ScmpCmpMaskedEq => ScmpCompareOp::MaskedEqual(value_two.unwrap_or(0)),
+    }
+}
+
+fn arch(a: Arch) -> ScmpArch {
+    match a {
+        Arch::ScmpArchNative => ScmpArch::Native,
+        Arch::ScmpArchX86 => ScmpArch::X86,
+        Arch::ScmpArchX86_64 => ScmpArch::X8664,
+        Arch::ScmpArchX32 => ScmpArch::X32,
+        Arch::ScmpArchArm => ScmpArch::Arm,
+        Arch::ScmpArchAarch64 => ScmpArch::Aarch64,
+        Arch::ScmpArchMips => ScmpArch::Mips,
+        Arch::ScmpArchMips64 => ScmpArch::Mips64,
+        Arch::ScmpArchMips64n32 => ScmpArch::Mips64N32,
+        Arch::ScmpArchMipsel => ScmpArch::Mipsel,
+        Arch::ScmpArchMipsel64 => ScmpArch::Mipsel64,
+        Arch::ScmpArchMipsel64n32 => ScmpArch::Mipsel64N32,
+        Arch::ScmpArchPpc => ScmpArch::Ppc,
+        Arch::ScmpArchPpc64 => ScmpArch::Ppc64,
+        Arch::ScmpArchPpc64le => ScmpArch::Ppc64Le,
+        Arch::ScmpArchS390 => ScmpArch::S390,
+        Arch::ScmpArchS390x => ScmpArch::S390X,
+        Arch::ScmpArchRiscv64 => ScmpArch::Riscv64,
+        Arch::ScmpArchParisc => ScmpArch::Parisc,
+        Arch::ScmpArchParisc64 => ScmpArch::Parisc64,
+        Arch::ScmpArchLoongarch64 => ScmpArch::Loongarch64,
+        Arch::ScmpArchM68k => ScmpArch::M68k,
+        Arch::ScmpArchSh => ScmpArch::Sh,
+        Arch::ScmpArchSheb => ScmpArch::Sheb,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oci_spec::runtime::{LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSyscallBuilder};
+
+    fn profile(errno: u32) -> LinuxSeccomp {
+        LinuxSeccompBuilder::default()
+            .default_action(Act::ScmpActAllow)
+            .architectures(vec![Arch::ScmpArchX86_64])
+            .flags(vec![Flag::SeccompFilterFlagSpecAllow])
+            .syscalls(vec![
+                LinuxSyscallBuilder::default()
+                    .names(vec!["unshare".to_string(), "no_such_call".to_string()])
+                    .action(Act::ScmpActErrno)
+                    .errno_ret(errno)
+                    .build()
+                    .unwrap(),
+                LinuxSyscallBuilder::default()
+                    .names(vec!["personality".to_string()])
+                    .action(Act::ScmpActErrno)
+                    .args(vec![
+                        LinuxSeccompArgBuilder::default()
+                            .index(0usize)
+                            .value(8u64)
+                            .op(Op::ScmpCmpNe)
+                            .build()
+                            .unwrap(),
+                        LinuxSeccompArgBuilder::default()
+                            .index(0usize)
+                            .value(0x20008u64)
+                            .op(Op::ScmpCmpNe)
+                            .build()
+                            .unwrap(),
+                    ])
+                    .build()
+                    .unwrap(),
+            ])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_profile_compiles_once_per_content_with_its_flags() {
+        let p = compile(&profile(1)).unwrap();
+        assert!(p.filter.len() > 4, "{p:?}");
+        assert_eq!(p.flags, libc::SECCOMP_FILTER_FLAG_SPEC_ALLOW);
+        assert_ne!(
+            compile(&profile(2)).unwrap(),
+            p,
+            "the errno is in the program"
+        );
+        let a = cached(&profile(1)).unwrap().unwrap();
+        let b = cached(&profile(1)).unwrap().unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "compiled once");
+        assert_eq!(*a, p);
+    }
+
+    #[test]
+    fn notify_profiles_are_left_to_libcontainer() {
+        let mut p = profile(1);
+        p.set_default_action(Act::ScmpActNotify);
+        assert!(cached(&p).unwrap().is_none());
+        let mut p = profile(1);
+        p.set_flags(Some(vec![Flag::SeccompFilterFlagWaitKillableRecv]));
+        assert!(cached(&p).unwrap().is_none());
+    }
+
+    /// In a forked child: the loaded program refuses `unshare` with the profile's errno.
+    #[test]
+    fn the_loaded_program_refuses_what_the_profile_refuses() {
+        let p = compile(&profile(libc::EXDEV as u32)).unwrap();
+        // SAFETY: the child only makes async-signal-safe calls before _exit.
+        match unsafe { libc::fork() } {
+            0 => {
+                let code = (|| {
+                    // SAFETY: prctl with integer arguments.
+                    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+                    if p.load().is_err() {
+                        return 2;
+                    }
+                    // SAFETY: unshare with a flag; refused by the filter.
+                    let r = unsafe { libc::unshare(libc::CLONE_NEWUTS) };
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    if r == -1 && e == Some(libc::EXDEV) {
+                        0
+                    } else {
+                        3
+                    }
+                })();
+                // SAFETY: ends the forked child at once.
+                unsafe { libc::_exit(code) }
+            }
+            pid => {
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(libc::WIFEXITED(status), "{status}");
+                assert_eq!(
+                    libc::WEXITSTATUS(status),
+                    0,
+                    "2: load failed, 3: not refused"
+                );
+            }
+        }
+    }
+}
