@@ -99,7 +99,7 @@ impl Inner {
 
         let at = now_nanos();
         let own = self.own_pod_cgroup(pod);
-        let (own_cpu, own_memory) = match &own {
+        let (own_cpu, own_memory, own_psi) = match &own {
             Some(path) => {
                 let path = path.clone();
                 let read = tokio::task::spawn_blocking(move || {
@@ -107,11 +107,12 @@ impl Inner {
                     (
                         known("cpu", &path, cg.cpu_usage_ns(&path)),
                         known("memory", &path, cg.memory(&path)),
+                        ["cpu", "memory", "io"].map(|res| cg.psi(&path, res)),
                     )
                 });
                 read.await.unwrap_or_default()
             }
-            None => (None, None),
+            None => (None, None, [None; 3]),
         };
         // Otherwise summed over the running containers: known only when known for each of them.
         // The rate is the sum of theirs (a rate of the summed counter would jump whenever a
@@ -147,7 +148,17 @@ impl Inner {
                 .iter()
                 .try_fold(zero, |sum, r| Some(sum.add(r.memory.as_ref()?)))
         });
-        linux.memory = memory.as_ref().map(|m| memory_usage(at, m));
+        linux.memory = memory.as_ref().map(|m| cri::MemoryUsage {
+            psi: super::container_stats::cri_psi(own_psi[1]),
+            ..memory_usage(at, m)
+        });
+        if let Some(cpu) = linux.cpu.as_mut() {
+            cpu.psi = super::container_stats::cri_psi(own_psi[0]);
+        }
+        linux.io = own_psi[2].map(|p| cri::IoUsage {
+            timestamp: at,
+            psi: super::container_stats::cri_psi(Some(p)),
+        });
         linux.process = readings
             .iter()
             .map(|r| r.pids)
