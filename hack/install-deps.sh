@@ -18,6 +18,8 @@ PACKAGES=(
   systemd
   dbus
   util-linux
+  # apparmor_parser: crishim loads its RuntimeDefault profile with it (and the tests compile it)
+  apparmor
   # Runtime: OCI runtime, CNI plugins, networking, seccomp.
   runc
   containerd

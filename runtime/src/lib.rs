@@ -1,5 +1,6 @@
 //! The crishim daemon: configuration, the CRI gRPC server and the lifecycle around it.
 
+pub mod apparmor;
 pub mod authority;
 pub mod bounds;
 pub mod bundle;

@@ -189,6 +189,11 @@ impl Inner {
         .map_err(|e| from_spec_error("CreateContainer", e))?;
         let lsm = Lsm::of_host();
         if let Some(profile) = check_lsm_options(&record.config, lsm)? {
+            if profile == crate::apparmor::DEFAULT_PROFILE {
+                crate::apparmor::ensure_default_loaded().map_err(|e| {
+                    Status::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
+                })?;
+            }
             if let Some(process) = spec.process_mut() {
                 process.set_apparmor_profile(Some(profile));
             }
@@ -371,10 +376,11 @@ impl Lsm {
     }
 }
 
-/// AppArmor and SELinux options: never silently dropped. A `Localhost` AppArmor profile is
-/// applied (by name; it must be loaded) where AppArmor is enabled and refused where it is not; an
-/// SELinux label is refused where SELinux is off. `RuntimeDefault` and `Unconfined` need nothing
-/// on a node without AppArmor. Returns the AppArmor profile to apply.
+/// AppArmor and SELinux options: never silently dropped. Where AppArmor is enabled, a
+/// `Localhost` profile is applied by name (it must be loaded), and `RuntimeDefault` (or nothing
+/// asked, as containerd does) gets `crishim-default` unless the container is privileged or asks
+/// for `Unconfined`. Where AppArmor is off, `Localhost` is refused and the rest needs nothing. An
+/// SELinux label is refused where SELinux is off. Returns the AppArmor profile to apply.
 pub(super) fn check_lsm_options(
     config: &cri::ContainerConfig,
     lsm: Lsm,
@@ -385,7 +391,9 @@ pub(super) fn check_lsm_options(
         .as_ref()
         .and_then(|l| l.security_context.as_ref())
     else {
-        return Ok(None);
+        return Ok(lsm
+            .apparmor
+            .then(|| crate::apparmor::DEFAULT_PROFILE.to_string()));
     };
     // The typed field, else the deprecated string (`runtime/default`, `localhost/<name>`).
     #[allow(deprecated)]
@@ -399,10 +407,13 @@ pub(super) fn check_lsm_options(
     };
     check_selinux("CreateContainer", sc.selinux_options.as_ref(), lsm)?;
     let Some(name) = localhost else {
-        if lsm.apparmor && sc.apparmor.is_some() {
-            warn!("AppArmor RuntimeDefault asked for: crishim loads no default profile yet");
-        }
-        return Ok(None);
+        #[allow(deprecated)]
+        let unconfined = match &sc.apparmor {
+            Some(p) => p.profile_type == ProfileType::Unconfined as i32,
+            None => sc.apparmor_profile == "unconfined",
+        };
+        let default = lsm.apparmor && !unconfined && !sc.privileged;
+        return Ok(default.then(|| crate::apparmor::DEFAULT_PROFILE.to_string()));
     };
     if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
         return Err(Status::invalid_argument(format!(
@@ -535,6 +546,17 @@ mod tests {
         assert_eq!(check_lsm_options(&default, none).unwrap(), None);
         let unconfined = with_security(|sc| sc.apparmor_profile = "unconfined".into());
         assert_eq!(check_lsm_options(&unconfined, none).unwrap(), None);
+        // Where AppArmor is on: RuntimeDefault, and nothing asked, get crishim-default;
+        // Unconfined and privileged containers get none.
+        let ours = Some(crate::apparmor::DEFAULT_PROFILE.to_string());
+        assert_eq!(check_lsm_options(&default, apparmor).unwrap(), ours);
+        assert_eq!(
+            check_lsm_options(&with_security(|_| {}), apparmor).unwrap(),
+            ours
+        );
+        assert_eq!(check_lsm_options(&unconfined, apparmor).unwrap(), None);
+        let privileged = with_security(|sc| sc.privileged = true);
+        assert_eq!(check_lsm_options(&privileged, apparmor).unwrap(), None);
         // A name that is not one.
         let bad = with_security(|sc| sc.apparmor_profile = "localhost/".into());
         assert_eq!(
