@@ -293,6 +293,22 @@ impl Daemon {
         Ok(())
     }
 
+    /// The host pid of the container's init (`ContainerStatus` verbose info).
+    pub async fn container_pid(&self, id: &str) -> i32 {
+        let info = self
+            .runtime_client()
+            .container_status(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: true,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner()
+            .info;
+        let v: serde_json::Value = serde_json::from_str(&info["info"]).expect("verbose info");
+        v["pid"].as_i64().expect("a pid in the verbose info") as i32
+    }
+
     /// ContainerStatus (not verbose).
     pub async fn container_status(&self, id: &str) -> Result<cri::ContainerStatus, Status> {
         let resp = self

@@ -1973,30 +1973,22 @@ async fn metrics_count_calls_pod_starts_pulls_and_states() {
         sample(&text, "crishim_image_pull_bytes_total") > 0.0,
         "{text}"
     );
-    assert_eq!(
-        sample(&text, "crishim_pods{state=\"ready\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "crishim_containers{state=\"running\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(sample(&text, "crishim_shims"), 1.0, "{text}");
+    for series in [
+        "crishim_pods{state=\"ready\"}",
+        "crishim_containers{state=\"running\"}",
+        "crishim_shims",
+    ] {
+        assert_eq!(sample(&text, series), 1.0, "{series} in {text}");
+    }
 
     env.d.stop_pod(&pod).await.unwrap();
     let text = scrape(&addr).await;
-    assert_eq!(
-        sample(&text, "crishim_pods{state=\"notready\"}"),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "crishim_containers{state=\"exited\"}"),
-        1.0,
-        "{text}"
-    );
+    for series in [
+        "crishim_pods{state=\"notready\"}",
+        "crishim_containers{state=\"exited\"}",
+    ] {
+        assert_eq!(sample(&text, series), 1.0, "{series} in {text}");
+    }
     env.d.remove_pod(&pod).await.unwrap();
     assert_no_leaks(&env.d, &traces).await;
     env.stop();

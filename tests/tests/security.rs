@@ -619,7 +619,7 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
     // filter from libcontainer (libseccomp, the reference path). The kernel holds the same
     // program for both.
     for (n, id) in [&root, &nnp, &local].into_iter().enumerate() {
-        let init = container_pid(&env, id).await;
+        let init = env.d.container_pid(id).await;
         let marker = format!("77{n}1");
         let bg = format!("sleep {marker} </dev/null >/dev/null 2>&1 &");
         env.d.exec_ok(id, &["sh", "-c", &bg]).await;
@@ -665,22 +665,6 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         assert!(err.contains("Operation not permitted"), "stderr: {err}");
     }
     env.finish_pod(&pod, traces).await;
-}
-
-/// The host pid of the container's init (`ContainerStatus` verbose info).
-async fn container_pid(env: &PodEnv, id: &str) -> i32 {
-    let info = env
-        .d
-        .runtime_client()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let v: serde_json::Value = serde_json::from_str(&info.info["info"]).unwrap();
-    v["pid"].as_i64().unwrap() as i32
 }
 
 /// The host pid of the one process whose argv is `argv` (waits up to 5 s for it).

@@ -218,26 +218,6 @@ async fn list_pod_stats(env: &PodEnv, filter: cri::PodSandboxStatsFilter) -> Vec
     ids
 }
 
-/// The `pid` of a verbose status (a container's process, or a pod's infra process).
-fn verbose_pid(info: &std::collections::HashMap<String, String>) -> i32 {
-    let v: serde_json::Value = serde_json::from_str(&info["info"]).unwrap();
-    v["pid"].as_i64().expect("a pid in the verbose info") as i32
-}
-
-async fn container_pid(env: &PodEnv, id: &str) -> i32 {
-    let r = env
-        .d
-        .runtime_client()
-        .container_status(cri::ContainerStatusRequest {
-            container_id: id.to_string(),
-            verbose: true,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    verbose_pid(&r.info)
-}
-
 fn sorted(v: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = v.iter().map(|s| s.to_string()).collect();
     v.sort();
@@ -283,7 +263,7 @@ async fn container_stats_agree_with_the_cgroup_files() {
     }
 
     // CPU: the cumulative time between two direct reads; the first sample has no rate yet.
-    let busy_cpu = cgroup_dir_of(container_pid(&env, &busy).await, "cpuacct");
+    let busy_cpu = cgroup_dir_of(env.d.container_pid(&busy).await, "cpuacct");
     let before = cpu_ns(&busy_cpu);
     let s1 = container_stats(&env, &busy).await.unwrap();
     let after = cpu_ns(&busy_cpu);
@@ -328,7 +308,7 @@ async fn container_stats_agree_with_the_cgroup_files() {
     assert!(val(&layer.used_bytes) < 1 << 20, "{layer:?}");
 
     // Memory, and the writable layer holding the 20 MiB file.
-    let fill_mem = cgroup_dir_of(container_pid(&env, &fill).await, "memory");
+    let fill_mem = cgroup_dir_of(env.d.container_pid(&fill).await, "memory");
     let (usage_a, ws_a) = memory(&fill_mem);
     let s = container_stats(&env, &fill).await.unwrap();
     let (usage_b, ws_b) = memory(&fill_mem);
@@ -557,7 +537,7 @@ async fn pod_sandbox_stats_cover_cpu_memory_processes_and_network() {
         cgroup_dir(&parent, "cpuacct"),
         cgroup_dir(&parent, "memory"),
     );
-    let busy_pid = container_pid(&env, &busy).await;
+    let busy_pid = env.d.container_pid(&busy).await;
     let (cpu_a, (mem_a, _), net_a, pids_a) = (
         cpu_ns(&pod_cpu),
         memory(&pod_mem),
@@ -628,8 +608,8 @@ async fn pod_sandbox_stats_cover_cpu_memory_processes_and_network() {
 
     // The summed pod: exactly its containers' sums; process counts from their cgroups.
     let (two_pid, one_pid) = (
-        container_pid(&env, &two).await,
-        container_pid(&env, &one).await,
+        env.d.container_pid(&two).await,
+        env.d.container_pid(&one).await,
     );
     let s = pod_stats(&env, &sum_pod).await.unwrap();
     let linux = s.linux.expect("linux stats");
