@@ -425,7 +425,20 @@ fn serve_in_netns(ns: &str, port: u16, reply: String) -> std::thread::JoinHandle
     let (tx, rx) = std::sync::mpsc::channel();
     let handle = std::thread::spawn(move || {
         nix::sched::setns(&ns_file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-        let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind in netns");
+        // The previous server's connection on this port may still be closing (it was seen to
+        // refuse a bind for a moment after the last serve): wait for it, briefly.
+        let bind_deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match TcpListener::bind(("0.0.0.0", port)) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && Instant::now() < bind_deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                r => break r.expect("bind in netns"),
+            }
+        };
         listener.set_nonblocking(true).unwrap();
         tx.send(()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
