@@ -14,20 +14,57 @@ use super::runtime_service::{Inner, RuntimeService};
 use crate::records::{now_nanos, ContainerRecord, PodState};
 
 /// Events buffered for slow subscribers before they miss some.
-pub(super) const EVENT_BUFFER: usize = 1024;
+const EVENT_BUFFER: usize = 1024;
 /// How long after start-up a new subscriber is told about exits that happened while we were down.
 const REPLAY_WINDOW: std::time::Duration = std::time::Duration::from_secs(120);
 
-impl RuntimeService {
-    pub(super) fn do_get_container_events(
-        &self,
-        _req: GetEventsRequest,
-    ) -> super::runtime_service::EventStream {
-        let rx = self.inner.events.subscribe();
-        // Exits that happened while the daemon was down were found before anyone could listen:
-        // a subscriber that connects soon after start-up (a kubelet reconnecting) gets them first.
-        let replay: Vec<_> = if self.inner.started.elapsed() < REPLAY_WINDOW {
-            self.inner.replay.lock().unwrap().clone()
+/// The event broadcast, and the exits found at start-up that happened while the daemon was down.
+pub(super) struct Events {
+    sender: tokio::sync::broadcast::Sender<ContainerEventResponse>,
+    /// Kept for subscribers that connect within [`REPLAY_WINDOW`] of start-up.
+    replay: std::sync::Mutex<Vec<ContainerEventResponse>>,
+    started: std::time::Instant,
+    started_nanos: i64,
+}
+
+impl Events {
+    pub(super) fn new() -> Self {
+        let (sender, _) = tokio::sync::broadcast::channel(EVENT_BUFFER);
+        Events {
+            sender,
+            replay: Default::default(),
+            started: std::time::Instant::now(),
+            started_nanos: now_nanos(),
+        }
+    }
+
+    fn has_subscribers(&self) -> bool {
+        self.sender.receiver_count() > 0
+    }
+
+    /// Whether a time (ns since the epoch) is before this daemon started.
+    fn before_start(&self, nanos: i64) -> bool {
+        nanos < self.started_nanos
+    }
+
+    fn send(&self, event: ContainerEventResponse) {
+        let _ = self.sender.send(event);
+    }
+
+    /// Keep an exit that happened while the daemon was down for late subscribers (bounded).
+    fn keep_for_replay(&self, event: &ContainerEventResponse) {
+        let mut replay = self.replay.lock().unwrap();
+        if replay.len() < EVENT_BUFFER {
+            replay.push(event.clone());
+        }
+    }
+
+    /// A subscriber's stream: the kept exits if it connects soon after start-up (a kubelet
+    /// reconnecting), then every event as it happens.
+    fn subscribe(&self) -> super::runtime_service::EventStream {
+        let rx = self.sender.subscribe();
+        let replay: Vec<_> = if self.started.elapsed() < REPLAY_WINDOW {
+            self.replay.lock().unwrap().clone()
         } else {
             Vec::new()
         };
@@ -39,6 +76,15 @@ impl RuntimeService {
     }
 }
 
+impl RuntimeService {
+    pub(super) fn do_get_container_events(
+        &self,
+        _req: GetEventsRequest,
+    ) -> super::runtime_service::EventStream {
+        self.inner.events.subscribe()
+    }
+}
+
 impl Inner {
     /// Broadcast a container event, with its pod's status and its own. An exit that happened
     /// before this daemon started is also kept for late subscribers.
@@ -46,8 +92,8 @@ impl Inner {
         let exited_while_down = kind == ContainerEventType::ContainerStoppedEvent
             && c.last
                 .as_ref()
-                .is_some_and(|s| s.finished_at < self.started_nanos);
-        if self.events.receiver_count() == 0 && !exited_while_down {
+                .is_some_and(|s| self.events.before_start(s.finished_at));
+        if !self.events.has_subscribers() && !exited_while_down {
             return;
         }
         // Every container of the pod, as containerd sends (the kubelet's evented PLEG takes the
@@ -59,17 +105,14 @@ impl Inner {
         }
         let event = self.event(&c.id, &c.pod_id, kind, statuses_of(&containers));
         if exited_while_down {
-            let mut replay = self.replay.lock().unwrap();
-            if replay.len() < EVENT_BUFFER {
-                replay.push(event.clone());
-            }
+            self.events.keep_for_replay(&event);
         }
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 
     /// Broadcast a sandbox event (its id stands in the container id, as containerd does).
     pub(super) fn emit_pod(&self, pod_id: &str, kind: ContainerEventType) {
-        if self.events.receiver_count() == 0 {
+        if !self.events.has_subscribers() {
             return;
         }
         let statuses = statuses_of(&self.store.pod_containers(pod_id));
@@ -83,7 +126,7 @@ impl Inner {
         kind: ContainerEventType,
         statuses: Vec<cri::ContainerStatus>,
     ) {
-        let _ = self.events.send(self.event(id, pod_id, kind, statuses));
+        self.events.send(self.event(id, pod_id, kind, statuses));
     }
 
     fn event(

@@ -42,15 +42,11 @@ pub struct Inner {
     pub(super) init_binary: PathBuf,
     pub(super) cni: crate::cni::Cni,
     pub(super) pod_cidr: Mutex<String>,
-    pub(super) events: tokio::sync::broadcast::Sender<cri::ContainerEventResponse>,
+    pub(super) events: super::events::Events,
     /// Ourselves, for background tasks (exit watchers) that outlive a request.
     pub(super) me: std::sync::Weak<Inner>,
     /// Pods whose shim was found dead, for the task that cleans up after them.
     pub(super) dead_shims: tokio::sync::mpsc::UnboundedSender<String>,
-    pub(super) started: std::time::Instant,
-    pub(super) started_nanos: i64,
-    /// Exits that happened while the daemon was down, for subscribers that connect after start-up.
-    pub(super) replay: Mutex<Vec<cri::ContainerEventResponse>>,
     /// The previous CPU sample of each container (by id) and pod (`pod/<id>`), for CPU rates.
     pub(super) cpu_rates: crate::stats::CpuRates,
     /// The node's GPUs and driver mirror, for GPU requests at CreateContainer.
@@ -87,7 +83,6 @@ impl RuntimeService {
             .init_binary
             .clone()
             .unwrap_or_else(|| sibling_binary("crishim-init"));
-        let (events, _) = tokio::sync::broadcast::channel(super::events::EVENT_BUFFER);
         // The CNI result cache lives with the records: IPs outlive a reboot in host-local's store.
         let cni = crate::cni::Cni::new(crate::cni::CniConfig::from_daemon(
             &config.cni,
@@ -105,12 +100,9 @@ impl RuntimeService {
                 init_binary,
                 cni,
                 pod_cidr: Mutex::default(),
-                events,
+                events: super::events::Events::new(),
                 me: me.clone(),
                 dead_shims,
-                started: std::time::Instant::now(),
-                started_nanos: crate::records::now_nanos(),
-                replay: Mutex::default(),
                 cpu_rates: Default::default(),
                 gpu,
                 streaming: std::sync::OnceLock::new(),
