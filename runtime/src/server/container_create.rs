@@ -337,6 +337,7 @@ impl Inner {
     /// Undo a failed or abandoned create: the shim's container, the rootfs mount, the writable layer,
     /// the bundle and the record. Idempotent.
     pub(super) async fn undo_create(&self, pod_id: &str, id: &str) {
+        let mut phases = super::sandbox_stop::Phases::new("RemoveContainer", id);
         if let Err(e) = self
             .shim_ok(pod_id, Request::Delete { id: id.to_string() })
             .await
@@ -345,14 +346,17 @@ impl Inner {
                 warn!(container = %id, error = %e, "shim delete failed");
             }
         }
+        phases.done("shim delete");
         let bundle = self.bundle_dir(id);
         self.release_image_volumes(id, &bundle).await;
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
             warn!(container = %id, error = %e, "removing the rootfs");
         }
+        phases.done("rootfs");
         let _ = std::fs::remove_dir_all(&bundle);
         self.gpu.release(id);
         self.store.delete_container(id);
+        phases.done("bundle and record");
     }
 }
 

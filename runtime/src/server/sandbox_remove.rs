@@ -30,10 +30,12 @@ impl Inner {
     /// Stop the pod if needed, then remove its containers, files, record and name.
     pub(super) async fn remove_pod(&self, pod: &PodRecord) -> Result<(), Status> {
         self.stop_pod(&pod.id).await?;
+        let mut phases = super::sandbox_stop::Phases::new("RemovePodSandbox", &pod.id);
         for c in self.store.pod_containers(&pod.id) {
             let _cguard = self.store.lock(&c.id).await;
             self.remove_container(&c).await?;
         }
+        phases.done("containers");
         for dir in [self.pod_state_dir(&pod.id), self.pod_files_dir(&pod.id)] {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
@@ -41,6 +43,7 @@ impl Inner {
                 }
             }
         }
+        phases.done("directories");
         // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
         self.store.delete_pod(pod)?;

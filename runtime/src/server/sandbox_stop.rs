@@ -25,17 +25,21 @@ impl RuntimeService {
 
 impl Inner {
     pub(super) async fn stop_pod(&self, pod_id: &str) -> Result<(), Status> {
+        let mut phases = Phases::new("StopPodSandbox", pod_id);
         // Refresh first so each container's final state is recorded before the shim goes.
         for c in self.store.pod_containers(pod_id) {
             self.refresh(&c).await;
         }
-        self.teardown_pod(pod_id).await;
+        phases.done("refresh");
+        let mut pod = self.store.pod(pod_id)?;
+        // The shim's shutdown and the CNI DEL overlap: the network namespace is pinned by a bind
+        // mount, not by the infra process, so the plugins find it whatever the shim is doing.
+        let ((), network) = tokio::join!(self.teardown_pod(pod_id), self.teardown_network(&pod));
+        phases.done("shim, infra and network");
         for c in self.store.pod_containers(pod_id) {
             let _ = self.refresh(&c).await;
         }
-        let mut pod = self.store.pod(pod_id)?;
-        // After the infra process: the pinned namespace still lets the plugins clean up.
-        self.teardown_network(&pod).await?;
+        network?;
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
             self.store.save_pod(&pod)?;
@@ -49,6 +53,7 @@ impl Inner {
     /// infra process; then any survivor is killed by pid and /dev/shm is unmounted. Idempotent.
     pub(super) async fn teardown_pod(&self, pod_id: &str) {
         let dir = self.pod_state_dir(pod_id);
+        let mut phases = Phases::new("teardown", pod_id);
         let timeout = std::time::Duration::from_secs(60);
         let shut_down = match self.shim_call(pod_id, &Request::Shutdown, timeout).await {
             Ok(_) => true,
@@ -71,6 +76,7 @@ impl Inner {
                 }
             }
         }
+        phases.done("shim shutdown");
         for file in [paths::INFRA_PID, paths::SHIM_PID] {
             if let Some(pid) = std::fs::read_to_string(dir.join(file))
                 .ok()
@@ -80,6 +86,7 @@ impl Inner {
                 reap(pid).await;
             }
         }
+        phases.done("reap shim and infra");
         let shm = dir.join("shm");
         if crate::container_images::is_mountpoint(&shm) {
             if let Err(e) = nix::mount::umount2(&shm, nix::mount::MntFlags::MNT_DETACH) {
@@ -91,6 +98,33 @@ impl Inner {
         if let Ok(pod) = self.store.pod(pod_id) {
             crate::cgroups::remove(&pod.owned_cgroups);
         }
+        phases.done("shm and cgroups");
+    }
+}
+
+/// Debug-level timings of an operation's phases (`RUST_LOG=crishim_runtime=debug`), for finding
+/// where a stop or remove spends its time.
+pub(super) struct Phases<'a> {
+    op: &'static str,
+    id: &'a str,
+    last: std::time::Instant,
+}
+
+impl<'a> Phases<'a> {
+    pub(super) fn new(op: &'static str, id: &'a str) -> Self {
+        Phases {
+            op,
+            id,
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// The phase that just ended.
+    pub(super) fn done(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        let us = now.duration_since(self.last).as_micros() as u64;
+        tracing::debug!(op = self.op, id = %self.id, phase, us, "phase");
+        self.last = now;
     }
 }
 
@@ -120,10 +154,15 @@ impl Inner {
 async fn reap(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let pid = nix::unistd::Pid::from_raw(pid);
-    for _ in 0..200 {
+    // Polled from 1 ms up to every 10 ms, for at most about 2 s: a shim that was told to shut
+    // down is usually gone within a few milliseconds.
+    let mut delay = std::time::Duration::from_millis(1);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while tokio::time::Instant::now() < deadline {
         match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) => {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_millis(10));
             }
             _ => return,
         }
