@@ -252,6 +252,8 @@ pub async fn serve(
     let gauges = std::sync::Arc::new(gauges);
     loop {
         let Ok((mut sock, _)) = listener.accept().await else {
+            // Out of descriptors, say: back off rather than spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let gauges = gauges.clone();
