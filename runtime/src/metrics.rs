@@ -243,6 +243,9 @@ impl Metrics {
     }
 }
 
+/// Connections served at once.
+const MAX_SCRAPES: usize = 16;
+
 /// Serve `/metrics` on `listener` until the process ends: one small GET per connection.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -250,7 +253,12 @@ pub async fn serve(
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gauges = std::sync::Arc::new(gauges);
+    // Scrapes at once; more wait for a slot (each holds one for at most its 5 s read).
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((mut sock, _)) = listener.accept().await else {
             // Out of descriptors, say: back off rather than spin.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -258,6 +266,7 @@ pub async fn serve(
         };
         let gauges = gauges.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             // A request head is small; a peer that sends more, or nothing, is dropped.
             let mut head = Vec::new();
             let mut buf = [0u8; 1024];
