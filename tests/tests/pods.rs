@@ -1989,6 +1989,19 @@ async fn metrics_count_calls_pod_starts_pulls_and_states() {
     ] {
         assert_eq!(sample(&text, series), 1.0, "{series} in {text}");
     }
+    // Idle connections that never send a request hold the scrape slots only for their 5 s read
+    // timeout: a real scrape behind them still gets its answer.
+    let idle: Vec<_> = futures_util::future::join_all(
+        (0..24).map(|_| tokio::net::TcpStream::connect(addr.clone())),
+    )
+    .await;
+    let t0 = Instant::now();
+    let text = tokio::time::timeout(Duration::from_secs(15), scrape(&addr))
+        .await
+        .expect("a scrape behind 24 idle connections");
+    assert!(text.contains("crishim_shims"), "{text}");
+    assert!(t0.elapsed() < Duration::from_secs(12), "{:?}", t0.elapsed());
+    drop(idle);
     env.d.remove_pod(&pod).await.unwrap();
     assert_no_leaks(&env.d, &traces).await;
     env.stop();
