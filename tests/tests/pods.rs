@@ -882,8 +882,6 @@ async fn recursive_read_only_mounts_are_announced_and_reach_submounts() {
     assert!(status.features.unwrap().supplemental_groups_policy);
 
     let cfg = env.pod_config("rro");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let mut traces = PodTraces::new(&pod, &cfg);
     let mut c = sh_container(&env, "rro", LOOP_UNTIL_TERM, &marker("rro"));
     let bind = |path: &str, recursive: bool| cri::Mount {
         container_path: path.to_string(),
@@ -893,12 +891,7 @@ async fn recursive_read_only_mounts_are_announced_and_reach_submounts() {
         ..Default::default()
     };
     c.mounts = vec![bind("/mnt/rro", true), bind("/mnt/ro", false)];
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
-    traces.add_container(&id);
-    traces.capture(d).await;
+    let (pod, id, traces) = env.run_traced(&cfg, &c).await;
     let ro = d
         .exec_sync(&id, &["touch", "/mnt/ro/sub/f"], 10)
         .await
@@ -1201,8 +1194,6 @@ async fn stop_signal_from_the_container_config_reaches_the_container() {
     let env = PodEnv::start().await;
     let d = &env.d;
     let cfg = env.pod_config("usr1");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let mut traces = PodTraces::new(&pod, &cfg);
     let m = marker("usr1");
     let mut c = sh_container(
         &env,
@@ -1211,12 +1202,7 @@ async fn stop_signal_from_the_container_config_reaches_the_container() {
         &m,
     );
     c.stop_signal = cri::Signal::Sigusr1 as i32;
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
-    traces.add_container(&id);
-    traces.capture(d).await;
+    let (pod, id, traces) = env.run_traced(&cfg, &c).await;
     let log = Path::new(&cfg.log_directory).join("usr1.log");
     wait_for_log_line(&log, "stdout", "ready", WAIT).await;
     let st = d.container_status(&id).await.unwrap();
