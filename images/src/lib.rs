@@ -55,32 +55,26 @@ pub struct FsUsage {
 }
 
 impl ImageStore {
-    /// Open (creating) the store at `root`, clear half-finished work and collect garbage.
-    pub async fn open(root: &Path, registry: RegistryConfig) -> Result<Self> {
+    /// Open (creating) the store at `root`, clear half-finished work and collect garbage. Every
+    /// pull is held to `limits` (the `[images]` table). The HTTP client's own read timeout sits
+    /// past the pull progress timeout, so that the progress timeout is the one that fires on a
+    /// stalled layer.
+    pub async fn open(root: &Path, registry: RegistryConfig, limits: ImagesConfig) -> Result<Self> {
         let layout = Layout::new(root);
         layout.init()?;
         let meta = Meta::open(&layout.meta())?;
         layout.tighten()?;
+        let read = limits.pull_progress_timeout + std::time::Duration::from_secs(30);
         let store = ImageStore {
             layout,
             meta,
-            client: RegistryClient::new(registry)?,
-            limits: ImagesConfig::default(),
+            client: RegistryClient::with_read_timeout(registry, read)?,
+            limits,
             gc_lock: Default::default(),
             inflight: Default::default(),
         };
         store.gc().await?;
         Ok(store)
-    }
-
-    /// Hold every later pull to `limits` (the `[images]` table; the defaults apply until then).
-    /// The HTTP client's own read timeout is set past the pull progress timeout, so that the
-    /// progress timeout is the one that fires on a stalled layer.
-    pub fn with_limits(mut self, limits: ImagesConfig) -> Result<Self> {
-        let read = limits.pull_progress_timeout + std::time::Duration::from_secs(30);
-        self.client = self.client.with_read_timeout(read)?;
-        self.limits = limits;
-        Ok(self)
     }
 
     pub fn root(&self) -> &Path {

@@ -45,11 +45,13 @@ pub async fn serve_until(
         .check_host()
         .map_err(anyhow::Error::msg)?;
     crate::host_files::prepare(&config).context("preparing the root and state directories")?;
-    let store = ImageStore::open(&config.root_dir.join("images"), config.registry.clone())
-        .await
-        .context("opening the image store")?
-        .with_limits(config.images.clone())
-        .context("building the registry client")?;
+    let store = ImageStore::open(
+        &config.root_dir.join("images"),
+        config.registry.clone(),
+        config.images.clone(),
+    )
+    .await
+    .context("opening the image store")?;
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone());
     let runtime =

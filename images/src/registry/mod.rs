@@ -113,15 +113,11 @@ const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl RegistryClient {
     pub fn new(config: RegistryConfig) -> Result<Self> {
-        Self::build(config, DEFAULT_READ_TIMEOUT)
+        Self::with_read_timeout(config, DEFAULT_READ_TIMEOUT)
     }
 
-    /// The same client with another read timeout (each read of a reply, headers included).
-    pub fn with_read_timeout(self, read: Duration) -> Result<Self> {
-        Self::build(self.config, read)
-    }
-
-    fn build(config: RegistryConfig, read_timeout: Duration) -> Result<Self> {
+    /// A client whose every read of a reply (headers included) may wait `read_timeout`.
+    pub fn with_read_timeout(config: RegistryConfig, read_timeout: Duration) -> Result<Self> {
         let plain_http = PlainHttp {
             insecure: config
                 .configs
