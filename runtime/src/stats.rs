@@ -43,6 +43,14 @@ pub struct Psi {
     pub full: Option<Pressure>,
 }
 
+/// The pressure of the three resources PSI reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pressures {
+    pub cpu: Option<Psi>,
+    pub memory: Option<Psi>,
+    pub io: Option<Psi>,
+}
+
 /// Swap in use and the room left (`None`: no limit to measure against).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Swap {
@@ -222,6 +230,15 @@ impl Cgroups {
             .read(resource, path, &format!("{resource}.pressure"))
             .ok()?;
         Some(parse_psi(&text))
+    }
+
+    /// [`psi`](Self::psi) of cpu, memory and io.
+    pub fn pressures(&self, path: &str) -> Pressures {
+        Pressures {
+            cpu: self.psi(path, "cpu"),
+            memory: self.psi(path, "memory"),
+            io: self.psi(path, "io"),
+        }
     }
 
     /// Swap usage: v2 `memory.swap.current` against `memory.swap.max`; v1 the memsw counter less

@@ -30,7 +30,7 @@ pub(super) struct Reading {
     pub pids: Option<u64>,
     pub disk: Option<DiskUsage>,
     /// Pressure of cpu, memory and io (cgroup v2 with PSI only).
-    pub psi: [Option<stats::Psi>; 3],
+    pub psi: stats::Pressures,
     pub swap: Option<stats::Swap>,
 }
 
@@ -45,6 +45,14 @@ pub(super) fn cri_psi(p: Option<stats::Psi>) -> Option<cri::PsiStats> {
     p.map(|p| cri::PsiStats {
         full: p.full.map(data),
         some: p.some.map(data),
+    })
+}
+
+/// The CRI I/O usage: only its pressure is reported, where there is one.
+pub(super) fn io_usage(at: i64, p: Option<stats::Psi>) -> Option<cri::IoUsage> {
+    p.map(|p| cri::IoUsage {
+        timestamp: at,
+        psi: cri_psi(Some(p)),
     })
 }
 
@@ -149,7 +157,7 @@ impl Inner {
                 r.cpu = known("cpu", path, cg.cpu_usage_ns(path));
                 r.memory = known("memory", path, cg.memory(path));
                 r.pids = known("pids", path, cg.pids(path));
-                r.psi = ["cpu", "memory", "io"].map(|res| cg.psi(path, res));
+                r.psi = cg.pressures(path);
                 r.swap = cg.swap(path);
             }
             r.disk = stats::disk_usage(&upper)
@@ -183,11 +191,11 @@ impl Inner {
                 annotations: c.config.annotations.clone(),
             }),
             cpu: r.cpu.map(|u| cri::CpuUsage {
-                psi: cri_psi(r.psi[0]),
+                psi: cri_psi(r.psi.cpu),
                 ..self.cpu_usage(&c.id, r.at, u)
             }),
             memory: r.memory.as_ref().map(|m| cri::MemoryUsage {
-                psi: cri_psi(r.psi[1]),
+                psi: cri_psi(r.psi.memory),
                 ..memory_usage(r.at, m)
             }),
             writable_layer: r.disk.map(|d| cri::FilesystemUsage {
@@ -203,10 +211,7 @@ impl Inner {
                 swap_usage_bytes: value(s.usage),
                 swap_available_bytes: s.available.and_then(value),
             }),
-            io: r.psi[2].map(|p| cri::IoUsage {
-                timestamp: r.at,
-                psi: cri_psi(Some(p)),
-            }),
+            io: io_usage(r.at, r.psi.io),
         }
     }
 

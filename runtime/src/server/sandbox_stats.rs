@@ -107,12 +107,12 @@ impl Inner {
                     (
                         known("cpu", &path, cg.cpu_usage_ns(&path)),
                         known("memory", &path, cg.memory(&path)),
-                        ["cpu", "memory", "io"].map(|res| cg.psi(&path, res)),
+                        cg.pressures(&path),
                     )
                 });
                 read.await.unwrap_or_default()
             }
-            None => (None, None, [None; 3]),
+            None => (None, None, Default::default()),
         };
         // Otherwise summed over the running containers: known only when known for each of them.
         // The rate is the sum of theirs (a rate of the summed counter would jump whenever a
@@ -149,16 +149,13 @@ impl Inner {
                 .try_fold(zero, |sum, r| Some(sum.add(r.memory.as_ref()?)))
         });
         linux.memory = memory.as_ref().map(|m| cri::MemoryUsage {
-            psi: super::container_stats::cri_psi(own_psi[1]),
+            psi: super::container_stats::cri_psi(own_psi.memory),
             ..memory_usage(at, m)
         });
         if let Some(cpu) = linux.cpu.as_mut() {
-            cpu.psi = super::container_stats::cri_psi(own_psi[0]);
+            cpu.psi = super::container_stats::cri_psi(own_psi.cpu);
         }
-        linux.io = own_psi[2].map(|p| cri::IoUsage {
-            timestamp: at,
-            psi: super::container_stats::cri_psi(Some(p)),
-        });
+        linux.io = super::container_stats::io_usage(at, own_psi.io);
         linux.process = readings
             .iter()
             .map(|r| r.pids)
