@@ -42,6 +42,15 @@ pub enum StoreError {
     },
 }
 
+/// Wraps a record file's I/O error with what and whose record it was.
+fn io_error<'a>(what: &'static str, id: &'a str) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        what,
+        id: id.to_string(),
+        source,
+    }
+}
+
 /// The records in memory, and which names they hold.
 #[derive(Default)]
 struct Index {
@@ -184,11 +193,7 @@ impl Store {
     pub fn save_pod(&self, p: &PodRecord) -> Result<(), StoreError> {
         self.pod_records
             .save(&p.id, p)
-            .map_err(|source| StoreError::Io {
-                what: "pod",
-                id: p.id.clone(),
-                source,
-            })?;
+            .map_err(io_error("pod", &p.id))?;
         self.index
             .lock()
             .unwrap()
@@ -200,11 +205,7 @@ impl Store {
     pub fn save_container(&self, c: &ContainerRecord) -> Result<(), StoreError> {
         self.container_records
             .save(&c.id, c)
-            .map_err(|source| StoreError::Io {
-                what: "container",
-                id: c.id.clone(),
-                source,
-            })?;
+            .map_err(io_error("container", &c.id))?;
         self.index
             .lock()
             .unwrap()
@@ -217,11 +218,7 @@ impl Store {
     pub fn delete_pod(&self, p: &PodRecord) -> Result<(), StoreError> {
         self.pod_records
             .remove(&p.id)
-            .map_err(|source| StoreError::Io {
-                what: "pod",
-                id: p.id.clone(),
-                source,
-            })?;
+            .map_err(io_error("pod", &p.id))?;
         {
             let mut index = self.index.lock().unwrap();
             index.pods.remove(&p.id);
