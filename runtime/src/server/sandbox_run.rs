@@ -47,7 +47,7 @@ impl RuntimeService {
         check_hostname(&config.hostname)?;
         crate::bounds::check_metadata("RunPodSandbox", &config.labels, &config.annotations)?;
         check_host_network_hostname(&config)?;
-        check_runtime_handler(&req.runtime_handler)?;
+        check_handler("RunPodSandbox", &req.runtime_handler)?;
         let pod_selinux = config
             .linux
             .as_ref()
@@ -124,10 +124,6 @@ pub(super) const RUNTIME_HANDLERS: [&str; 1] = [""];
 
 /// A pod that asks for a handler this node lacks (a sandboxed one, say) is refused rather than
 /// run without the isolation it asked for.
-fn check_runtime_handler(handler: &str) -> Result<(), Status> {
-    check_handler("RunPodSandbox", handler)
-}
-
 /// A runtime handler this node has (`rpc` names the request in the refusal).
 pub(super) fn check_handler(rpc: &str, handler: &str) -> Result<(), Status> {
     if RUNTIME_HANDLERS.contains(&handler) {
@@ -493,8 +489,8 @@ mod tests {
         use NamespaceMode::{Node, Pod};
         let mut cfg = pod_with(&[], Node, Pod);
         assert!(check_host_network_hostname(&cfg).is_ok());
-        assert!(check_runtime_handler("").is_ok());
-        let e = check_runtime_handler(&"kata".repeat(1000)).unwrap_err();
+        assert!(check_handler("RunPodSandbox", "").is_ok());
+        let e = check_handler("RunPodSandbox", &"kata".repeat(1000)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(
             e.message().len() < 400,
