@@ -447,6 +447,87 @@ async fn recovery_rolls_back_half_creates_follows_live_pods_and_marks_dead_shims
     );
 }
 
+#[tokio::test]
+async fn more_than_32_image_volumes_are_refused_and_nothing_stays_mounted() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let volume = |n: usize| cri::Mount {
+        container_path: format!("/v{n}"),
+        image: Some(cri::ImageSpec {
+            image: IMAGE.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut req = cri::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "vols".into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: IMAGE.into(),
+                ..Default::default()
+            }),
+            mounts: (0..33).map(volume).collect(),
+            ..Default::default()
+        }),
+        sandbox_config: None,
+    };
+    let e = node
+        .svc
+        .create_container(Request::new(req.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("33 image volumes"), "{e:?}");
+    assert!(node.host.mounted().is_empty(), "nothing left mounted");
+    // 32 are fine, and all go with the container.
+    req.config.as_mut().unwrap().mounts.truncate(32);
+    let id = node
+        .svc
+        .create_container(Request::new(req))
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+    assert_eq!(node.host.mounted().len(), 33, "the rootfs and 32 volumes");
+    node.remove(&id).await.unwrap();
+    assert!(node.host.mounted().is_empty(), "{:?}", node.host.mounted());
+}
+
+#[tokio::test]
+async fn update_pod_sandbox_resources_refuses_what_it_cannot_apply() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let update = |pod_sandbox_id: String, resources| cri::UpdatePodSandboxResourcesRequest {
+        pod_sandbox_id,
+        overhead: None,
+        resources,
+    };
+    let call = |r| node.svc.update_pod_sandbox_resources(Request::new(r));
+    let none = call(update("f".repeat(64), Some(Default::default())))
+        .await
+        .unwrap_err();
+    assert_eq!(none.code(), Code::NotFound);
+    let missing = call(update(pod.clone(), None)).await.unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    let negative = cri::LinuxContainerResources {
+        cpu_shares: -5,
+        ..Default::default()
+    };
+    let bad = call(update(pod.clone(), Some(negative))).await.unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    // A pod under a parent the daemon did not make: checked, and left to the kubelet.
+    let fine = cri::LinuxContainerResources {
+        cpu_shares: 512,
+        memory_limit_in_bytes: 64 << 20,
+        ..Default::default()
+    };
+    call(update(pod, Some(fine))).await.unwrap();
+}
+
 fn container(node: &Node, id: &str) -> ContainerRecord {
     node.svc.inner.store.container(id).unwrap()
 }

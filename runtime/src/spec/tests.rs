@@ -311,6 +311,19 @@ fn no_command_anywhere_is_invalid() {
 // ---------------------------------------------------------------------------------------------
 // 2. Env and working dir
 
+/// The CRI carries env values as bytes (1.36); one that is not UTF-8 cannot reach an OCI process
+/// and is refused by name, not mangled.
+#[test]
+fn an_env_value_that_is_not_utf8_is_refused() {
+    let mut f = Fixture::new();
+    f.config.envs = vec![cri::KeyValue {
+        key: "BLOB".to_string(),
+        value: vec![b'a', 0xff, 0xfe],
+    }];
+    let msg = f.invalid();
+    assert!(msg.contains("BLOB") && msg.contains("UTF-8"), "{msg}");
+}
+
 #[test]
 fn env_is_image_env_then_config_env_later_value_wins_in_place() {
     let mut f = Fixture::new();
