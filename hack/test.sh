@@ -20,6 +20,9 @@ if [ -z "${RUST_TEST_THREADS:-}" ]; then
   export RUST_TEST_THREADS="$cores"
 fi
 
+# Incremental caches are dead weight for a one-shot build, and CI's disk is small.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 echo "+ cargo build --workspace --all-targets" >&2
 cargo build --workspace --all-targets
 
