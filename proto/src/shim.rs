@@ -20,6 +20,19 @@ pub struct InfraSpec {
     pub pid: bool,
 }
 
+/// An external OCI runtime (runc, crun, runsc, youki) that a pod's shim drives through its CLI,
+/// for a `[runtimes.<name>]` handler; without one the shim runs containers with libcontainer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OciRuntimeSpec {
+    /// The runtime's binary, an absolute path.
+    pub binary: PathBuf,
+    /// Its `--root` (state directory): `<state_dir>/runtimes/<name>`.
+    pub root: PathBuf,
+    /// Pass `--systemd-cgroup`: the node's cgroup driver is systemd.
+    pub systemd_cgroup: bool,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
@@ -279,6 +292,8 @@ pub mod paths {
     pub const SOCKET: &str = "shim.sock";
     pub const SHIM_PID: &str = "shim.pid";
     pub const INFRA_PID: &str = "infra.pid";
+    /// The pod's [`super::OciRuntimeSpec`], when it has an external runtime (read by `cleanup`).
+    pub const OCI_RUNTIME: &str = "oci-runtime.json";
     /// Per container: `<id>.state.json`.
     pub fn state_file(id: &str) -> String {
         format!("{id}.state.json")

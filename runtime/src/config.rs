@@ -69,6 +69,9 @@ pub struct Config {
     /// kubelet's `--cgroup-driver`; `RuntimeConfig` reports it.
     #[serde(default)]
     pub cgroup_driver: crate::cgroups::CgroupDriver,
+    /// `[runtimes.<name>]`: RuntimeClass handlers (see `crate::runtimes`).
+    #[serde(default)]
+    pub runtimes: std::collections::BTreeMap<String, crate::runtimes::RuntimeHandlerConfig>,
 }
 
 /// `[streaming]`: the server behind the URLs that `Exec`, `Attach` and `PortForward` return.
@@ -179,6 +182,7 @@ impl Default for Config {
             gpu: crate::gpu::GpuConfig::default(),
             metrics: Default::default(),
             cgroup_driver: crate::cgroups::CgroupDriver::default(),
+            runtimes: Default::default(),
         }
     }
 }
@@ -228,6 +232,7 @@ impl Config {
         self.streaming_server()?;
         self.gpu.validate()?;
         self.images.validate()?;
+        crate::runtimes::validate(&self.runtimes)?;
         self.registry.validate()
     }
 

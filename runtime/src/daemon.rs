@@ -53,7 +53,8 @@ pub async fn serve_until(
     .await
     .context("opening the image store")?;
     let store = Arc::new(store);
-    let images = ImageService::new(store.clone(), config.pinned_images.clone());
+    let images = ImageService::new(store.clone(), config.pinned_images.clone())
+        .with_handlers(crate::runtimes::Handlers::new(&config.runtimes));
     let runtime =
         RuntimeService::new(config.clone(), store).context("loading pod and container records")?;
     runtime.recover().await;

@@ -14,6 +14,7 @@ pub mod gpu;
 pub mod host_files;
 pub mod metrics;
 pub mod records;
+pub mod runtimes;
 pub mod server;
 pub mod shim_client;
 pub mod spec;

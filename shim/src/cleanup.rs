@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crishim_proto::shim::{paths, ContainerState, Status};
 use libcontainer::container::Container;
 
+use crate::oci_runtime::OciRuntime;
 use crate::record::{now_nanos, write_atomic};
 
 pub fn run(args: &[String]) -> ! {
@@ -23,6 +24,19 @@ pub fn run(args: &[String]) -> ! {
 
 fn cleanup(dir: &Path) -> usize {
     let mut failures = 0;
+    if let Some(oci) = oci_runtime(dir) {
+        // The runtime's state is shared by every pod that uses it: only this pod's containers,
+        // which have state files here, are deleted.
+        for id in recorded_containers(dir) {
+            if let Err(e) = oci.delete(&id) {
+                if oci.knows(&id) {
+                    eprintln!("crishim-shim cleanup: {id}: {e}");
+                    failures += 1;
+                }
+            }
+            mark_exited(dir, &id);
+        }
+    }
     let lc_root = dir.join("runc");
     for entry in std::fs::read_dir(&lc_root).into_iter().flatten().flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
@@ -51,6 +65,32 @@ fn cleanup(dir: &Path) -> usize {
         }
     }
     failures
+}
+
+/// The pod's external runtime, if its shim was started with one.
+fn oci_runtime(dir: &Path) -> Option<OciRuntime> {
+    let raw = std::fs::read(dir.join(paths::OCI_RUNTIME)).ok()?;
+    let spec = serde_json::from_slice(&raw)
+        .map_err(|e| eprintln!("crishim-shim cleanup: {}: {e}", paths::OCI_RUNTIME))
+        .ok()?;
+    OciRuntime::new(spec, dir)
+        .map_err(|e| eprintln!("crishim-shim cleanup: {e}"))
+        .ok()
+}
+
+/// The ids of the containers with a state file in `dir`.
+fn recorded_containers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_suffix(".state.json")
+                .map(str::to_owned)
+        })
+        .collect()
 }
 
 /// A container that was still running when its shim died ends with SIGKILL, and says why.

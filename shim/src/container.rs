@@ -24,6 +24,7 @@ use tokio::io::AsyncReadExt;
 use crate::bus::closing_leaked_connections;
 use crate::exec_seccomp::SeccompExecutor;
 use crate::logs::{self, LogSink};
+use crate::oci_runtime::{console_address, CallIo, OciRuntime};
 use crate::record::{now_nanos, write_atomic};
 
 pub struct Ctr {
@@ -56,6 +57,8 @@ pub struct Shim {
     pub dir: PathBuf,
     /// libcontainer's state root.
     pub lc_root: PathBuf,
+    /// The pod's external OCI runtime (its RuntimeClass handler names one); `None`: libcontainer.
+    pub oci: Option<OciRuntime>,
     pub infra_pid: i32,
     /// Run by `crishim bundle run`: the shim lives exactly as long as its one container.
     pub foreground: bool,
@@ -136,6 +139,7 @@ impl Shim {
     pub fn new(dir: PathBuf, infra_pid: i32) -> Self {
         Shim {
             lc_root: dir.join("runc"),
+            oci: None,
             dir,
             infra_pid,
             foreground: false,
@@ -200,22 +204,11 @@ impl Shim {
                 ))
             }
         };
-        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
-        // With a tty the container's stdio is the pty, whose master libcontainer sends us over a
+        // With a tty the container's stdio is the pty, whose master the runtime sends us over a
         // console socket; otherwise three pipes, or nothing to do when the container inherits ours.
         let console = if tty {
-            let name = format!("{id}.console");
-            let path = self.dir.join(&name);
-            let _ = std::fs::remove_file(&path);
-            // libcontainer reaches it through a short symlink of its own; we bind it through our
-            // directory's descriptor, as the full path may be too long for a socket address.
-            let bound = paths::short_socket_path(&self.dir, &name)
-                .and_then(|(_fd, short)| std::os::unix::net::UnixListener::bind(short));
-            match bound {
-                Ok(l) => {
-                    builder = builder.with_console_socket(Some(&path));
-                    Some((l, path))
-                }
+            match Console::bind(&self.dir, &format!("{id}.console")) {
+                Ok(c) => Some(c),
                 Err(e) => return Err(internal("binding the console socket", e)),
             }
         } else {
@@ -224,6 +217,7 @@ impl Shim {
         let inherit = matches!(stdio, Stdio::Inherit { .. });
         let mut outputs = Vec::new();
         let mut stdin_w = None;
+        let mut io = CallIo::default();
         if console.is_none() && !inherit {
             let pipes = (|| -> nix::Result<_> {
                 let out = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
@@ -239,48 +233,33 @@ impl Shim {
                 Ok(p) => p,
                 Err(e) => return Err(internal("creating stdio pipes", e)),
             };
-            builder = builder.with_stdout(out_w).with_stderr(err_w);
+            io.stdout = Some(out_w);
+            io.stderr = Some(err_w);
             if let Some((r, w)) = inp {
-                builder = builder.with_stdin(r);
+                io.stdin = Some(r);
                 stdin_w = Some(w);
             }
             outputs = vec![(out_r, "stdout"), (err_r, "stderr")];
         }
-        // libcontainer creates its root (and each container's directory in it, holding its
-        // state and notify socket) with 0755; the root is made first, root's alone.
-        if let Err(e) = crishim_proto::hostfs::create_private_dir(&self.lc_root) {
-            if let Some((_, path)) = &console {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(internal(&format!("creating {}", self.lc_root.display()), e));
-        }
-        let built = builder
-            .with_root_path(&self.lc_root)
-            .and_then(|b| b.validate_id())
-            .and_then(|b| {
-                b.as_init(bundle)
-                    .with_systemd(cgroups_path::is_systemd(&cgroup))
-                    .with_detach(true)
-                    .build()
-            });
-        let container = match built {
-            Ok(c) => {
-                // Its state and config (hooks with their env) become root's alone.
-                crishim_proto::hostfs::tighten_dir_and_files(&self.lc_root.join(id), |_, _| {});
-                c
-            }
-            Err(e) => {
-                if let Some((_, path)) = &console {
-                    let _ = std::fs::remove_file(path);
-                }
-                // A half-created container may have left state behind; remove it.
-                closing_leaked_connections(|| {
-                    if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
-                        let _ = c.delete(true);
-                    }
-                });
-                let _ = std::fs::remove_dir_all(self.lc_root.join(id));
-                let full = e.to_string();
+        let systemd = cgroups_path::is_systemd(&cgroup);
+        let created = match &self.oci {
+            Some(oci) => oci
+                .create(
+                    id,
+                    bundle,
+                    console.as_ref().map(|c| c.address.as_path()),
+                    io,
+                )
+                .inspect_err(|_| {
+                    // A half-created container may have left state behind; remove it.
+                    let _ = oci.delete(id);
+                }),
+            None => self.create_with_libcontainer(id, bundle, systemd, console.as_ref(), io),
+        };
+        let pid = match created {
+            Ok(pid) => pid,
+            Err(full) => {
+                drop(console);
                 // It quotes the command, which a request sizes: cut, as every echoed name is.
                 let message = shown(&full).into_owned();
                 if !(start_error_at_start && is_start_error(&full)) {
@@ -297,10 +276,8 @@ impl Shim {
             }
         };
         let mut relay = None;
-        if let Some((listener, path)) = console {
-            let master = receive_pty(&listener);
-            let _ = std::fs::remove_file(&path);
-            match master {
+        if let Some(console) = console {
+            match console.receive() {
                 Ok(fd) if inherit => relay = Some(fd),
                 Ok(fd) => match nix::unistd::dup(fd.as_raw_fd()) {
                     // One end for the log, one kept for stdin.
@@ -318,11 +295,65 @@ impl Shim {
         for (fd, stream) in outputs {
             tokio::task::spawn_local(logs::copy(fd, stream, log.clone()));
         }
-        let pid = container.pid().map_or(0, |p| p.as_raw());
         let mut ctr = Ctr::new(created_state(id, pid), bundle, cgroup, log);
         ctr._stdin = stdin_w;
         self.insert_created(ctr);
         Ok(relay)
+    }
+
+    /// Create with libcontainer, in this process; returns the init's pid.
+    fn create_with_libcontainer(
+        &self,
+        id: &str,
+        bundle: &Path,
+        systemd: bool,
+        console: Option<&Console>,
+        io: CallIo,
+    ) -> Result<i32, String> {
+        let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+        if let Some(console) = console {
+            // libcontainer reaches it through a short symlink of its own.
+            builder = builder.with_console_socket(Some(&console.path));
+        }
+        if let Some(fd) = io.stdin {
+            builder = builder.with_stdin(fd);
+        }
+        if let Some(fd) = io.stdout {
+            builder = builder.with_stdout(fd);
+        }
+        if let Some(fd) = io.stderr {
+            builder = builder.with_stderr(fd);
+        }
+        // libcontainer creates its root (and each container's directory in it, holding its
+        // state and notify socket) with 0755; the root is made first, root's alone.
+        crishim_proto::hostfs::create_private_dir(&self.lc_root)
+            .map_err(|e| format!("creating {}: {e}", self.lc_root.display()))?;
+        let built = builder
+            .with_root_path(&self.lc_root)
+            .and_then(|b| b.validate_id())
+            .and_then(|b| {
+                b.as_init(bundle)
+                    .with_systemd(systemd)
+                    .with_detach(true)
+                    .build()
+            });
+        match built {
+            Ok(c) => {
+                // Its state and config (hooks with their env) become root's alone.
+                crishim_proto::hostfs::tighten_dir_and_files(&self.lc_root.join(id), |_, _| {});
+                Ok(c.pid().map_or(0, |p| p.as_raw()))
+            }
+            Err(e) => {
+                // A half-created container may have left state behind; remove it.
+                closing_leaked_connections(|| {
+                    if let Ok(mut c) = Container::load(self.lc_root.join(id)) {
+                        let _ = c.delete(true);
+                    }
+                });
+                let _ = std::fs::remove_dir_all(self.lc_root.join(id));
+                Err(e.to_string())
+            }
+        }
     }
 
     pub fn start(&mut self, id: &str) -> Response {
@@ -341,9 +372,13 @@ impl Shim {
         if let Some(e) = c.start_error.clone() {
             return self.fail_start(id, e);
         }
-        let started = closing_leaked_connections(|| {
-            Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start())
-        });
+        let started = match &self.oci {
+            Some(oci) => oci.start(id),
+            None => closing_leaked_connections(|| {
+                Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.start())
+            })
+            .map_err(|e| e.to_string()),
+        };
         if let Err(e) = started {
             return Response::error(
                 ErrorKind::FailedPrecondition,
@@ -396,6 +431,20 @@ impl Shim {
         }
         if c.state.status == Status::Exited || c.state.pid == 0 {
             return Response::Ok;
+        }
+        if let Some(oci) = &self.oci {
+            if !(1..=64).contains(&signal) {
+                return Response::error(
+                    ErrorKind::InvalidArgument,
+                    format!("signal {signal} is not a signal number"),
+                );
+            }
+            return match oci.kill(id, signal, all) {
+                Ok(()) => Response::Ok,
+                // Exited between our check and the kill: nothing left to signal.
+                Err(_) if !oci.knows(id) || !pid_alive(c.state.pid) => Response::Ok,
+                Err(e) => internal(&format!("signalling container {id}"), e),
+            };
         }
         let sig = match libcontainer::signal::Signal::try_from(signal) {
             Ok(s) => s,
@@ -516,6 +565,16 @@ pub async fn delete(shim: &Shared, id: &str) -> Response {
         let _ = shim.borrow_mut().kill(id, libc::SIGKILL, true);
         wait_exited(shim, id, Duration::from_secs(10)).await;
     }
+    {
+        let s = shim.borrow();
+        if let Some(oci) = &s.oci {
+            if let Err(e) = oci.delete(id) {
+                if oci.knows(id) {
+                    return internal(&format!("deleting container {id}"), e);
+                }
+            }
+        }
+    }
     let root = shim.borrow().lc_root.join(id);
     if root.exists() {
         let deleted = closing_leaked_connections(|| {
@@ -608,72 +667,105 @@ pub fn spawn_exec(
     }
     let tty = matches!(io, ExecIo::Tty);
     let process_file = bundle.join(format!("exec-{n}.json"));
-    let seccomp = write_exec_process(&bundle, &process_file, args, tty)?;
-    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
-    if let Some(executor) = seccomp {
-        builder = builder.with_executor(executor);
-    }
-    let mut console = None;
-    match io {
+    let oci = shim.borrow().oci.is_some();
+    // An external runtime applies the container's seccomp filter to exec'd processes itself.
+    let seccomp = write_exec_process(&bundle, &process_file, args, tty, !oci)?;
+    let console = match io {
+        ExecIo::Tty => Some(
+            Console::bind(&dir, &format!("exec-{n}.console"))
+                .map_err(|e| internal("binding the console socket", e))?,
+        ),
+        ExecIo::Pipes { .. } => None,
+    };
+    let call_io = match io {
         ExecIo::Pipes {
             stdin,
             stdout,
             stderr,
-        } => {
-            builder = builder.with_stdout(stdout).with_stderr(stderr);
-            if let Some(stdin) = stdin {
-                builder = builder.with_stdin(stdin);
+        } => CallIo {
+            stdin,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        },
+        ExecIo::Tty => CallIo::default(),
+    };
+    let spawned = {
+        let s = shim.borrow();
+        match &s.oci {
+            Some(oci) => {
+                let address = console.as_ref().map(|c| c.address.as_path());
+                oci.exec(id, &process_file, address, call_io)
             }
+            None => exec_with_libcontainer(
+                id,
+                &lc_root,
+                &process_file,
+                seccomp,
+                console.as_ref(),
+                call_io,
+            ),
         }
-        ExecIo::Tty => {
-            let name = format!("exec-{n}.console");
-            let path = dir.join(&name);
-            let _ = std::fs::remove_file(&path);
-            let listener = paths::short_socket_path(&dir, &name)
-                .and_then(|(_fd, short)| std::os::unix::net::UnixListener::bind(short))
-                .map_err(|e| internal("binding the console socket", e))?;
-            builder = builder.with_console_socket(Some(&path));
-            console = Some((listener, path));
-        }
-    }
-    let built = builder
-        .with_root_path(&lc_root)
-        .map(|b| {
-            b.as_tenant()
-                .with_process(Some(&process_file))
-                .with_detach(true)
-        })
-        .and_then(|t| t.build());
+    };
     let _ = std::fs::remove_file(&process_file);
-    let pid = match built {
-        Ok(pid) => pid.as_raw(),
+    let pid = match spawned {
+        Ok(pid) => pid,
+        // libcontainer's workload errors end in a NUL from the C side; not for a client.
         Err(e) => {
-            if let Some((_, path)) = &console {
-                let _ = std::fs::remove_file(path);
-            }
-            // libcontainer's workload errors end in a NUL from the C side; not for a client.
-            let message = format!("exec in {id}: {e}").replace('\0', "");
-            return Err(Response::error(ErrorKind::FailedPrecondition, message));
+            return Err(Response::error(
+                ErrorKind::FailedPrecondition,
+                format!("exec in {id}: {e}").replace('\0', ""),
+            ))
         }
     };
     // Registered before the next await, so the reaper cannot miss it.
     let (tx, exited) = tokio::sync::oneshot::channel();
     shim.borrow_mut().exec_waiters.insert(pid, tx);
-    let pty = match console {
-        Some((listener, path)) => {
-            let master = receive_pty(&listener);
-            let _ = std::fs::remove_file(&path);
-            match master {
-                Ok(fd) => Some(fd),
-                Err(e) => {
-                    kill_exec(pid);
-                    return Err(internal("receiving the exec's pty", e));
-                }
-            }
+    let pty = match console.map(|c| c.receive()) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) => {
+            kill_exec(pid);
+            return Err(internal("receiving the exec's pty", e));
         }
         None => None,
     };
     Ok(Spawned { pid, exited, pty })
+}
+
+/// Start an exec'd process with libcontainer's tenant builder; returns its pid.
+fn exec_with_libcontainer(
+    id: &str,
+    lc_root: &Path,
+    process_file: &Path,
+    seccomp: Option<SeccompExecutor>,
+    console: Option<&Console>,
+    io: CallIo,
+) -> Result<i32, String> {
+    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+    if let Some(executor) = seccomp {
+        builder = builder.with_executor(executor);
+    }
+    if let Some(console) = console {
+        builder = builder.with_console_socket(Some(&console.path));
+    }
+    if let Some(fd) = io.stdin {
+        builder = builder.with_stdin(fd);
+    }
+    if let Some(fd) = io.stdout {
+        builder = builder.with_stdout(fd);
+    }
+    if let Some(fd) = io.stderr {
+        builder = builder.with_stderr(fd);
+    }
+    builder
+        .with_root_path(lc_root)
+        .map(|b| {
+            b.as_tenant()
+                .with_process(Some(process_file))
+                .with_detach(true)
+        })
+        .and_then(|t| t.build())
+        .map(|pid| pid.as_raw())
+        .map_err(|e| e.to_string())
 }
 
 /// Kill an exec'd process and its process group (it is a session leader).
@@ -741,6 +833,7 @@ fn write_exec_process(
     out: &Path,
     args: Vec<String>,
     tty: bool,
+    load_seccomp: bool,
 ) -> Result<Option<SeccompExecutor>, Response> {
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| internal(&format!("reading {}/config.json", bundle.display()), e))?;
@@ -751,12 +844,59 @@ fn write_exec_process(
         .linux()
         .as_ref()
         .and_then(|l| l.seccomp().clone())
+        .filter(|_| load_seccomp)
         .map(|s| SeccompExecutor::prepare(&mut process, s));
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     // It carries the container's environment: 0600 from the start.
     crishim_proto::hostfs::write_private(out, &json)
         .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
+}
+
+/// A console socket, bound in the shim's directory, over which the runtime sends a new pty's
+/// master. Its file goes when it is dropped.
+struct Console {
+    listener: std::os::unix::net::UnixListener,
+    path: PathBuf,
+    /// An address short enough for a socket, whatever the directory's path (see
+    /// [`console_address`]); valid while `_dir` is open.
+    address: PathBuf,
+    _dir: OwnedFd,
+}
+
+impl Console {
+    fn bind(dir: &Path, name: &str) -> std::io::Result<Self> {
+        let path = dir.join(name);
+        let _ = std::fs::remove_file(&path);
+        // Bound through our directory's descriptor, as the full path may be too long for a
+        // socket address.
+        let (dir_fd, short) = paths::short_socket_path(dir, name)?;
+        let listener = std::os::unix::net::UnixListener::bind(short)?;
+        Ok(Console {
+            listener,
+            path,
+            address: console_address(&dir_fd, name),
+            _dir: dir_fd,
+        })
+    }
+
+    fn receive(&self) -> Result<OwnedFd, String> {
+        receive_pty(&self.listener)
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether `pid` is a live (not yet reaped, not zombie) process.
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
 }
 
 /// Receive the pty master that the container's init sends over the console socket.

@@ -19,6 +19,7 @@ mod exec_seccomp;
 mod foreground;
 mod infra;
 mod logs;
+mod oci_runtime;
 mod reaper;
 mod record;
 mod seccomp_program;

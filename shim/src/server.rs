@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
-use crishim_proto::shim::{paths, ErrorKind, InfraSpec, Request, Response};
+use crishim_proto::shim::{paths, ErrorKind, InfraSpec, OciRuntimeSpec, Request, Response};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -22,9 +22,13 @@ const MAX_REQUEST: usize = 1 << 20;
 pub fn serve(
     dir: PathBuf,
     infra: Option<InfraSpec>,
+    oci: Option<OciRuntimeSpec>,
     ready: &mut Option<std::fs::File>,
 ) -> Result<(), String> {
     become_subreaper()?;
+    let oci = oci
+        .map(|spec| crate::oci_runtime::OciRuntime::new(spec, &dir))
+        .transpose()?;
     let infra_pid = match &infra {
         Some(spec) => {
             let pid = crate::infra::spawn(spec)?;
@@ -38,7 +42,9 @@ pub fn serve(
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let listener = listen(&dir)?;
-        let shim: Shared = Rc::new(RefCell::new(Shim::new(dir, infra_pid)));
+        let mut shim = Shim::new(dir, infra_pid);
+        shim.oci = oci;
+        let shim: Shared = Rc::new(RefCell::new(shim));
         tokio::task::spawn_local(crate::reaper::run(shim.clone()));
         if let Some(mut r) = ready.take() {
             let _ = r.write_all(b"ok\n");

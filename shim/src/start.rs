@@ -7,17 +7,19 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::PathBuf;
 
-use crishim_proto::shim::{paths, InfraSpec};
+use crishim_proto::shim::{paths, InfraSpec, OciRuntimeSpec};
 use nix::unistd::{fork, setsid, ForkResult};
 
 pub fn run(args: &[String]) -> ! {
     let mut dir = None;
     let mut infra = None;
+    let mut oci = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dir" => dir = it.next().map(PathBuf::from),
             "--infra" => infra = it.next().map(|s| serde_json::from_str::<InfraSpec>(s)),
+            "--oci-runtime" => oci = it.next().map(|s| serde_json::from_str::<OciRuntimeSpec>(s)),
             other => fail(&format!("unknown argument {other:?}")),
         }
     }
@@ -30,8 +32,21 @@ pub fn run(args: &[String]) -> ! {
         Some(Err(e)) => fail(&format!("--infra: {e}")),
         None => None,
     };
+    let oci = match oci {
+        Some(Ok(o)) if o.binary.is_absolute() && o.root.is_absolute() => Some(o),
+        Some(Ok(_)) => fail("--oci-runtime: binary and root must be absolute paths"),
+        Some(Err(e)) => fail(&format!("--oci-runtime: {e}")),
+        None => None,
+    };
     if let Err(e) = crishim_proto::hostfs::create_private_dir(&dir) {
         fail(&format!("creating {}: {e}", dir.display()));
+    }
+    // Kept for `cleanup`, which must find the runtime that holds the containers' state.
+    if let Some(o) = &oci {
+        let json = serde_json::to_vec(o).unwrap_or_default();
+        if let Err(e) = crishim_proto::hostfs::write_private(&dir.join(paths::OCI_RUNTIME), &json) {
+            fail(&format!("recording the OCI runtime: {e}"));
+        }
     }
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
@@ -56,7 +71,7 @@ pub fn run(args: &[String]) -> ! {
             let _ = setsid();
             redirect_stdio(&dir);
             let mut ready = Some(std::fs::File::from(w));
-            match crate::server::serve(dir.clone(), infra, &mut ready) {
+            match crate::server::serve(dir.clone(), infra, oci, &mut ready) {
                 Ok(()) => std::process::exit(0),
                 Err(e) => {
                     if let Some(mut r) = ready {

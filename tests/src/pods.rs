@@ -143,11 +143,20 @@ pub fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 impl Daemon {
     /// RunPodSandbox; returns the pod ID.
     pub async fn run_pod(&self, config: &cri::PodSandboxConfig) -> Result<String, Status> {
+        self.run_pod_with_handler(config, "").await
+    }
+
+    /// RunPodSandbox with a RuntimeClass handler; returns the pod ID.
+    pub async fn run_pod_with_handler(
+        &self,
+        config: &cri::PodSandboxConfig,
+        handler: &str,
+    ) -> Result<String, Status> {
         Ok(self
             .runtime_client()
             .run_pod_sandbox(cri::RunPodSandboxRequest {
                 config: Some(config.clone()),
-                runtime_handler: String::new(),
+                runtime_handler: handler.to_string(),
             })
             .await?
             .into_inner()

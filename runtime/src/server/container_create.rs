@@ -166,6 +166,15 @@ impl Inner {
             .await
             .map_err(from_image_error)?;
 
+        let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
+        if handler.binary().is_some() && record.config.mounts.iter().any(|m| m.recursive_read_only)
+        {
+            return Err(Status::invalid_argument(format!(
+                "CreateContainer: runtime handler {:?} does not support recursive read-only \
+                 mounts (Status reports it without the feature)",
+                pod.runtime_handler
+            )));
+        }
         let image_volumes = self
             .mount_image_volumes(id, &record.config, &bundle)
             .await?;
@@ -185,6 +194,7 @@ impl Inner {
             image_volumes: &image_volumes,
             cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
             min_oom_score_adj: own_oom_score_adj(),
+            privileged_host_devices: !handler.privileged_without_host_devices,
         })
         .map_err(|e| from_spec_error("CreateContainer", e))?;
         let lsm = Lsm::of_host();
@@ -206,19 +216,28 @@ impl Inner {
             .as_ref()
             .and_then(|c| c.env().clone())
             .unwrap_or_default();
-        self.gpu
-            .apply(
-                &crate::gpu::Target {
-                    container_id: id,
-                    config: &record.config,
-                    pod: &pod.config,
-                    image_env: &image_env,
-                    rootfs: &rootfs,
-                },
-                &mut spec,
-            )
-            .map_err(from_gpu_error)?;
+        if handler.gpu {
+            self.gpu
+                .apply(
+                    &crate::gpu::Target {
+                        container_id: id,
+                        config: &record.config,
+                        pod: &pod.config,
+                        image_env: &image_env,
+                        rootfs: &rootfs,
+                    },
+                    &mut spec,
+                )
+                .map_err(from_gpu_error)?;
+        }
         let mut annotations = spec.annotations().clone().unwrap_or_default();
+        // The handler's `pod_annotations` (a sandboxed runtime's settings, say); never over the
+        // keys crishim sets itself.
+        for (key, value) in &pod.config.annotations {
+            if handler.passes_annotation(key) && !annotations.contains_key(key) {
+                annotations.insert(key.clone(), value.clone());
+            }
+        }
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
         // It holds the container's environment: 0600 from the start.

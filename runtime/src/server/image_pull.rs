@@ -13,7 +13,13 @@ impl ImageService {
     ) -> Result<PullImageResponse, Status> {
         let spec = req.image.unwrap_or_default();
         // One image store serves every handler (KEP-4216), so a known one changes nothing.
-        super::sandbox_run::check_handler("PullImage", &spec.runtime_handler)?;
+        if self.handlers.get(&spec.runtime_handler).is_none() {
+            return Err(super::sandbox_run::unknown_handler(
+                "PullImage",
+                &spec.runtime_handler,
+                &self.handlers,
+            ));
+        }
         let image = spec.image;
         if image.is_empty() {
             return Err(Status::invalid_argument(

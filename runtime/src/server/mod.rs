@@ -60,6 +60,8 @@ use tracing::{debug, warn};
 pub struct ImageService {
     store: Arc<ImageStore>,
     pinned: Arc<HashSet<String>>,
+    /// The node's RuntimeClass handlers: `ImageSpec.runtime_handler` must name one.
+    handlers: Arc<crate::runtimes::Handlers>,
 }
 
 impl ImageService {
@@ -75,7 +77,14 @@ impl ImageService {
         ImageService {
             store,
             pinned: Arc::new(pinned),
+            handlers: Arc::new(crate::runtimes::Handlers::new(&Default::default())),
         }
+    }
+
+    /// Accept the handlers of `[runtimes]` in `ImageSpec.runtime_handler`, not only the default.
+    pub fn with_handlers(mut self, handlers: crate::runtimes::Handlers) -> Self {
+        self.handlers = Arc::new(handlers);
+        self
     }
 }
 

@@ -53,6 +53,8 @@ pub struct Inner {
     pub(super) gpu: crate::gpu::Gpus,
     /// The server behind the `Exec`, `Attach` and `PortForward` URLs, once started.
     pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
+    /// The RuntimeClass handlers (`[runtimes]`).
+    pub(super) handlers: crate::runtimes::Handlers,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -90,6 +92,7 @@ impl RuntimeService {
         ));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let gpu = crate::gpu::Gpus::new(&config.gpu, &config.state_dir);
+        let handlers = crate::runtimes::Handlers::new(&config.runtimes);
         let service = RuntimeService {
             inner: Arc::new_cyclic(|me| Inner {
                 config,
@@ -106,6 +109,7 @@ impl RuntimeService {
                 cpu_rates: Default::default(),
                 gpu,
                 streaming: std::sync::OnceLock::new(),
+                handlers,
             }),
         };
         let me = Arc::downgrade(&service.inner);

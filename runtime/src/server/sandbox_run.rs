@@ -47,7 +47,7 @@ impl RuntimeService {
         check_hostname(&config.hostname)?;
         crate::bounds::check_metadata("RunPodSandbox", &config.labels, &config.annotations)?;
         check_host_network_hostname(&config)?;
-        check_handler("RunPodSandbox", &req.runtime_handler)?;
+        inner.handler("RunPodSandbox", &req.runtime_handler)?;
         let pod_selinux = config
             .linux
             .as_ref()
@@ -119,21 +119,32 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
     )))
 }
 
-/// The RuntimeClass handlers this node serves: so far only the built-in default (libcontainer).
-pub(super) const RUNTIME_HANDLERS: [&str; 1] = [""];
-
-/// A pod that asks for a handler this node lacks (a sandboxed one, say) is refused rather than
-/// run without the isolation it asked for.
-/// A runtime handler this node has (`rpc` names the request in the refusal).
-pub(super) fn check_handler(rpc: &str, handler: &str) -> Result<(), Status> {
-    if RUNTIME_HANDLERS.contains(&handler) {
-        return Ok(());
+impl Inner {
+    /// A runtime handler this node has (`rpc` names the request in the refusal). A pod that asks
+    /// for one the node lacks (a sandboxed one, say) is refused rather than run without the
+    /// isolation it asked for.
+    pub(super) fn handler(
+        &self,
+        rpc: &str,
+        name: &str,
+    ) -> Result<&crate::runtimes::RuntimeHandlerConfig, Status> {
+        self.handlers
+            .get(name)
+            .ok_or_else(|| unknown_handler(rpc, name, &self.handlers))
     }
-    Err(Status::invalid_argument(format!(
-        "{rpc}: runtime handler {:?} is not configured on this node; it has only the \
-         default handler (\"\", libcontainer)",
-        shown(handler)
-    )))
+}
+
+/// The refusal of a handler the node lacks, naming those it has.
+pub(super) fn unknown_handler(
+    rpc: &str,
+    name: &str,
+    handlers: &crate::runtimes::Handlers,
+) -> Status {
+    Status::invalid_argument(format!(
+        "{rpc}: runtime handler {:?} is not configured on this node; its handlers are {}",
+        shown(name),
+        handlers.names()
+    ))
 }
 
 /// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
@@ -299,7 +310,7 @@ impl Inner {
             uts: !host_network,
             pid: !host_pid,
         };
-        record.infra_pid = self.start_shim(id, &infra).await?;
+        record.infra_pid = self.start_shim(id, &infra, &record.runtime_handler).await?;
         self.store.save_pod(&record)?;
         self.setup_network(&mut record).await?;
         record.state = PodState::Ready;
@@ -309,16 +320,26 @@ impl Inner {
     }
 
     /// Start the pod's shim (which starts the infra process); returns the infra pid.
-    async fn start_shim(&self, id: &str, infra: &InfraSpec) -> Result<i32, Status> {
+    async fn start_shim(&self, id: &str, infra: &InfraSpec, handler: &str) -> Result<i32, Status> {
         let dir = self.pod_state_dir(id);
         let infra_json =
             serde_json::to_string(infra).map_err(|e| Status::internal(e.to_string()))?;
-        let out = tokio::process::Command::new(&self.shim_binary)
-            .arg("start")
+        let mut cmd = tokio::process::Command::new(&self.shim_binary);
+        cmd.arg("start")
             .arg("--dir")
             .arg(&dir)
             .arg("--infra")
-            .arg(infra_json)
+            .arg(infra_json);
+        if let Some(binary) = self.handler("RunPodSandbox", handler)?.binary() {
+            let oci = crishim_proto::shim::OciRuntimeSpec {
+                binary: binary.to_path_buf(),
+                root: crate::runtimes::state_root(&self.config.state_dir, handler),
+                systemd_cgroup: self.config.cgroup_driver == CgroupDriver::Systemd,
+            };
+            let json = serde_json::to_string(&oci).map_err(|e| Status::internal(e.to_string()))?;
+            cmd.arg("--oci-runtime").arg(json);
+        }
+        let out = cmd
             .stdin(std::process::Stdio::null())
             .output()
             .await
@@ -489,8 +510,8 @@ mod tests {
         use NamespaceMode::{Node, Pod};
         let mut cfg = pod_with(&[], Node, Pod);
         assert!(check_host_network_hostname(&cfg).is_ok());
-        assert!(check_handler("RunPodSandbox", "").is_ok());
-        let e = check_handler("RunPodSandbox", &"kata".repeat(1000)).unwrap_err();
+        let handlers = crate::runtimes::Handlers::new(&Default::default());
+        let e = unknown_handler("RunPodSandbox", &"kata".repeat(1000), &handlers);
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(
             e.message().len() < 400,

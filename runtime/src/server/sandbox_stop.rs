@@ -64,8 +64,10 @@ impl Inner {
                 false
             }
         };
-        let has_containers =
-            std::fs::read_dir(dir.join("runc")).is_ok_and(|mut d| d.next().is_some());
+        // libcontainer's state, or an external runtime's (held elsewhere, so assumed).
+        let has_containers = std::fs::read_dir(dir.join("runc"))
+            .is_ok_and(|mut d| d.next().is_some())
+            || dir.join(paths::OCI_RUNTIME).exists();
         if !shut_down && has_containers {
             self.cleanup_dead_shim(&dir).await;
             // A dead shim's containers were re-parented to us, their subreaper: collect them.
@@ -142,7 +144,7 @@ impl Inner {
         match out {
             Ok(o) if o.status.success() => {}
             Ok(o) => {
-                warn!(dir = %dir.display(), stderr = %String::from_utf8_lossy(&o.stderr).trim(), "shim cleanup")
+                warn!(dir = %dir.display(), status = %o.status, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "shim cleanup")
             }
             Err(e) => warn!(dir = %dir.display(), error = %e, "running shim cleanup"),
         }

@@ -9,7 +9,6 @@ use crishim_proto::cri::{
 use tonic::Status;
 
 use super::runtime_service::RuntimeService;
-use super::sandbox_run::RUNTIME_HANDLERS;
 
 impl RuntimeService {
     pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
@@ -44,12 +43,16 @@ impl RuntimeService {
             }),
             info,
             // Each handler RunPodSandbox accepts, so that the kubelet knows the node's set.
-            runtime_handlers: RUNTIME_HANDLERS
+            runtime_handlers: self
+                .inner
+                .handlers
                 .iter()
-                .map(|name| RuntimeHandler {
+                .map(|(name, handler)| RuntimeHandler {
                     name: name.to_string(),
                     features: Some(RuntimeHandlerFeatures {
-                        recursive_read_only_mounts: has_mount_setattr(),
+                        // An external runtime's support is unknown (runc has it from 1.2).
+                        recursive_read_only_mounts: handler.binary().is_none()
+                            && has_mount_setattr(),
                         // Not built yet (hostUsers: false pods are refused).
                         user_namespaces: false,
                     }),

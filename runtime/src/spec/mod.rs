@@ -84,6 +84,9 @@ pub struct SpecInputs<'a> {
     /// The daemon's own `oom_score_adj`: a container's is never set below it, as containerd's
     /// `restrict_oom_score_adj` does, because lowering it needs privileges the node may not give.
     pub min_oom_score_adj: Option<i32>,
+    /// A privileged container gets every host device, and access to all devices; a handler with
+    /// `privileged_without_host_devices` turns this off.
+    pub privileged_host_devices: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,7 +152,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
 
     let capabilities = security::capabilities(sc, privileged, host)?;
     let seccomp = security::seccomp(sc, privileged, &capabilities)?;
-    let devices = devices::build(config, privileged, host)?;
+    let devices = devices::build(config, privileged && inputs.privileged_host_devices, host)?;
     let mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
 
     let mut process = Process::default();

@@ -44,6 +44,7 @@ struct Fixture {
     files: PodFiles,
     cgroups_path: String,
     min_oom_score_adj: Option<i32>,
+    privileged_host_devices: bool,
     host: HostFacts,
 }
 
@@ -91,6 +92,7 @@ impl Fixture {
             files: PodFiles::default(),
             cgroups_path: "/kubepods/besteffort/poduid-1/c1".to_string(),
             min_oom_score_adj: None,
+            privileged_host_devices: true,
             host: HostFacts {
                 cgroup_v2: false,
                 swap_controller: true,
@@ -117,6 +119,7 @@ impl Fixture {
             files: self.files.clone(),
             cgroups_path: self.cgroups_path.clone(),
             min_oom_score_adj: self.min_oom_score_adj,
+            privileged_host_devices: self.privileged_host_devices,
         };
         build_with(&inputs, &self.host)
     }
@@ -1027,6 +1030,23 @@ fn privileged_gets_all_host_devices_and_all_access() {
         (LinuxDeviceType::C, 1, 3)
     );
     assert!(nodes.iter().all(|n| !n.path().starts_with("/dev/pts")));
+}
+
+#[test]
+fn privileged_without_host_devices_keeps_the_default_rules_and_no_host_nodes() {
+    let mut f = Fixture::new();
+    f.privileged_pod();
+    f.sc().privileged = true;
+    f.privileged_host_devices = false;
+    let spec = f.spec();
+    let rules = resources(&spec).devices().clone().unwrap();
+    assert!(!rules[0].allow(), "deny all first");
+    assert!(rules.len() > 1);
+    let nodes = linux(&spec).devices().clone().unwrap_or_default();
+    assert!(nodes.is_empty(), "{nodes:?}");
+    // Still privileged in every other way.
+    let caps = process(&spec).capabilities().clone().unwrap();
+    assert!(caps.effective().as_ref().unwrap().len() > 30);
 }
 
 // ---------------------------------------------------------------------------------------------
