@@ -230,6 +230,27 @@ fn images() {
 {"token":"abc","access_token":"def","expires_in":300}"#,
     );
     seed("www_authenticate", "basic", b"Basic realm=\"registry\"\n{}");
+
+    seed(
+        "hosts_toml",
+        "mirror",
+        br#"server = "https://registry-1.docker.io"
+[host."https://mirror.example.com:5000/prefix"]
+  capabilities = ["pull", "resolve"]
+  skip_verify = false
+  override_path = true
+  ca = ["ca.pem", "/etc/ssl/certs/ca.pem"]
+  client = [["client.cert", "client.key"], "combined.pem"]
+  [host."https://mirror.example.com:5000/prefix".header]
+    x-one = "1"
+    x-many = ["a", "b"]
+"#,
+    );
+    seed(
+        "hosts_toml",
+        "default",
+        b"skip_verify = true\n[header]\nx = \"y\"\n",
+    );
 }
 
 fn shim() {

@@ -33,6 +33,19 @@ pub fn registry_reply(data: &[u8]) {
     fuzzing::registry_reply(&String::from_utf8_lossy(media_type), body);
 }
 
+/// A `hosts.toml` of a `[registry] config_path` directory (containerd's certs.d format). Its
+/// relative certificate paths point into a directory that does not exist.
+pub fn hosts_toml(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = crishim_images::registry::hosts::parse(
+        text,
+        "docker.io",
+        std::path::Path::new("/nonexistent/crishim-fuzz"),
+    );
+}
+
 /// A `WWW-Authenticate` header (the first line) and the token endpoint's JSON answer.
 pub fn www_authenticate(data: &[u8]) {
     let (header, body) = split_at_byte(data, b'\n');

@@ -21,7 +21,7 @@ mod runtime;
 mod shim;
 mod streaming;
 
-pub use images::{image_reference, registry_reply, tar_unpack, www_authenticate};
+pub use images::{hosts_toml, image_reference, registry_reply, tar_unpack, www_authenticate};
 pub use ledger::{ledger_seed, vgpu_ledger};
 pub use runtime::{cni_result, config_toml, pod_manifest, records};
 pub use shim::shim_protocol;
@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("image_reference", image_reference),
     ("registry_reply", registry_reply),
     ("www_authenticate", www_authenticate),
+    ("hosts_toml", hosts_toml),
     ("shim_protocol", shim_protocol),
     ("records", records),
     ("cni_result", cni_result),

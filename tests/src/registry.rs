@@ -25,6 +25,9 @@ pub struct RegistryOptions {
     pub basic_auth: Option<(String, String)>,
     /// Serve HTTPS with a freshly generated self-signed certificate for 127.0.0.1.
     pub tls: bool,
+    /// Serve HTTPS with a certificate from a fresh test CA, and require a client certificate
+    /// from that CA (mutual TLS).
+    pub client_certs: bool,
 }
 
 impl RegistryOptions {
@@ -37,6 +40,22 @@ impl RegistryOptions {
         self.tls = true;
         self
     }
+
+    pub fn with_client_certs(mut self) -> Self {
+        self.tls = true;
+        self.client_certs = true;
+        self
+    }
+}
+
+/// A test CA and what it signed: the registry's server certificate and a client certificate.
+#[derive(Debug, Clone)]
+pub struct TestPki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 /// A running registry; the process is killed when this is dropped.
@@ -47,6 +66,7 @@ pub struct Registry {
     storage: PathBuf,
     log: PathBuf,
     cert: Option<PathBuf>,
+    pki: Option<TestPki>,
     // Dropped last: holds config, storage, log and certificate.
     dir: tempfile::TempDir,
 }
@@ -70,22 +90,33 @@ impl Registry {
             Some((user, pass)) => Some(make_htpasswd(dir.path(), user, pass)?),
             None => None,
         };
-        let cert = if opts.tls {
-            Some(make_self_signed_cert(dir.path())?)
+        let pki = if opts.client_certs {
+            Some(make_pki(dir.path())?)
         } else {
             None
+        };
+        let cert = match &pki {
+            Some(p) => Some((p.server_cert.clone(), p.server_key.clone())),
+            None if opts.tls => Some(make_self_signed_cert(dir.path())?),
+            None => None,
         };
 
         // The port is picked by binding to :0 and released before the registry binds it; another
         // test may grab it in between, so retry a few times when the registry exits early.
-        let client = http_client()?;
+        let client = http_client(pki.as_ref())?;
         let mut last_err = None;
         for _attempt in 0..5 {
             let port = free_port()?;
             let config = dir.path().join("config.yml");
             fs::write(
                 &config,
-                config_yaml(port, &storage, htpasswd.as_deref(), cert.as_ref()),
+                config_yaml(
+                    port,
+                    &storage,
+                    htpasswd.as_deref(),
+                    cert.as_ref(),
+                    pki.as_ref().map(|p| p.ca.as_path()),
+                ),
             )?;
             let log = dir.path().join(format!("registry-{port}.log"));
             let logf = fs::File::create(&log)?;
@@ -109,6 +140,7 @@ impl Registry {
                         storage,
                         log,
                         cert: cert.map(|(c, _)| c),
+                        pki,
                         dir,
                     })
                 }
@@ -146,9 +178,17 @@ impl Registry {
             .map(|(u, p)| (u.as_str(), p.as_str()))
     }
 
-    /// PEM certificate of the registry when TLS is on.
+    /// PEM certificate of the registry when TLS is on (the CA's, with client certificates).
     pub fn ca_cert(&self) -> Option<&Path> {
-        self.cert.as_deref()
+        match &self.pki {
+            Some(p) => Some(&p.ca),
+            None => self.cert.as_deref(),
+        }
+    }
+
+    /// The test CA and its certificates, with [`RegistryOptions::with_client_certs`].
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.pki.as_ref()
     }
 
     /// The registry's temporary directory (config, storage, log, certificate).
@@ -168,7 +208,7 @@ impl Registry {
 
     /// An HTTP client fit for this registry (accepts its self-signed certificate, no proxy).
     pub fn http_client(&self) -> Result<reqwest::Client> {
-        http_client()
+        http_client(self.pki.as_ref())
     }
 
     /// A pusher authenticated with the registry's credentials.
@@ -265,12 +305,19 @@ pub(crate) fn tail(s: &str, max: usize) -> &str {
     &s[start..]
 }
 
-fn http_client() -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
+/// A client that accepts the registry's certificate, and presents the test CA's client
+/// certificate when there is one.
+fn http_client(pki: Option<&TestPki>) -> Result<reqwest::Client> {
+    let mut b = reqwest::Client::builder()
         .no_proxy()
         .danger_accept_invalid_certs(true)
-        .timeout(Duration::from_secs(60))
-        .build()?)
+        .timeout(Duration::from_secs(60));
+    if let Some(p) = pki {
+        let mut pem = fs::read(&p.client_cert)?;
+        pem.extend(fs::read(&p.client_key)?);
+        b = b.identity(reqwest::Identity::from_pem(&pem)?);
+    }
+    Ok(b.build()?)
 }
 
 async fn wait_ready(
@@ -307,6 +354,7 @@ fn config_yaml(
     storage: &Path,
     htpasswd: Option<&Path>,
     tls: Option<&(PathBuf, PathBuf)>,
+    client_ca: Option<&Path>,
 ) -> String {
     let mut y = format!(
         "version: 0.1\n\
@@ -321,6 +369,9 @@ fn config_yaml(
             cert.display(),
             key.display()
         ));
+        if let Some(ca) = client_ca {
+            y.push_str(&format!("    clientcas:\n      - {}\n", ca.display()));
+        }
     }
     if let Some(h) = htpasswd {
         y.push_str(&format!(
@@ -344,6 +395,105 @@ fn make_htpasswd(dir: &Path, user: &str, pass: &str) -> Result<PathBuf> {
     let path = dir.join("htpasswd");
     fs::write(&path, &out.stdout)?;
     Ok(path)
+}
+
+/// Run `openssl ARGS`, which must succeed.
+fn openssl(args: &[&str]) -> Result<()> {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .context("running openssl")?;
+    ensure!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A P-256 key and a certificate signing request for `subject`.
+fn key_and_csr(key: &Path, csr: &Path, subject: &str) -> Result<()> {
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        &key.to_string_lossy(),
+        "-out",
+        &csr.to_string_lossy(),
+        "-subj",
+        subject,
+    ])
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it.
+fn make_pki(dir: &Path) -> Result<TestPki> {
+    let p = |n: &str| dir.join(n);
+    let s = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        &s("ca.key"),
+        "-out",
+        &s("ca.pem"),
+        "-subj",
+        "/CN=crishim test CA",
+    ])?;
+    for (name, subject, ext) in [
+        (
+            "server",
+            "/CN=127.0.0.1",
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        ),
+        (
+            "client",
+            "/CN=crishim test client",
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        ),
+    ] {
+        key_and_csr(
+            &p(&format!("{name}.key")),
+            &p(&format!("{name}.csr")),
+            subject,
+        )?;
+        fs::write(p(&format!("{name}.ext")), ext)?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &s(&format!("{name}.csr")),
+            "-CA",
+            &s("ca.pem"),
+            "-CAkey",
+            &s("ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &s(&format!("{name}.ext")),
+            "-out",
+            &s(&format!("{name}.pem")),
+        ])?;
+    }
+    Ok(TestPki {
+        ca: p("ca.pem"),
+        server_cert: p("server.pem"),
+        server_key: p("server.key"),
+        client_cert: p("client.pem"),
+        client_key: p("client.key"),
+    })
 }
 
 fn make_self_signed_cert(dir: &Path) -> Result<(PathBuf, PathBuf)> {

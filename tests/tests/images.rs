@@ -1247,3 +1247,141 @@ async fn a_pull_that_stalls_is_cancelled_after_the_progress_timeout() {
     assert!(!out.status.success());
     assert!(stderr.contains("pull_progress_timeout"), "{stderr}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// `[registry] config_path`: containerd's hosts.toml directories
+
+/// `<dir>/<name>/hosts.toml` holding `text`.
+fn hosts_toml(dir: &Path, name: &str, text: &str) {
+    std::fs::create_dir_all(dir.join(name)).unwrap();
+    std::fs::write(dir.join(name).join("hosts.toml"), text).unwrap();
+}
+
+fn config_path_toml(dir: &Path) -> String {
+    format!(
+        "[registry]\nconfig_path = {:?}\n",
+        dir.display().to_string()
+    )
+}
+
+#[tokio::test]
+async fn a_certs_d_docker_io_hosts_toml_serves_docker_io_and_wins_over_mirrors() {
+    // What docker.io/library/busybox is, as the certs.d host serves it.
+    let reg = registry().await;
+    let busybox = push(&reg, "library/busybox", "latest", &busybox_image()).await;
+    // An inline mirror for the same host, holding another image under that name: the hosts.toml
+    // wins, as in containerd.
+    let decoy = registry().await;
+    let other = push(
+        &decoy,
+        "library/busybox",
+        "latest",
+        &fixtures::small_image("decoy", Compression::Gzip),
+    )
+    .await;
+    assert_ne!(busybox.image_id(), other.image_id());
+    let certs = tempfile::tempdir().unwrap();
+    hosts_toml(
+        certs.path(),
+        "docker.io",
+        &format!(
+            "server = \"https://registry-1.docker.io\"\n\
+             [host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n\
+             [host.\"http://{}\".header]\n  x-crishim-test = \"yes\"\n",
+            reg.host(),
+            reg.host()
+        ),
+    );
+    let d = daemon(
+        DaemonOptions::new()
+            .extra_toml(&config_path_toml(certs.path()))
+            .mirror("docker.io", &[&decoy.url()]),
+    )
+    .await;
+    let id = d.pull("docker.io/library/busybox:latest").await.unwrap();
+    assert_eq!(id, busybox.image_id());
+    let id = d.pull("busybox").await.unwrap();
+    assert_eq!(id, busybox.image_id(), "the short name resolves there too");
+    assert!(
+        !decoy
+            .log_text()
+            .contains("GET /v2/library/busybox/manifests"),
+        "the inline mirror was not asked"
+    );
+}
+
+#[tokio::test]
+async fn a_mutual_tls_registry_is_pulled_from_through_ca_and_client() {
+    let reg = Registry::start(RegistryOptions::default().with_client_certs())
+        .await
+        .expect("starting docker-registry with TLS client certificates");
+    let p = push(
+        &reg,
+        "mtls",
+        "v1",
+        &fixtures::small_image("mtls", Compression::Gzip),
+    )
+    .await;
+    let pki = reg.pki().unwrap().clone();
+    let dir_name = format!("127.0.0.1_{}_", reg.port());
+
+    // The CA alone: the registry refuses a client without a certificate.
+    let certs = tempfile::tempdir().unwrap();
+    hosts_toml(
+        certs.path(),
+        &dir_name,
+        &format!("ca = {:?}\n", pki.ca.display().to_string()),
+    );
+    let d = daemon(DaemonOptions::new().extra_toml(&config_path_toml(certs.path()))).await;
+    let e = d
+        .pull(&p.tag_ref())
+        .await
+        .expect_err("no client certificate");
+    assert_ne!(e.code(), Code::Ok);
+    drop(d);
+
+    // The CA and the client certificate, the key in a file of its own, paths relative to the
+    // hosts.toml's directory.
+    let certs = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(certs.path().join(&dir_name)).unwrap();
+    for (from, to) in [
+        (&pki.ca, "ca.pem"),
+        (&pki.client_cert, "client.cert"),
+        (&pki.client_key, "client.key"),
+    ] {
+        std::fs::copy(from, certs.path().join(&dir_name).join(to)).unwrap();
+    }
+    hosts_toml(
+        certs.path(),
+        &dir_name,
+        "ca = \"ca.pem\"\nclient = [[\"client.cert\", \"client.key\"]]\n",
+    );
+    let d = daemon(DaemonOptions::new().extra_toml(&config_path_toml(certs.path()))).await;
+    assert_eq!(d.pull(&p.tag_ref()).await.unwrap(), p.image_id());
+}
+
+#[tokio::test]
+async fn a_malformed_hosts_toml_stops_the_start_naming_the_file_and_key() {
+    let certs = tempfile::tempdir().unwrap();
+    hosts_toml(
+        certs.path(),
+        "docker.io",
+        "[host.\"https://m.example.com\"]\ncapabilities = [\"fetch\"]\n",
+    );
+    let file = certs.path().join("docker.io/hosts.toml");
+    assert_config_refused(
+        &config_path_toml(certs.path()),
+        &format!(
+            "{}: host.\"https://m.example.com\".capabilities",
+            file.display()
+        ),
+    )
+    .await;
+    hosts_toml(certs.path(), "docker.io", "ca = \"missing.pem\"\n");
+    assert_config_refused(&config_path_toml(certs.path()), "ca:").await;
+    assert_config_refused(
+        "[registry]\nconfig_path = \"relative/certs.d\"\n",
+        "registry.config_path",
+    )
+    .await;
+}

@@ -15,6 +15,10 @@ pub struct RegistryConfig {
     /// Per endpoint host (`host[:port]`): credentials and TLS.
     #[serde(default)]
     pub configs: BTreeMap<String, HostConfig>,
+    /// containerd's registry hosts directory (`<host>/hosts.toml`, see `registry::hosts`);
+    /// for a host it names, it wins over `mirrors`.
+    #[serde(default)]
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -142,6 +146,22 @@ impl RegistryConfig {
             if let Some(auth) = &cfg.auth {
                 auth.credentials()
                     .map_err(|e| format!("registry.configs.{host:?}.auth: {e}"))?;
+            }
+        }
+        if let Some(dir) = &self.config_path {
+            if !dir.is_absolute() {
+                return Err(format!(
+                    "registry.config_path: {:?} must be an absolute path",
+                    dir.display().to_string()
+                ));
+            }
+            // Every file, and the certificates they name, are read now: a malformed one stops
+            // the start rather than the first pull that needs it.
+            let certs = super::hosts::CertsDir::load(dir)?;
+            for h in certs.entries() {
+                super::tls::with_host_certificates(reqwest::Client::builder(), h)?
+                    .build()
+                    .map_err(|e| format!("host {}: TLS settings: {e}", h.url))?;
             }
         }
         Ok(())

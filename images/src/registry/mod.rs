@@ -6,6 +6,8 @@
 
 pub(crate) mod auth;
 pub mod config;
+pub mod hosts;
+mod tls;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -46,6 +48,10 @@ const MAX_CACHED_AUTH: usize = 1024;
 
 pub struct RegistryClient {
     config: RegistryConfig,
+    /// `[registry] config_path`: containerd's `hosts.toml` files, which win over `mirrors`.
+    certs: hosts::CertsDir,
+    /// A client of its own for each `hosts.toml` host with a `ca` or `client` (by its URL).
+    host_clients: HashMap<String, reqwest::Client>,
     verify: reqwest::Client,
     no_verify: reqwest::Client,
     /// `Authorization` values that worked, per endpoint, repository and the credentials that
@@ -59,10 +65,31 @@ pub struct RegistryClient {
 #[derive(Debug, Clone)]
 struct Endpoint {
     base: Url,
+    /// What `/<repository>/<kind>/<reference>` is appended to (`<base>/v2`, or a `hosts.toml`
+    /// host's own path with `override_path`).
+    api: String,
     insecure_tls: bool,
+    /// The registry's own server (not a mirror): the caller's credentials may go to it.
+    server: bool,
+    /// A `hosts.toml` host's own TLS settings (`ca`, `client`).
+    client: Option<reqwest::Client>,
+    /// A `hosts.toml` host's `header` table, sent with every request to it.
+    headers: Vec<(String, String)>,
 }
 
 impl Endpoint {
+    /// A plain endpoint at `base` (its API under `/v2`).
+    fn at(base: Url, insecure_tls: bool, server: bool) -> Self {
+        Endpoint {
+            api: format!("{}/v2", base.as_str().trim_end_matches('/')),
+            base,
+            insecure_tls,
+            server,
+            client: None,
+            headers: Vec::new(),
+        }
+    }
+
     fn host(&self) -> String {
         match self.base.port() {
             Some(p) => format!("{}:{p}", self.base.host_str().unwrap_or_default()),
@@ -118,12 +145,24 @@ impl RegistryClient {
 
     /// A client whose every read of a reply (headers included) may wait `read_timeout`.
     pub fn with_read_timeout(config: RegistryConfig, read_timeout: Duration) -> Result<Self> {
+        let certs = match &config.config_path {
+            Some(dir) => hosts::CertsDir::load(dir)
+                .map_err(|e| ImageError::io("reading registry hosts", std::io::Error::other(e)))?,
+            None => hosts::CertsDir::default(),
+        };
+        // Hosts an operator named insecure, or named with an http:// URL, may see plain HTTP.
         let plain_http = PlainHttp {
             insecure: config
                 .configs
                 .iter()
                 .filter(|(_, h)| h.tls.as_ref().is_some_and(|t| t.insecure_skip_verify))
                 .map(|(host, _)| host.clone())
+                .chain(
+                    certs
+                        .entries()
+                        .filter(|h| h.skip_verify || h.url.scheme() == "http")
+                        .map(|h| url_host(&h.url)),
+                )
                 .collect(),
         };
         // reqwest drops `Authorization` when a redirect changes host or port; this also refuses
@@ -145,56 +184,87 @@ impl RegistryClient {
                 }
             })
         };
-        let build = |insecure: bool| {
+        let builder = |insecure: bool| {
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .read_timeout(read_timeout)
                 .redirect(policy())
                 .danger_accept_invalid_certs(insecure)
                 .user_agent(concat!("crishim/", env!("CARGO_PKG_VERSION")))
-                .build()
+        };
+        let build = |b: reqwest::ClientBuilder| {
+            b.build()
                 .map_err(|e| ImageError::io("building HTTP client", std::io::Error::other(e)))
         };
+        let mut host_clients = HashMap::new();
+        for h in certs.entries() {
+            if h.ca.is_empty() && h.client.is_empty() {
+                continue;
+            }
+            let b = tls::with_host_certificates(builder(h.skip_verify), h)
+                .map_err(|e| ImageError::io("reading registry hosts", std::io::Error::other(e)))?;
+            host_clients.insert(h.url.to_string(), build(b)?);
+        }
         Ok(RegistryClient {
             config,
-            verify: build(false)?,
-            no_verify: build(true)?,
+            certs,
+            host_clients,
+            verify: build(builder(false))?,
+            no_verify: build(builder(true))?,
             auth_cache: Mutex::default(),
             plain_http,
         })
     }
 
-    /// Mirrors in order, then the upstream. Loopback and `insecure_skip_verify` hosts also get plain
-    /// HTTP after HTTPS, as Docker does for insecure registries.
-    fn endpoints(&self, registry: &str) -> Vec<Endpoint> {
+    /// Where to fetch `registry`'s content, in order. Its `hosts.toml` (or `_default`'s), when
+    /// `config_path` has one, wins over `mirrors`, as in containerd: its hosts that may be asked
+    /// (`resolve` for a tag, `pull` for a digest), then its server. Otherwise the mirrors, then
+    /// the upstream. Loopback and insecure servers also get plain HTTP after HTTPS, as Docker
+    /// does for insecure registries.
+    fn endpoints(&self, registry: &str, by_digest: bool) -> Vec<Endpoint> {
         let mut out = Vec::new();
+        if let Some(file) = self.certs.for_registry(registry) {
+            for h in &file.hosts {
+                let usable = if by_digest {
+                    h.capabilities.pull
+                } else {
+                    h.capabilities.resolve
+                };
+                if !usable {
+                    continue;
+                }
+                let insecure = h.skip_verify || self.insecure(&url_host(&h.url));
+                let e = Endpoint {
+                    base: h.url.clone(),
+                    api: h.api.clone(),
+                    insecure_tls: insecure,
+                    server: h.is_server,
+                    client: self.host_clients.get(h.url.as_str()).cloned(),
+                    headers: h.headers.clone(),
+                };
+                let plain = (h.is_server && file.default_server)
+                    .then(|| plain_http_fallback(&e, registry, insecure))
+                    .flatten();
+                out.push(e);
+                out.extend(plain);
+            }
+            return out;
+        }
         if let Some(m) = self.config.mirrors.get(registry) {
             for ep in &m.endpoint {
                 if let Ok(base) = config::parse_endpoint(ep) {
-                    let mut e = Endpoint {
-                        base,
-                        insecure_tls: false,
-                    };
-                    e.insecure_tls = self.insecure(&e.host());
-                    out.push(e);
+                    let insecure = self.insecure(&url_host(&base));
+                    out.push(Endpoint::at(base, insecure, false));
                 }
             }
         }
         let upstream = upstream_host(registry);
         let insecure = self.insecure(registry);
         if let Ok(base) = Url::parse(&format!("https://{upstream}")) {
-            out.push(Endpoint {
-                base,
-                insecure_tls: insecure,
-            });
-        }
-        if insecure || is_loopback(registry) {
-            if let Ok(base) = Url::parse(&format!("http://{upstream}")) {
-                out.push(Endpoint {
-                    base,
-                    insecure_tls: insecure,
-                });
-            }
+            let e = Endpoint::at(base, insecure, true);
+            let plain = plain_http_fallback(&e, registry, insecure);
+            out.push(e);
+            out.extend(plain);
         }
         out
     }
@@ -224,7 +294,7 @@ impl RegistryClient {
             .and_then(|h| h.auth.as_ref());
         match configured.map(|a| a.credentials()) {
             Some(Ok(Some(c))) => Some(c),
-            _ if endpoint.host() == upstream_host(registry) => request.cloned(),
+            _ if endpoint.server || endpoint.host() == upstream_host(registry) => request.cloned(),
             _ => None,
         }
     }
@@ -236,7 +306,7 @@ impl RegistryClient {
         creds: Option<&Credentials>,
     ) -> Result<(Repository<'_>, Manifest)> {
         let mut best: Option<ImageError> = None;
-        for endpoint in self.endpoints(&reference.registry) {
+        for endpoint in self.endpoints(&reference.registry, reference.digest.is_some()) {
             let repo = Repository {
                 client: self,
                 creds: self.credentials_for(&endpoint, &reference.registry, creds),
@@ -259,6 +329,17 @@ impl RegistryClient {
             detail: "no endpoint configured".into(),
         }))
     }
+}
+
+/// The same server over plain HTTP, tried after HTTPS for a loopback or insecure registry.
+fn plain_http_fallback(https: &Endpoint, registry: &str, insecure: bool) -> Option<Endpoint> {
+    if https.base.scheme() != "https" || !(insecure || is_loopback(registry)) {
+        return None;
+    }
+    let mut plain = https.clone();
+    plain.base.set_scheme("http").ok()?;
+    plain.api = format!("http{}", https.api.strip_prefix("https")?);
+    Some(plain)
 }
 
 /// The host that serves `registry` itself (Docker Hub's API is not on `docker.io`).
@@ -291,12 +372,16 @@ fn is_loopback(registry: &str) -> bool {
 
 impl Repository<'_> {
     fn url(&self, kind: &str, reference: &str) -> String {
-        let base = self.endpoint.base.as_str().trim_end_matches('/');
-        format!("{base}/v2/{}/{kind}/{reference}", self.repository)
+        format!(
+            "{}/{}/{kind}/{reference}",
+            self.endpoint.api, self.repository
+        )
     }
 
     fn http(&self) -> &reqwest::Client {
-        if self.endpoint.insecure_tls {
+        if let Some(c) = &self.endpoint.client {
+            c
+        } else if self.endpoint.insecure_tls {
             &self.client.no_verify
         } else {
             &self.client.verify
@@ -340,6 +425,9 @@ impl Repository<'_> {
         }
         for attempt in 0..2 {
             let mut req = self.http().get(url);
+            for (name, value) in &self.endpoint.headers {
+                req = req.header(name, value);
+            }
             if let Some(a) = accept {
                 req = req.header(ACCEPT, a);
             }
@@ -686,7 +774,7 @@ mod tests {
         );
         let c = RegistryClient::new(cfg).unwrap();
         let urls: Vec<String> = c
-            .endpoints("docker.io")
+            .endpoints("docker.io", false)
             .iter()
             .map(|e| e.base.to_string())
             .collect();
@@ -698,11 +786,11 @@ mod tests {
                 "https://registry-1.docker.io/"
             ]
         );
-        let eps = c.endpoints("r.example.com");
+        let eps = c.endpoints("r.example.com", false);
         assert_eq!(eps.len(), 2, "insecure hosts fall back to http");
         assert!(eps[0].insecure_tls);
         let urls: Vec<String> = c
-            .endpoints("127.0.0.1:5001")
+            .endpoints("127.0.0.1:5001", false)
             .iter()
             .map(|e| e.base.to_string())
             .collect();
@@ -739,13 +827,49 @@ mod tests {
     fn repo(client: &RegistryClient, port: u16, creds: Option<Credentials>) -> Repository<'_> {
         Repository {
             client,
-            endpoint: Endpoint {
-                base: Url::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
-                insecure_tls: false,
-            },
+            endpoint: Endpoint::at(
+                Url::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
+                false,
+                true,
+            ),
             repository: "r".into(),
             creds,
         }
+    }
+
+    #[tokio::test]
+    async fn a_hosts_toml_host_gets_its_headers_and_api_path() {
+        let seen = std::sync::Arc::new(Mutex::new(String::new()));
+        let log = seen.clone();
+        let port = serve(move |head, _| {
+            log.lock().unwrap().push_str(head);
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec()
+        })
+        .await;
+        let certs = tempfile::tempdir().unwrap();
+        std::fs::create_dir(certs.path().join("docker.io")).unwrap();
+        std::fs::write(
+            certs.path().join("docker.io/hosts.toml"),
+            format!(
+                "server = \"http://127.0.0.1:{port}/custom\"\noverride_path = true\n\
+                 [header]\nx-crishim-test = [\"a\", \"b\"]\n"
+            ),
+        )
+        .unwrap();
+        let cfg = RegistryConfig {
+            config_path: Some(certs.path().to_path_buf()),
+            ..Default::default()
+        };
+        let client = RegistryClient::new(cfg).unwrap();
+        let reference = Reference::parse("busybox").unwrap();
+        assert!(client.resolve(&reference, None).await.is_err());
+        let head = seen.lock().unwrap().to_lowercase();
+        assert!(
+            head.starts_with("get /custom/library/busybox/manifests/latest "),
+            "{head}"
+        );
+        assert!(head.contains("x-crishim-test: a"), "{head}");
+        assert!(head.contains("x-crishim-test: b"), "{head}");
     }
 
     fn chunked(total: usize) -> Vec<u8> {
@@ -917,7 +1041,7 @@ mod tests {
             },
         );
         let client = RegistryClient::new(cfg).unwrap();
-        let eps = client.endpoints("r.example.com");
+        let eps = client.endpoints("r.example.com", false);
         let given: Vec<bool> = eps
             .iter()
             .map(|e| {
