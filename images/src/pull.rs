@@ -288,6 +288,9 @@ impl ImageStore {
             return Ok(());
         }
         let tmp = self.layout.snapshots_tmp().join(Layout::tmp_name());
+        // Whatever this pull leaves half done goes with it, also when its caller goes away (a
+        // client that hangs up cancels the pull by dropping it) and another waiter takes over.
+        let mut leftovers = Leftovers::new(vec![tmp.clone()]);
         // The layer's root: overlay's `/` when it is the top layer, so it stays traversable by a
         // container's non-root user (everything above it is 0700).
         crishim_proto::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
@@ -306,7 +309,7 @@ impl ImageStore {
             .and_then(|r| r)
             .map(|u| (u, None))
         } else {
-            self.download_and_unpack(repo, desc, &digest, &tmp, budget)
+            self.download_and_unpack(repo, desc, &digest, &tmp, budget, &mut leftovers)
                 .await
         };
         let outcome = result.and_then(|(unpacked, ingest)| {
@@ -328,6 +331,7 @@ impl ImageStore {
         if outcome.is_err() {
             remove_any(&tmp)?;
         }
+        leftovers.disarm();
         outcome.map(|_| ())
     }
 
@@ -339,13 +343,17 @@ impl ImageStore {
         digest: &Digest,
         dir: &std::path::Path,
         budget: &Arc<Budget>,
+        leftovers: &mut Leftovers,
     ) -> Result<(unpack::Unpacked, Option<std::path::PathBuf>)> {
         let ingest = self.layout.ingest().join(Layout::tmp_name());
+        leftovers.paths.push(ingest.clone());
         let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_DEPTH);
         let (dir, layer, budget) = (dir.to_path_buf(), digest.to_string(), budget.clone());
-        let unpacker = tokio::task::spawn_blocking(move || {
-            unpack::unpack_with(ChannelReader::new(rx), &dir, &layer, &budget)
-        });
+        let unpacker = leftovers
+            .unpacker
+            .insert(tokio::task::spawn_blocking(move || {
+                unpack::unpack_with(ChannelReader::new(rx), &dir, &layer, &budget)
+            }));
 
         let downloaded = async {
             let mut file = tokio::fs::File::create(&ingest)
@@ -413,9 +421,11 @@ impl ImageStore {
             }
         };
         drop(tx);
-        let unpacked = unpacker
-            .await
-            .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))?;
+        let joined = unpacker.await;
+        // Done: a finished task is not awaited again.
+        leftovers.unpacker = None;
+        let unpacked =
+            joined.map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))?;
         let result = match (downloaded, unpacked) {
             (Err(e), _) => Err(e),
             (Ok(()), Err(e)) => Err(e),
@@ -425,6 +435,58 @@ impl ImageStore {
             remove_any(&ingest)?;
         }
         result
+    }
+}
+
+/// The temporary files of one layer's pull, removed if the pull is dropped before it ends:
+/// after the unpacker thread, which may still be writing into them, has stopped (it stops once
+/// its channel closes with the dropped download).
+struct Leftovers {
+    paths: Vec<std::path::PathBuf>,
+    unpacker: Option<tokio::task::JoinHandle<Result<unpack::Unpacked>>>,
+    armed: bool,
+}
+
+impl Leftovers {
+    fn new(paths: Vec<std::path::PathBuf>) -> Self {
+        Leftovers {
+            paths,
+            unpacker: None,
+            armed: true,
+        }
+    }
+
+    /// The pull ended (well or not) and dealt with its own files.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let paths = std::mem::take(&mut self.paths);
+        let unpacker = self.unpacker.take();
+        let clean = move || {
+            for p in &paths {
+                if let Err(e) = remove_any(p) {
+                    tracing::warn!(error = %e, "removing what a cancelled pull left");
+                }
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Some(u) = unpacker {
+                        let _ = u.await;
+                    }
+                    let _ = tokio::task::spawn_blocking(clean).await;
+                });
+            }
+            Err(_) => clean(),
+        }
     }
 }
 

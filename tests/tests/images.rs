@@ -1138,13 +1138,28 @@ async fn serve_exits_zero_on_sigterm_after_serving_requests() {
     d.stop();
 }
 
+/// What a [`stalling_proxy`] saw: connections it stalled, and stalled ones the client closed.
+#[derive(Default)]
+struct ProxySeen {
+    stalls: std::sync::atomic::AtomicUsize,
+    hangups: std::sync::atomic::AtomicUsize,
+}
+
 /// A loopback proxy to `upstream` that forwards everything, except that once a request for a path
 /// containing `stall_on` goes through, it passes only `budget` more bytes of the reply and then
-/// holds the connection open, sending nothing: a registry that stalls mid-layer.
-async fn stalling_proxy(upstream: String, stall_on: String, budget: usize) -> String {
+/// sends nothing for `hold` (a registry that stalls mid-layer), then the rest.
+async fn stalling_proxy(
+    upstream: String,
+    stall_on: String,
+    budget: usize,
+    hold: Duration,
+) -> (String, std::sync::Arc<ProxySeen>) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(ProxySeen::default());
+    let counts = seen.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
@@ -1152,57 +1167,66 @@ async fn stalling_proxy(upstream: String, stall_on: String, budget: usize) -> St
             };
             let (mut cr, mut cw) = client.into_split();
             let (mut sr, mut sw) = server.into_split();
-            let stalled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let stalled = std::sync::Arc::new(AtomicBool::new(false));
             let flag = stalled.clone();
             let needle = stall_on.clone();
+            let seen = counts.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 << 10];
-                while let Ok(n) = cr.read(&mut buf).await {
-                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                loop {
+                    let n = cr.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        if flag.load(SeqCst) {
+                            seen.hangups.fetch_add(1, SeqCst);
+                        }
+                        return;
+                    }
+                    if sw.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
                     if String::from_utf8_lossy(&buf[..n]).contains(&needle) {
-                        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                        flag.store(true, SeqCst);
                     }
                 }
             });
+            let seen = counts.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 << 10];
                 let mut left = budget;
+                let mut held = false;
                 while let Ok(n) = sr.read(&mut buf).await {
                     if n == 0 {
                         return;
                     }
-                    let n = if stalled.load(std::sync::atomic::Ordering::SeqCst) {
-                        let n = n.min(left);
-                        left -= n;
-                        n
-                    } else {
-                        n
-                    };
-                    if n > 0 && cw.write_all(&buf[..n]).await.is_err() {
-                        return;
+                    let mut out = &buf[..n];
+                    if stalled.load(SeqCst) && !held {
+                        let now = n.min(left);
+                        left -= now;
+                        if now > 0 && cw.write_all(&out[..now]).await.is_err() {
+                            return;
+                        }
+                        out = &out[now..];
+                        if left == 0 {
+                            // The client waits for bytes that do not come.
+                            seen.stalls.fetch_add(1, SeqCst);
+                            held = true;
+                            tokio::time::sleep(hold).await;
+                        }
                     }
-                    if stalled.load(std::sync::atomic::Ordering::SeqCst) && left == 0 {
-                        // Hold the connection: the client waits for bytes that never come.
-                        tokio::time::sleep(Duration::from_secs(600)).await;
+                    if !out.is_empty() && cw.write_all(out).await.is_err() {
                         return;
                     }
                 }
             });
         }
     });
-    addr
+    (addr, seen)
 }
 
-/// `[images] pull_progress_timeout`: a layer that stops arriving midway is cancelled with
-/// `DeadlineExceeded` naming the layer and the bytes received, after about the timeout, and
-/// nothing of it is kept; the same image pulls through once the registry answers again.
-#[tokio::test]
-async fn a_pull_that_stalls_is_cancelled_after_the_progress_timeout() {
-    let reg = registry().await;
+/// An image with one layer of 2 MiB of noise (gzip cannot shrink it below what a
+/// [`stalling_proxy`] lets through), pushed as `<repo>:v1`; returns it and the layer's digest.
+async fn push_noise_image(reg: &Registry, repo: &str) -> (PushedImage, String) {
     let mut tar = crishim_tests::image::RawTar::new();
-    // Random bytes, so gzip cannot shrink the layer below the bytes the proxy lets through.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let noise: Vec<u8> = (0..(2u32 << 20))
         .map(|_| {
@@ -1219,8 +1243,85 @@ async fn a_pull_that_stalls_is_cancelled_after_the_progress_timeout() {
         layer.blob.len() > 1 << 20,
         "the layer must outgrow the proxy's budget"
     );
-    let p = push(&reg, "stall", "v1", &Image::new(vec![layer])).await;
-    let proxy = stalling_proxy(reg.host(), digest_hex(&layer_digest).to_string(), 256 << 10).await;
+    (
+        push(reg, repo, "v1", &Image::new(vec![layer])).await,
+        layer_digest,
+    )
+}
+
+/// Wait until `count` reaches `n`.
+async fn wait_count(count: &std::sync::atomic::AtomicUsize, n: usize, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while count.load(std::sync::atomic::Ordering::SeqCst) < n {
+        assert!(std::time::Instant::now() < deadline, "waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `PullImage` whose client goes away cancels the pull (the daemon hangs up on the registry
+/// and removes what it had), unless another client waits on the same image: that one's pull
+/// takes over and completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_whose_client_goes_away_is_cancelled_unless_another_waits() {
+    let reg = registry().await;
+    let (p, layer_digest) = push_noise_image(&reg, "gone").await;
+    let (proxy, seen) = stalling_proxy(
+        reg.host(),
+        digest_hex(&layer_digest).to_string(),
+        256 << 10,
+        Duration::from_secs(4),
+    )
+    .await;
+    let d = std::sync::Arc::new(
+        daemon(DaemonOptions::new().mirror(&reg.host(), &[&format!("http://{proxy}")])).await,
+    );
+    let pull = |d: &std::sync::Arc<Daemon>| {
+        let (d, r) = (d.clone(), p.tag_ref());
+        tokio::spawn(async move { d.pull(&r).await })
+    };
+
+    // Alone: the client hangs up mid-layer; the daemon hangs up on the registry too, well before
+    // the registry would have sent the rest, and keeps nothing.
+    let a = pull(&d);
+    wait_count(&seen.stalls, 1, "the layer to stall").await;
+    a.abort();
+    wait_count(&seen.hangups, 1, "the daemon to hang up on the registry").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_nothing_stored(&d, &p.tag_ref(), &layer_digest).await;
+
+    // With a second client waiting on the same layer, the first one's going away hands the pull
+    // to it, which completes.
+    let a = pull(&d);
+    wait_count(&seen.stalls, 2, "the layer to stall again").await;
+    let b = pull(&d);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.abort();
+    let id = tokio::time::timeout(Duration::from_secs(60), b)
+        .await
+        .expect("the waiting pull finishes")
+        .unwrap()
+        .expect("the waiting pull succeeds");
+    assert_eq!(id, p.image_id());
+    for staging in ["images/ingest", "images/snapshots/tmp"] {
+        let entries = dir_entries(&d.root_dir().join(staging));
+        assert!(entries.is_empty(), "{staging}: {entries:?}");
+    }
+}
+
+/// `[images] pull_progress_timeout`: a layer that stops arriving midway is cancelled with
+/// `DeadlineExceeded` naming the layer and the bytes received, after about the timeout, and
+/// nothing of it is kept; the same image pulls through once the registry answers again.
+#[tokio::test]
+async fn a_pull_that_stalls_is_cancelled_after_the_progress_timeout() {
+    let reg = registry().await;
+    let (p, layer_digest) = push_noise_image(&reg, "stall").await;
+    let (proxy, _) = stalling_proxy(
+        reg.host(),
+        digest_hex(&layer_digest).to_string(),
+        256 << 10,
+        Duration::from_secs(600),
+    )
+    .await;
     let mut opts = DaemonOptions::new().mirror(&reg.host(), &[&format!("http://{proxy}")]);
     opts.images.push("pull_progress_timeout = \"2s\"".into());
     let d = daemon(opts).await;
