@@ -687,19 +687,87 @@ async fn pod_sandbox_stats_cover_cpu_memory_processes_and_network() {
         "unknown pod",
     );
     assert_code(pod_stats(&env, "").await, Code::InvalidArgument, "empty id");
+    // KEP-2371: cAdvisor's metric families, with cAdvisor's labels, for every ready pod.
     let mut rt = env.d.runtime_client();
     let descriptors = rt
         .list_metric_descriptors(cri::ListMetricDescriptorsRequest {})
         .await
         .unwrap()
-        .into_inner();
-    assert!(descriptors.descriptors.is_empty());
+        .into_inner()
+        .descriptors;
+    let keys_of = |name: &str| -> Vec<String> {
+        descriptors
+            .iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("no descriptor {name}: {descriptors:#?}"))
+            .label_keys
+            .clone()
+    };
+    for name in [
+        "container_cpu_usage_seconds_total",
+        "container_memory_working_set_bytes",
+        "container_network_receive_bytes_total",
+    ] {
+        let keys = keys_of(name);
+        for k in ["container", "namespace", "pod"] {
+            assert!(keys.iter().any(|x| x == k), "{name}: {keys:?}");
+        }
+    }
     let metrics = rt
         .list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest {})
         .await
         .unwrap()
-        .into_inner();
-    assert!(metrics.pod_metrics.is_empty());
+        .into_inner()
+        .pod_metrics;
+    let mut ids: Vec<&str> = metrics.iter().map(|m| m.pod_sandbox_id.as_str()).collect();
+    ids.sort();
+    let mut want = [sum_pod.as_str(), host_pod.as_str(), own_pod.as_str()];
+    want.sort();
+    assert_eq!(ids, want);
+    let label = |m: &cri::Metric, key: &str| -> String {
+        let i = keys_of(&m.name).iter().position(|k| k == key).unwrap();
+        m.label_values[i].clone()
+    };
+    for pm in &metrics {
+        let (cfg, expected_containers) = [
+            (&sum_pod, &sum_cfg, 2),
+            (&host_pod, &host_cfg, 0),
+            (&own_pod, &own_cfg, 1),
+        ]
+        .into_iter()
+        .find(|(id, _, _)| **id == pm.pod_sandbox_id)
+        .map(|(_, cfg, n)| (cfg, n))
+        .unwrap();
+        let meta = cfg.metadata.as_ref().unwrap();
+        assert_eq!(pm.container_metrics.len(), expected_containers, "{pm:#?}");
+        for cm in &pm.container_metrics {
+            let ws = cm
+                .metrics
+                .iter()
+                .find(|m| m.name == "container_memory_working_set_bytes")
+                .unwrap_or_else(|| panic!("{cm:#?}"));
+            assert!(ws.value.as_ref().unwrap().value > 0, "{ws:#?}");
+            for m in &cm.metrics {
+                assert_eq!(m.label_values.len(), keys_of(&m.name).len(), "{m:#?}");
+                assert_eq!(label(m, "id"), cm.container_id);
+                assert_eq!(label(m, "namespace"), meta.namespace);
+                assert_eq!(label(m, "pod"), meta.name);
+                assert!(m.timestamp > 0);
+            }
+        }
+        if pm.pod_sandbox_id == own_pod {
+            let rx = pm
+                .metrics
+                .iter()
+                .find(|m| {
+                    m.name == "container_network_receive_bytes_total"
+                        && label(m, "interface") == "eth0"
+                })
+                .unwrap_or_else(|| panic!("no eth0 receive counter: {pm:#?}"));
+            assert!(rx.value.as_ref().unwrap().value > 0, "{rx:#?}");
+            assert_eq!(label(rx, "container"), "POD");
+        }
+    }
 
     // A stopped pod: its attributes, no counters.
     env.d.stop_pod(&sum_pod).await.unwrap();

@@ -31,6 +31,7 @@ mod recovery;
 mod runtime_config;
 mod runtime_service;
 mod sandbox_list;
+mod sandbox_metrics;
 mod sandbox_network;
 mod sandbox_port_forward;
 mod sandbox_remove;

@@ -3,14 +3,10 @@
 //! infra process's `net/dev`, for a pod with an `eth0`), its process count (the sum of its
 //! containers') and its containers' stats. A pod that is not ready gets its attributes only, as
 //! in containerd.
-//!
-//! `ListMetricDescriptors` and `ListPodSandboxMetrics` answer empty lists: the kubelet then takes
-//! its metrics from the stats above.
 
 use crishim_proto::cri::{
-    self, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
-    ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, ListPodSandboxStatsRequest,
-    ListPodSandboxStatsResponse, PodSandboxStatsRequest, PodSandboxStatsResponse,
+    self, ListPodSandboxStatsRequest, ListPodSandboxStatsResponse, PodSandboxStatsRequest,
+    PodSandboxStatsResponse,
 };
 use crishim_proto::shim::Status as ShimStatus;
 use std::os::unix::fs::MetadataExt;
@@ -51,20 +47,6 @@ impl RuntimeService {
         }
         self.inner.forget_gone_rates();
         Ok(ListPodSandboxStatsResponse { stats })
-    }
-
-    pub(super) async fn do_list_metric_descriptors(
-        &self,
-        _req: ListMetricDescriptorsRequest,
-    ) -> Result<ListMetricDescriptorsResponse, Status> {
-        Ok(ListMetricDescriptorsResponse::default())
-    }
-
-    pub(super) async fn do_list_pod_sandbox_metrics(
-        &self,
-        _req: ListPodSandboxMetricsRequest,
-    ) -> Result<ListPodSandboxMetricsResponse, Status> {
-        Ok(ListPodSandboxMetricsResponse::default())
     }
 }
 
