@@ -1,16 +1,8 @@
 //! The accounting file every process of a container shares: how much device memory each process
 //! holds on each GPU.
 //!
-//! The file is an array of 64-byte records, one per (process, GPU):
-//!
-//! | bytes  | field                                                  |
-//! |--------|--------------------------------------------------------|
-//! | 0..4   | magic `0x56475055`; 0 marks a free record              |
-//! | 4..8   | pid (in the container's pid namespace)                 |
-//! | 8..16  | the process's start time (`/proc/<pid>/stat` field 22) |
-//! | 16..32 | GPU UUID                                               |
-//! | 32..40 | bytes held                                             |
-//! | 56..64 | FNV-1a checksum of bytes 0..56                         |
+//! The file is an array of 64-byte records, one per (process, GPU), in the format of
+//! `crishim_proto::vgpu::ledger`.
 //!
 //! Every read-modify-write happens under an exclusive `fcntl` lock on the whole file, which the
 //! kernel releases when its holder dies, so a crash never wedges the others. Only a record's own
@@ -27,8 +19,7 @@ use std::path::PathBuf;
 
 use crate::cuda::CUuuid;
 
-const MAGIC: u32 = 0x5647_5055;
-const RECORD: usize = 64;
+use crishim_proto::vgpu::ledger::{Entry, RECORD};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Record {
@@ -40,39 +31,24 @@ struct Record {
 
 impl Record {
     fn encode(&self) -> [u8; RECORD] {
-        let mut b = [0u8; RECORD];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4..8].copy_from_slice(&self.pid.to_le_bytes());
-        b[8..16].copy_from_slice(&self.start.to_le_bytes());
-        b[16..32].copy_from_slice(&self.uuid.bytes);
-        b[32..40].copy_from_slice(&self.used.to_le_bytes());
-        let sum = fnv1a(&b[..56]);
-        b[56..64].copy_from_slice(&sum.to_le_bytes());
-        b
+        Entry {
+            pid: self.pid,
+            start: self.start,
+            uuid: self.uuid.bytes,
+            used: self.used,
+        }
+        .encode()
     }
 
     /// `None` for a free record or one whose checksum does not match.
     fn decode(b: &[u8]) -> Option<Record> {
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
-        if b.len() != RECORD || u32_at(0) != MAGIC || u64_at(56) != fnv1a(&b[..56]) {
-            return None;
-        }
-        let mut uuid = CUuuid::default();
-        uuid.bytes.copy_from_slice(&b[16..32]);
-        Some(Record {
-            pid: u32_at(4),
-            start: u64_at(8),
-            uuid,
-            used: u64_at(32),
+        Entry::decode(b).map(|e| Record {
+            pid: e.pid,
+            start: e.start,
+            uuid: CUuuid { bytes: e.uuid },
+            used: e.used,
         })
     }
-}
-
-fn fnv1a(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Whether a process is still there: how `/proc` answers, behind a trait so tests can decide.

@@ -30,3 +30,87 @@ pub struct Config {
     /// The accounting file all the container's processes share.
     pub accounting_file: PathBuf,
 }
+
+/// The accounting file every process of a GPU container shares (written by the interceptor,
+/// `interceptor/src/ledger.rs`; read by the daemon for its GPU memory gauges): an array of
+/// 64-byte records, one per (process, GPU).
+///
+/// | bytes  | field                                                  |
+/// |--------|--------------------------------------------------------|
+/// | 0..4   | magic `0x56475055`; 0 marks a free record              |
+/// | 4..8   | pid (in the container's pid namespace)                 |
+/// | 8..16  | the process's start time (`/proc/<pid>/stat` field 22) |
+/// | 16..32 | GPU UUID                                               |
+/// | 32..40 | bytes held                                             |
+/// | 56..64 | FNV-1a checksum of bytes 0..56                         |
+pub mod ledger {
+    pub const MAGIC: u32 = 0x5647_5055;
+    pub const RECORD: usize = 64;
+
+    /// One record's fields.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Entry {
+        pub pid: u32,
+        pub start: u64,
+        pub uuid: [u8; 16],
+        pub used: u64,
+    }
+
+    impl Entry {
+        pub fn encode(&self) -> [u8; RECORD] {
+            let mut b = [0u8; RECORD];
+            b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+            b[4..8].copy_from_slice(&self.pid.to_le_bytes());
+            b[8..16].copy_from_slice(&self.start.to_le_bytes());
+            b[16..32].copy_from_slice(&self.uuid);
+            b[32..40].copy_from_slice(&self.used.to_le_bytes());
+            let sum = fnv1a(&b[..56]);
+            b[56..64].copy_from_slice(&sum.to_le_bytes());
+            b
+        }
+
+        /// `None` for a free record, a short one, or one whose checksum does not match.
+        pub fn decode(b: &[u8]) -> Option<Entry> {
+            let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or_default());
+            let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+            if b.len() != RECORD || u32_at(0) != MAGIC || u64_at(56) != fnv1a(&b[..56]) {
+                return None;
+            }
+            let mut uuid = [0u8; 16];
+            uuid.copy_from_slice(&b[16..32]);
+            Some(Entry {
+                pid: u32_at(4),
+                start: u64_at(8),
+                uuid,
+                used: u64_at(32),
+            })
+        }
+    }
+
+    fn fnv1a(data: &[u8]) -> u64 {
+        data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn entries_encode_and_decode_and_torn_ones_do_not() {
+            let e = Entry {
+                pid: 42,
+                start: 7,
+                uuid: [9; 16],
+                used: 123,
+            };
+            let mut b = e.encode();
+            assert_eq!(Entry::decode(&b), Some(e));
+            assert_eq!(Entry::decode(&[0u8; RECORD]), None);
+            assert_eq!(Entry::decode(&b[..RECORD - 1]), None);
+            b[33] ^= 1;
+            assert_eq!(Entry::decode(&b), None, "a torn write fails its checksum");
+        }
+    }
+}

@@ -98,6 +98,8 @@ pub struct Gauges {
     pub pods: BTreeMap<&'static str, u64>,
     pub containers: BTreeMap<&'static str, u64>,
     pub shims: u64,
+    /// GPU containers with a memory limit.
+    pub gpu_memory: Vec<crate::gpu::container::MemoryGauge>,
 }
 
 impl Metrics {
@@ -239,6 +241,34 @@ impl Metrics {
             "Pod shims being followed.",
         );
         let _ = writeln!(out, "crishim_shims {}", gauges.shims);
+        head(
+            &mut out,
+            "crishim_gpu_memory_limit_bytes",
+            "gauge",
+            "GPU memory a container may hold, over all its GPUs.",
+        );
+        // Container IDs are the daemon's own hex names; anything else is not printed.
+        let safe = |id: &str| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric());
+        for g in gauges.gpu_memory.iter().filter(|g| safe(&g.container_id)) {
+            let _ = writeln!(
+                out,
+                "crishim_gpu_memory_limit_bytes{{container=\"{}\"}} {}",
+                g.container_id, g.limit_bytes
+            );
+        }
+        head(
+            &mut out,
+            "crishim_gpu_memory_used_bytes",
+            "gauge",
+            "GPU memory a container's processes hold, from its accounting file.",
+        );
+        for g in gauges.gpu_memory.iter().filter(|g| safe(&g.container_id)) {
+            let _ = writeln!(
+                out,
+                "crishim_gpu_memory_used_bytes{{container=\"{}\"}} {}",
+                g.container_id, g.used_bytes
+            );
+        }
         out
     }
 }
@@ -321,6 +351,18 @@ mod tests {
             pods: [("ready", 2)].into(),
             containers: [("running", 3), ("exited", 1)].into(),
             shims: 2,
+            gpu_memory: vec![
+                crate::gpu::container::MemoryGauge {
+                    container_id: "abc123".into(),
+                    limit_bytes: 256 << 20,
+                    used_bytes: 100 << 20,
+                },
+                crate::gpu::container::MemoryGauge {
+                    container_id: "bad\"}\n1".into(),
+                    limit_bytes: 1,
+                    used_bytes: 1,
+                },
+            ],
         };
         let text = m.render(&g);
         for line in [
@@ -335,11 +377,14 @@ mod tests {
             "crishim_containers{state=\"running\"} 3",
             "crishim_pods{state=\"ready\"} 2",
             "crishim_shims 2",
+            "crishim_gpu_memory_limit_bytes{container=\"abc123\"} 268435456",
+            "crishim_gpu_memory_used_bytes{container=\"abc123\"} 104857600",
         ] {
             assert!(
                 text.lines().any(|l| l == line),
                 "missing {line:?} in\n{text}"
             );
         }
+        assert!(!text.contains("bad"), "an odd label value is not printed");
     }
 }

@@ -511,3 +511,40 @@ pub async fn serve_expecting_exit(
         ),
     }
 }
+
+/// A free loopback `host:port` for `[metrics] address`.
+pub fn metrics_address() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The `[metrics]` table serving at `addr`.
+pub fn metrics_toml(addr: &str) -> String {
+    format!("[metrics]\naddress = \"{addr}\"\n")
+}
+
+/// `GET /metrics` on `addr`: the body.
+pub async fn scrape(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics endpoint");
+    sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut reply = String::new();
+    sock.read_to_string(&mut reply).await.unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    reply.split_once("\r\n\r\n").unwrap().1.to_string()
+}
+
+/// The value of the sample `name{labels}` (`0` when absent).
+pub fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}

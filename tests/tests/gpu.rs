@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crishim_proto::cri;
+use crishim_tests::daemon::{metrics_address, metrics_toml, sample, scrape};
 use crishim_tests::gpu::{self, gpu_image_once, lines, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH};
 use crishim_tests::pods::{
     assert_no_leaks, container_config, marker, sh, PodEnv, PodTraces, LOOP_UNTIL_TERM,
@@ -403,7 +404,12 @@ async fn vgpu_config(env: &PodEnv, id: &str) -> serde_json::Value {
 #[tokio::test]
 async fn preload_mode_enforces_the_memory_limit_across_processes() {
     let node = FakeNode::new();
-    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let metrics = metrics_address();
+    let env = PodEnv::start_with(
+        node.daemon_options("preload")
+            .extra_toml(&metrics_toml(&metrics)),
+    )
+    .await;
     let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
     let cfg = env.pod_config("vgpu");
     let pod = env.d.run_pod(&cfg).await.unwrap();
@@ -447,6 +453,29 @@ async fn preload_mode_enforces_the_memory_limit_across_processes() {
     .await;
     assert_ne!(code, 0, "config.json is writable from the container");
     check_enforcement(&env, &id).await;
+
+    // The GPU memory gauges, from the accounting file the interceptor keeps (the fake driver
+    // stands in for a GPU): the limit, and what a process holding 200 MiB holds.
+    sh_ok(
+        &env,
+        &id,
+        "cudatest hold 200 60 > /tmp/gauge 2>&1 & \
+         while ! grep -q hold /tmp/gauge; do sleep 0.1; done",
+    )
+    .await;
+    let text = scrape(&metrics).await;
+    let series = |name: &str| format!("{name}{{container=\"{id}\"}}");
+    assert_eq!(
+        sample(&text, &series("crishim_gpu_memory_limit_bytes")),
+        (256u64 << 20) as f64,
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, &series("crishim_gpu_memory_used_bytes")),
+        (200u64 << 20) as f64,
+        "{text}"
+    );
+    sh_ok(&env, &id, "pkill -9 cudatest; true").await;
 
     // `crishim gpu list` shows who holds what.
     let list = |json: bool| {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crishim_proto::cri;
 use crishim_tests::cri::spec;
+use crishim_tests::daemon::{metrics_address, metrics_toml, sample, scrape};
 use crishim_tests::fsutil::walk;
 use crishim_tests::pods::{
     assert_no_leaks, container_filter, container_security, container_state_filter, find_leaks,
@@ -1884,39 +1885,12 @@ async fn an_unknown_runtime_handler_is_refused() {
     env.stop();
 }
 
-/// `GET /metrics` on `addr`: the body.
-async fn scrape(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sock = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint");
-    sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut reply = String::new();
-    sock.read_to_string(&mut reply).await.unwrap();
-    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
-    reply.split_once("\r\n\r\n").unwrap().1.to_string()
-}
-
-/// The value of the sample `name{labels}` (`0` when absent).
-fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// `[metrics] address`: the Prometheus endpoint counts CRI calls by method and code, times pod
 /// start-up and pulls, and reports pods and containers by state.
 #[tokio::test]
 async fn metrics_count_calls_pod_starts_pulls_and_states() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let opts = DaemonOptions::new().extra_toml(&format!("[metrics]\naddress = \"{addr}\""));
+    let addr = metrics_address();
+    let opts = DaemonOptions::new().extra_toml(&metrics_toml(&addr));
     let env = PodEnv::start_with(opts).await;
     let cfg = env.pod_config("metrics");
     let c = sh_container(&env, "metrics", LOOP_UNTIL_TERM, &marker("metrics"));

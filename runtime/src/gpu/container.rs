@@ -138,9 +138,108 @@ pub fn grants(containers_dir: &Path) -> Vec<Grant> {
     out
 }
 
+/// Records read from a container's accounting file, which its processes may write: far more
+/// than (processes × GPUs) of any real container.
+const MAX_LEDGER_RECORDS: u64 = 16384;
+
+/// One GPU container's device memory: its limit over all its GPUs, and what its processes hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryGauge {
+    pub container_id: String,
+    pub limit_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// The device memory of every container with a GPU memory limit, from its grant and its
+/// accounting file (`shared/usage`). The file is the container's to write, so it is read only
+/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing.
+pub fn memory_gauges(containers_dir: &Path) -> Vec<MemoryGauge> {
+    grants(containers_dir)
+        .into_iter()
+        .filter_map(|g| {
+            let per_gpu = g.memory_limit_bytes?;
+            let gpus = g.uuids.len().max(1) as u64;
+            let ledger = containers_dir.join(&g.container_id).join("shared/usage");
+            Some(MemoryGauge {
+                used_bytes: ledger_used(&ledger).unwrap_or(0),
+                limit_bytes: per_gpu.saturating_mul(gpus),
+                container_id: g.container_id,
+            })
+        })
+        .collect()
+}
+
+/// Bytes the records of an accounting file hold, summed.
+fn ledger_used(path: &Path) -> io::Result<u64> {
+    use crishim_proto::vgpu::ledger::{Entry, RECORD};
+    use std::io::Read as _;
+    let mut raw = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_LEDGER_RECORDS * RECORD as u64)
+        .read_to_end(&mut raw)?;
+    Ok(raw
+        .chunks(RECORD)
+        .filter_map(Entry::decode)
+        .fold(0u64, |sum, e| sum.saturating_add(e.used)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // No GPU here: the accounting file is written as the interceptor writes it.
+    #[test]
+    fn memory_gauges_sum_valid_records_within_the_cap() {
+        use crishim_proto::vgpu::ledger::Entry;
+        let dir = tempfile::tempdir().unwrap();
+        let mut grant = |id: &str, limit: Option<u64>, gpus: usize| {
+            let d = ContainerDir::create(dir.path().join(id)).unwrap();
+            d.write_grant(&Grant {
+                container_id: id.into(),
+                container_name: "c".into(),
+                pod_name: "p".into(),
+                pod_namespace: "n".into(),
+                pod_uid: "u".into(),
+                uuids: (0..gpus).map(|i| format!("GPU-{i}")).collect(),
+                memory_limit_bytes: limit,
+                core_percent: None,
+                capabilities: vec![],
+                driver_view: None,
+            })
+            .unwrap();
+            d.create_accounting().unwrap()
+        };
+        let shared = grant("limited", Some(1 << 30), 2);
+        grant("unlimited", None, 1);
+        let entry = |used| Entry {
+            pid: 1,
+            start: 1,
+            uuid: [1; 16],
+            used,
+        };
+        let mut file = Vec::new();
+        file.extend(entry(100).encode());
+        let mut torn = entry(1 << 40).encode();
+        torn[40] ^= 1;
+        file.extend(torn);
+        file.extend([0u8; 64]);
+        file.extend(entry(23).encode());
+        std::fs::write(shared.join("usage"), &file).unwrap();
+        let g = memory_gauges(dir.path());
+        assert_eq!(
+            g,
+            [MemoryGauge {
+                container_id: "limited".into(),
+                limit_bytes: 2 << 30,
+                used_bytes: 123,
+            }]
+        );
+        // A file grown past the cap is read only up to it.
+        let mut big = vec![0u8; (MAX_LEDGER_RECORDS as usize) * 64];
+        big.extend(entry(5).encode());
+        std::fs::write(shared.join("usage"), &big).unwrap();
+        assert_eq!(memory_gauges(dir.path())[0].used_bytes, 0);
+    }
 
     #[test]
     fn preload_names_the_interceptor_first_and_keeps_the_images_entries() {

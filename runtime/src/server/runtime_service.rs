@@ -157,6 +157,9 @@ impl RuntimeService {
             };
             *g.containers.entry(name).or_default() += 1;
         }
+        g.gpu_memory = crate::gpu::container::memory_gauges(&crate::gpu::containers_dir(
+            &self.inner.config.state_dir,
+        ));
         g
     }
 
