@@ -192,7 +192,7 @@ mod tests {
     fn memory_gauges_sum_valid_records_within_the_cap() {
         use crishim_proto::vgpu::ledger::Entry;
         let dir = tempfile::tempdir().unwrap();
-        let mut grant = |id: &str, limit: Option<u64>, gpus: usize| {
+        let grant = |id: &str, limit: Option<u64>, gpus: usize| {
             let d = ContainerDir::create(dir.path().join(id)).unwrap();
             d.write_grant(&Grant {
                 container_id: id.into(),
