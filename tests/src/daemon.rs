@@ -548,3 +548,165 @@ pub fn sample(text: &str, series: &str) -> f64 {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
         .unwrap_or(0.0)
 }
+
+/// Check `text` against the Prometheus text exposition format (0.0.4): every sample line is
+/// `name{label="value",...} number` with a legal name and escaped values, its family declared
+/// by a `# TYPE` line first (a histogram's `_bucket`, `_sum` and `_count` series belong to it),
+/// no family declared twice, and each histogram's buckets rise to a `+Inf` bucket equal to its
+/// `_count`.
+pub fn check_prometheus_text(text: &str) -> std::result::Result<(), String> {
+    use std::collections::{BTreeMap, HashMap};
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let mut types: HashMap<String, String> = HashMap::new();
+    // (family, labels without le) -> (bucket values in order, count)
+    let mut histograms: BTreeMap<(String, String), (Vec<(f64, f64)>, Option<f64>)> =
+        BTreeMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let at = |m: &str| format!("line {}: {m}: {line:?}", n + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').ok_or_else(|| at("bad TYPE"))?;
+            if !name_ok(name)
+                || !["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind)
+            {
+                return Err(at("bad TYPE"));
+            }
+            if types.insert(name.to_string(), kind.to_string()).is_some() {
+                return Err(at("family declared twice"));
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').ok_or_else(|| at("no value"))?;
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().map_err(|_| at("value is not a number"))?,
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => (
+                name,
+                rest.strip_suffix('}')
+                    .ok_or_else(|| at("unclosed labels"))?,
+            ),
+            None => (series, ""),
+        };
+        if !name_ok(name) {
+            return Err(at("bad metric name"));
+        }
+        let mut pairs = Vec::new();
+        let mut rest = labels;
+        while !rest.is_empty() {
+            let (key, after) = rest.split_once("=\"").ok_or_else(|| at("bad label"))?;
+            if !name_ok(key) {
+                return Err(at("bad label name"));
+            }
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in after.char_indices() {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        end = Some(i);
+                        break;
+                    }
+                    (false, '\n') => return Err(at("newline in a label value")),
+                    _ => {}
+                }
+            }
+            let end = end.ok_or_else(|| at("unterminated label value"))?;
+            pairs.push((key.to_string(), after[..end].to_string()));
+            rest = after[end + 1..]
+                .strip_prefix(',')
+                .unwrap_or(&after[end + 1..]);
+        }
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                let base = name.strip_suffix(s)?;
+                (types.get(base).map(String::as_str) == Some("histogram")).then_some(base)
+            })
+            .unwrap_or(name);
+        if !types.contains_key(family) {
+            return Err(at("sample before its # TYPE"));
+        }
+        if family != name {
+            let key_labels: Vec<String> = pairs
+                .iter()
+                .filter(|(k, _)| k != "le")
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let entry = histograms
+                .entry((family.to_string(), key_labels.join(",")))
+                .or_default();
+            if name.ends_with("_bucket") {
+                let le = pairs
+                    .iter()
+                    .find(|(k, _)| k == "le")
+                    .ok_or_else(|| at("bucket without le"))?;
+                let bound = if le.1 == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.1.parse().map_err(|_| at("bad le"))?
+                };
+                entry.0.push((bound, value));
+            } else if name.ends_with("_count") {
+                entry.1 = Some(value);
+            }
+        }
+    }
+    for ((family, labels), (buckets, count)) in histograms {
+        let what = format!("histogram {family}{{{labels}}}");
+        if !buckets
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1)
+        {
+            return Err(format!("{what}: buckets do not rise"));
+        }
+        match (buckets.last(), count) {
+            (Some((b, v)), Some(c)) if b.is_infinite() && *v == c => {}
+            _ => return Err(format!("{what}: no +Inf bucket equal to its _count")),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod prometheus_text_tests {
+    use super::check_prometheus_text;
+
+    #[test]
+    fn the_checker_takes_good_text_and_names_what_is_wrong() {
+        let good = "# HELP a_total A.\n# TYPE a_total counter\na_total{m=\"x\\\"y\"} 3\n\
+                    # TYPE h histogram\nh_bucket{le=\"0.1\"} 1\nh_bucket{le=\"+Inf\"} 2\n\
+                    h_sum 0.3\nh_count 2\n";
+        check_prometheus_text(good).unwrap();
+        for (bad, why) in [
+            ("a_total 3\n", "before its # TYPE"),
+            ("# TYPE a counter\na{m=\"x} 1\n", "unterminated"),
+            ("# TYPE a counter\na one\n", "not a number"),
+            ("# TYPE a counter\n# TYPE a counter\n", "twice"),
+            (
+                "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_count 1\n",
+                "rise",
+            ),
+            (
+                "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_count 2\n",
+                "+Inf",
+            ),
+        ] {
+            let e = check_prometheus_text(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crishim_proto::cri;
 use crishim_tests::cri::spec;
-use crishim_tests::daemon::{metrics_address, metrics_toml, sample, scrape};
+use crishim_tests::daemon::{check_prometheus_text, metrics_address, metrics_toml, sample, scrape};
 use crishim_tests::fsutil::walk;
 use crishim_tests::pods::{
     assert_no_leaks, container_filter, container_security, container_state_filter, find_leaks,
@@ -1941,8 +1941,10 @@ async fn metrics_count_calls_pod_starts_pulls_and_states() {
         assert_eq!(sample(&text, series), 1.0, "{series} in {text}");
     }
 
+    check_prometheus_text(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     env.d.stop_pod(&pod).await.unwrap();
     let text = scrape(&addr).await;
+    check_prometheus_text(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     for series in [
         "crishim_pods{state=\"notready\"}",
         "crishim_containers{state=\"exited\"}",
