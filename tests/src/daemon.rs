@@ -563,9 +563,9 @@ pub fn check_prometheus_text(text: &str) -> std::result::Result<(), String> {
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
     };
     let mut types: HashMap<String, String> = HashMap::new();
-    // (family, labels without le) -> (bucket values in order, count)
-    let mut histograms: BTreeMap<(String, String), (Vec<(f64, f64)>, Option<f64>)> =
-        BTreeMap::new();
+    // (family, labels without le) -> (buckets as (bound, value) in order, count)
+    type Buckets = (Vec<(f64, f64)>, Option<f64>);
+    let mut histograms: BTreeMap<(String, String), Buckets> = BTreeMap::new();
     for (n, line) in text.lines().enumerate() {
         let at = |m: &str| format!("line {}: {m}: {line:?}", n + 1);
         if line.is_empty() {
