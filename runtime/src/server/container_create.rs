@@ -153,9 +153,11 @@ impl Inner {
             last: None,
             config,
         };
+        let mut phases = super::sandbox_stop::Phases::new("CreateContainer", id);
         // Recorded before anything else happens: a record without a shim state (`last`) after a
         // crash means "half created", and start-up recovery undoes it.
         self.store.save_container(&record)?;
+        phases.done("record");
 
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
         // root (the upper dir) has the mode the container sees.
@@ -175,6 +177,7 @@ impl Inner {
                 pod.runtime_handler
             )));
         }
+        phases.done("rootfs");
         let image_volumes = self
             .mount_image_volumes(id, &record.config, &bundle)
             .await?;
@@ -245,6 +248,7 @@ impl Inner {
             .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
         crishim_proto::hostfs::write_private(&bundle.join("config.json"), &json)
             .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
+        phases.done("spec");
 
         let req = Request::Create {
             id: id.to_string(),
@@ -259,9 +263,11 @@ impl Inner {
             .await?
         {
             Response::State(s) => {
+                phases.done("shim create");
                 record.created_at = s.created_at;
                 record.last = Some(s);
                 self.store.save_container(&record)?;
+                phases.done("record created");
                 self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
                     .await;
                 Ok(())

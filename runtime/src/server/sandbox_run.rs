@@ -281,9 +281,11 @@ impl Inner {
             cgroup_parent,
             config,
         };
+        let mut phases = super::sandbox_stop::Phases::new("RunPodSandbox", id);
         // Recorded before anything else happens, so a crash at any later point leaves a
         // `Creating` record that start-up recovery rolls back.
         self.store.save_pod(&record)?;
+        phases.done("record");
 
         for d in [&files, &state] {
             crishim_proto::hostfs::create_private_dir(d)
@@ -303,6 +305,7 @@ impl Inner {
         if !host_ipc {
             mount_shm(&state.join("shm"))?;
         }
+        phases.done("files and shm");
         let infra = InfraSpec {
             hostname,
             net: !host_network,
@@ -311,11 +314,15 @@ impl Inner {
             pid: !host_pid,
         };
         record.infra_pid = self.start_shim(id, &infra, &record.runtime_handler).await?;
+        phases.done("shim and infra");
         self.store.save_pod(&record)?;
+        phases.done("record infra");
         self.setup_network(&mut record).await?;
+        phases.done("network");
         record.state = PodState::Ready;
         self.store.save_pod(&record)?;
         self.watch_pod(id);
+        phases.done("record ready");
         Ok(())
     }
 

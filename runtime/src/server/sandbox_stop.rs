@@ -36,6 +36,9 @@ impl Inner {
         // mount, not by the infra process, so the plugins find it whatever the shim is doing.
         let ((), network) = tokio::join!(self.teardown_pod(pod_id), self.teardown_network(&pod));
         phases.done("shim, infra and network");
+        // The shim is gone, and so is what its Watch stream told: the final states are read
+        // from the exit records it left (the stream's task may not have seen its end yet).
+        self.store.set_watched(pod_id, false);
         for c in self.store.pod_containers(pod_id) {
             let _ = self.refresh(&c).await;
         }
