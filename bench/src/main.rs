@@ -31,9 +31,10 @@ const POD_SUBNET: &str = "10.95.0.0/16";
 memory per pod, cold pull. Needs root; hack/bench.sh builds everything and runs this."
 )]
 struct Args {
-    /// Pods started one at a time (and again in the burst).
-    #[arg(long, default_value_t = 50)]
-    pods: usize,
+    /// Pods started one at a time (and again in the burst), and kept running for the memory,
+    /// ExecSync and relist figures. A list (`20,110`) runs a mode for each count.
+    #[arg(long, value_delimiter = ',', default_values_t = [50])]
+    pods: Vec<usize>,
     /// Pods in flight at once in the burst.
     #[arg(long, default_value_t = 10)]
     concurrency: usize,
@@ -49,9 +50,10 @@ struct Args {
     #[arg(long, default_value_t = 10)]
     pull_layer_mib: usize,
     /// Every container under the RuntimeDefault seccomp profile (the kubelet's
-    /// `--seccomp-default`, the `restricted` Pod Security Standard).
-    #[arg(long)]
-    seccomp: bool,
+    /// `--seccomp-default`, the `restricted` Pod Security Standard): `on`, `off`, or `both`
+    /// (a mode for each). `--seccomp` alone means `on`.
+    #[arg(long, value_enum, default_value_t = Seccomp::Off, num_args = 0..=1, default_missing_value = "on")]
+    seccomp: Seccomp,
     /// Relists (ListPodSandbox + ListContainers) and ListContainerStats calls with the pods
     /// running.
     #[arg(long, default_value_t = 100)]
@@ -74,6 +76,23 @@ struct Args {
     /// Keep each runtime's log here (they are removed with their temporary directories).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Seccomp {
+    Off,
+    On,
+    Both,
+}
+
+impl Seccomp {
+    fn modes(self) -> &'static [bool] {
+        match self {
+            Seccomp::Off => &[false],
+            Seccomp::On => &[true],
+            Seccomp::Both => &[false, true],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -147,13 +166,19 @@ struct Machine {
     loadavg_after: [f64; 3],
 }
 
+/// One mode's figures: both runtimes under one plan.
 #[derive(Serialize)]
-struct Report<'a> {
-    machine: Machine,
-    plan: &'a Plan,
+struct ModeReport {
+    plan: Plan,
     summary: Vec<report::Row>,
     crishim: Option<Results>,
     containerd: Option<Results>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    machine: Machine,
+    modes: Vec<ModeReport>,
 }
 
 async fn bench(args: &Args) -> Result<()> {
@@ -162,20 +187,31 @@ async fn bench(args: &Args) -> Result<()> {
         "crishim-bench needs root (namespaces, mounts, cgroups, CNI)"
     );
     ensure!(
-        args.pods > 0 && args.concurrency > 0,
+        !args.pods.is_empty() && args.pods.iter().all(|p| *p > 0) && args.concurrency > 0,
         "--pods and --concurrency must be at least 1"
     );
-    let plan = Plan {
-        pods: args.pods,
-        concurrency: args.concurrency,
-        execs: args.execs,
-        pull_rounds: args.pull_rounds,
-        pull_layers: args.pull_layers,
-        pull_layer_mib: args.pull_layer_mib,
-        stream_mib: args.stream_mib,
-        relists: args.relists,
-        seccomp: args.seccomp,
-    };
+    // One mode per pod count and seccomp setting; the cold pulls only in the first (they do not
+    // depend on either).
+    let mut plans: Vec<Plan> = Vec::new();
+    for &pods in &args.pods {
+        for &seccomp in args.seccomp.modes() {
+            plans.push(Plan {
+                pods,
+                concurrency: args.concurrency,
+                execs: args.execs,
+                pull_rounds: if plans.is_empty() {
+                    args.pull_rounds
+                } else {
+                    0
+                },
+                pull_layers: args.pull_layers,
+                pull_layer_mib: args.pull_layer_mib,
+                stream_mib: args.stream_mib,
+                relists: args.relists,
+                seccomp,
+            });
+        }
+    }
     let loadavg_before = host::loadavg();
     let cores = host::cores();
     println!(
@@ -196,50 +232,63 @@ async fn bench(args: &Args) -> Result<()> {
     let cni_dir = shared.path().join("cni");
     let bridge = format!("cbench{}", crishim_tests::random_hex(3));
     host::write_cni_conf(&cni_dir, &bridge, POD_SUBNET, &shared.path().join("ipam"))?;
-    let env = Env {
+    if let Some(d) = &args.log_dir {
+        std::fs::create_dir_all(d)?;
+    }
+    let mut env = Env {
         registry,
         cni_dir,
         bridge,
-        plan: plan.clone(),
+        plan: plans[0].clone(),
         crishim_log: args.crishim_log.clone(),
         log_dir: args.log_dir.clone(),
     };
-    if let Some(d) = &env.log_dir {
-        std::fs::create_dir_all(d)?;
-    }
 
-    let crishim = match args.only {
-        Some(Runtime::Containerd) => None,
-        _ => Some(run_crishim(&env).await.context("crishim")?),
-    };
-    let containerd = match args.only {
-        Some(Runtime::Crishim) => None,
-        _ => Some(run_containerd(&env).await.context("containerd")?),
-    };
+    let mut modes = Vec::new();
+    for plan in plans {
+        env.plan = plan.clone();
+        eprintln!("== {}", mode_name(&plan));
+        // The runtimes take turns within a mode, so that both see the machine as it is then.
+        let crishim = match args.only {
+            Some(Runtime::Containerd) => None,
+            _ => Some(run_crishim(&env).await.context("crishim")?),
+        };
+        let containerd = match args.only {
+            Some(Runtime::Crishim) => None,
+            _ => Some(run_containerd(&env).await.context("containerd")?),
+        };
+        let summary = report::rows(crishim.as_ref(), containerd.as_ref());
+        modes.push(ModeReport {
+            plan,
+            summary,
+            crishim,
+            containerd,
+        });
+    }
 
     let loadavg_after = host::loadavg();
-    let summary = report::rows(crishim.as_ref(), containerd.as_ref());
-    for (name, r) in [("crishim", &crishim), ("containerd", &containerd)] {
-        if let Some(r) = r {
-            println!("{name}: {}", r.version);
+    if let Some(m) = modes.first() {
+        for (name, r) in [("crishim", &m.crishim), ("containerd", &m.containerd)] {
+            if let Some(r) = r {
+                println!("{name}: {}", r.version);
+            }
         }
     }
-    println!(
-        "{} pods serial, burst {} at a time, {} ExecSync, {} relists, {} cold pulls of {} x {} MiB{}\n",
-        plan.pods,
-        plan.concurrency,
-        plan.execs,
-        plan.relists,
-        plan.pull_rounds,
-        plan.pull_layers,
-        plan.pull_layer_mib,
-        if plan.seccomp {
-            ", RuntimeDefault seccomp on every container"
-        } else {
-            ""
-        }
-    );
-    print!("{}", report::table(&summary));
+    for m in &modes {
+        let plan = &m.plan;
+        println!(
+            "\n## {}\n\n{} pods serial, burst {} at a time, {} ExecSync, {} relists, {} cold pulls of {} x {} MiB\n",
+            mode_name(plan),
+            plan.pods,
+            plan.concurrency,
+            plan.execs,
+            plan.relists,
+            plan.pull_rounds,
+            plan.pull_layers,
+            plan.pull_layer_mib,
+        );
+        print!("{}", report::table(&m.summary));
+    }
     println!(
         "\nmachine: {cores} cores, load average {} (after)",
         fmt_load(loadavg_after)
@@ -255,10 +304,7 @@ async fn bench(args: &Args) -> Result<()> {
             loadavg_before,
             loadavg_after,
         },
-        plan: &plan,
-        summary,
-        crishim,
-        containerd,
+        modes,
     };
     if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
@@ -267,6 +313,19 @@ async fn bench(args: &Args) -> Result<()> {
         .with_context(|| format!("writing {}", args.output.display()))?;
     println!("raw samples: {}", args.output.display());
     Ok(())
+}
+
+/// `20 pods, RuntimeDefault seccomp on every container` or `20 pods, no seccomp profile`.
+fn mode_name(plan: &Plan) -> String {
+    format!(
+        "{} pods, {}",
+        plan.pods,
+        if plan.seccomp {
+            "RuntimeDefault seccomp on every container"
+        } else {
+            "no seccomp profile"
+        }
+    )
 }
 
 fn fmt_load(l: [f64; 3]) -> String {

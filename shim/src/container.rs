@@ -254,7 +254,11 @@ impl Shim {
                     // A half-created container may have left state behind; remove it.
                     let _ = oci.delete(id);
                 }),
-            None => self.create_with_libcontainer(id, bundle, systemd, console.as_ref(), io),
+            // A pod's container loads its seccomp program compiled once per node; a plain
+            // bundle's (`crishim bundle`) is left to libcontainer, the reference path.
+            None => {
+                self.create_with_libcontainer(id, bundle, systemd, console.as_ref(), io, !inherit)
+            }
         };
         let pid = match created {
             Ok(pid) => pid,
@@ -309,8 +313,16 @@ impl Shim {
         systemd: bool,
         console: Option<&Console>,
         io: CallIo,
+        cached_seccomp: bool,
     ) -> Result<i32, String> {
         let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+        let mut bundle = bundle.to_path_buf();
+        if cached_seccomp {
+            if let Some((init_bundle, executor)) = init_with_cached_seccomp(&bundle)? {
+                bundle = init_bundle;
+                builder = builder.with_executor(executor);
+            }
+        }
         if let Some(console) = console {
             // libcontainer reaches it through a short symlink of its own.
             builder = builder.with_console_socket(Some(&console.path));
@@ -332,7 +344,7 @@ impl Shim {
             .with_root_path(&self.lc_root)
             .and_then(|b| b.validate_id())
             .and_then(|b| {
-                b.as_init(bundle)
+                b.as_init(&bundle)
                     .with_systemd(systemd)
                     .with_detach(true)
                     .build()
@@ -851,6 +863,51 @@ fn write_exec_process(
     crishim_proto::hostfs::write_private(out, &json)
         .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
+}
+
+/// Where a container's init loads its seccomp program compiled once (`seccomp_program`) rather
+/// than having libcontainer compile it: a copy of the bundle's config (`<bundle>/init-config/config.json`,
+/// root's alone) without `linux.seccomp`, its root made absolute, and the executor that loads
+/// the program last before `execve` (gaining, then dropping, what loading needs, as for an
+/// exec'd process). `None` leaves the container to libcontainer: no profile, a notify profile,
+/// or a relative mount source the copy could not keep meaning.
+fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExecutor)>, String> {
+    let mut spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+        .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
+    let Some(seccomp) = spec.linux().as_ref().and_then(|l| l.seccomp().clone()) else {
+        return Ok(None);
+    };
+    if !matches!(crate::seccomp_program::cached(&seccomp), Ok(Some(_))) {
+        return Ok(None);
+    }
+    let relative_source = spec.mounts().iter().flatten().any(|m| {
+        m.source()
+            .as_ref()
+            .is_some_and(|s| s.is_relative() && m.typ().as_deref() == Some("bind"))
+    });
+    if relative_source {
+        return Ok(None);
+    }
+    if let Some(root) = spec.root().clone() {
+        if root.path().is_relative() {
+            let mut root = root;
+            root.set_path(bundle.join(root.path()));
+            spec.set_root(Some(root));
+        }
+    }
+    let mut process = spec.process().clone().unwrap_or_default();
+    let executor = SeccompExecutor::prepare(&mut process, seccomp);
+    spec.set_process(Some(process));
+    if let Some(mut linux) = spec.linux().clone() {
+        linux.set_seccomp(None);
+        spec.set_linux(Some(linux));
+    }
+    let dir = bundle.join("init-config");
+    let json = serde_json::to_vec(&spec).map_err(|e| format!("encoding the init config: {e}"))?;
+    crishim_proto::hostfs::create_private_dir(&dir)
+        .and_then(|()| crishim_proto::hostfs::write_private(&dir.join("config.json"), &json))
+        .map_err(|e| format!("writing {}/config.json: {e}", dir.display()))?;
+    Ok(Some((dir, executor)))
 }
 
 /// A console socket, bound in the shim's directory, over which the runtime sends a new pty's

@@ -1,13 +1,14 @@
-//! Seccomp profiles compiled to BPF once per shim, not once per exec'd process.
+//! Seccomp profiles compiled to BPF once per node, not once per container or exec'd process.
 //!
 //! libseccomp builds the BPF program from the profile every time a filter is loaded, which costs
-//! an exec'd process more than the rest of its start (issue #18). The shim compiles each distinct
-//! profile once with libseccomp's own generator (`seccomp_export_bpf`, the program
-//! `seccomp_load` would install), keeps it, and an exec'd process loads that program with
-//! `seccomp(SECCOMP_SET_MODE_FILTER)` and the flags libseccomp would pass. The rules are added as
-//! libcontainer adds them (the reference path, which container init still uses), so both paths
-//! install the same program; `security::exec_sync_processes_load_the_same_bpf_as_container_init`
-//! reads both back with `PTRACE_SECCOMP_GET_FILTER` and compares them.
+//! a container's init or an exec'd process more than the rest of its start (issue #18). A shim
+//! compiles each distinct profile once with libseccomp's own generator (`seccomp_export_bpf`,
+//! the program `seccomp_load` would install) and keeps it, in memory and in the daemon's
+//! cache directory (`<state_dir>/seccomp`, root's alone), where the next pod's shim finds it.
+//! The process then loads that program with `seccomp(SECCOMP_SET_MODE_FILTER)` and the flags
+//! libseccomp would pass. The rules are added as libcontainer adds them (the reference path,
+//! which `crishim bundle` still uses), so both paths install the same program; the
+//! `security` tests read both back with `PTRACE_SECCOMP_GET_FILTER` and compare them.
 //!
 //! Profiles with a `SCMP_ACT_NOTIFY` rule or `SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV` are not
 //! compiled here (they need a listener fd): those go through libcontainer as before.
@@ -63,6 +64,90 @@ impl Program {
 thread_local! {
     /// The shim is single-threaded: one cache, keyed by the profile's JSON.
     static PROGRAMS: RefCell<HashMap<String, Arc<Program>>> = RefCell::new(HashMap::new());
+    /// Where compiled programs are kept for other shims (`--seccomp-cache`); none: memory only.
+    static DISK: RefCell<Option<std::path::PathBuf>> = const { RefCell::new(None) };
+}
+
+/// Keep compiled programs in `dir` too, and look there first.
+pub fn set_disk_cache(dir: std::path::PathBuf) {
+    DISK.with(|d| *d.borrow_mut() = Some(dir));
+}
+
+/// The most instructions a filter may have (`BPF_MAXINSNS`).
+const MAX_INSNS: usize = 4096;
+
+impl Program {
+    /// `flags` (8 bytes, little-endian), then the instructions as the kernel takes them.
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = (self.flags as u64).to_le_bytes().to_vec();
+        for i in &self.filter {
+            out.extend(i.code.to_ne_bytes());
+            out.extend([i.jt, i.jf]);
+            out.extend(i.k.to_ne_bytes());
+        }
+        out
+    }
+
+    /// What [`Self::to_bytes`] wrote; `None` for anything else (a torn or foreign file).
+    fn from_bytes(b: &[u8]) -> Option<Program> {
+        let (flags, insns) = b.split_at_checked(8)?;
+        if insns.is_empty() || insns.len() % 8 != 0 || insns.len() / 8 > MAX_INSNS {
+            return None;
+        }
+        let flags = u64::from_le_bytes(flags.try_into().ok()?);
+        let known = libc::SECCOMP_FILTER_FLAG_LOG
+            | libc::SECCOMP_FILTER_FLAG_TSYNC
+            | libc::SECCOMP_FILTER_FLAG_SPEC_ALLOW;
+        if flags & !(known as u64) != 0 {
+            return None;
+        }
+        Some(Program {
+            flags: flags as libc::c_ulong,
+            filter: insns
+                .chunks_exact(8)
+                .map(|c| libc::sock_filter {
+                    code: u16::from_ne_bytes([c[0], c[1]]),
+                    jt: c[2],
+                    jf: c[3],
+                    k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+                })
+                .collect(),
+        })
+    }
+}
+
+/// The cache file of a profile: named by a SHA-256 of the profile and of what compiled it (a
+/// newer libseccomp or shim may compile differently).
+fn disk_path(dir: &std::path::Path, key: &str) -> std::path::PathBuf {
+    use sha2::Digest as _;
+    let v = libseccomp::ScmpVersion::current().ok();
+    let who = format!(
+        "crishim-shim {} libseccomp {:?}\n",
+        env!("CARGO_PKG_VERSION"),
+        v.map(|v| (v.major, v.minor, v.micro))
+    );
+    let mut h = sha2::Sha256::new();
+    h.update(who.as_bytes());
+    h.update(key.as_bytes());
+    dir.join(format!("{}.bpf", hex::encode(h.finalize())))
+}
+
+fn read_disk(key: &str) -> Option<Program> {
+    let dir = DISK.with(|d| d.borrow().clone())?;
+    let raw = std::fs::read(disk_path(&dir, key)).ok()?;
+    Program::from_bytes(&raw)
+}
+
+fn write_disk(key: &str, program: &Program) {
+    let Some(dir) = DISK.with(|d| d.borrow().clone()) else {
+        return;
+    };
+    let written = crishim_proto::hostfs::create_private_dir(&dir).and_then(|()| {
+        crishim_proto::record::write_atomic(&disk_path(&dir, key), &program.to_bytes())
+    });
+    if let Err(e) = written {
+        eprintln!("crishim-shim: keeping a compiled seccomp program: {e}");
+    }
 }
 
 /// The program for `profile`, compiled on first use; `None` for profiles left to libcontainer.
@@ -74,7 +159,14 @@ pub fn cached(profile: &LinuxSeccomp) -> Result<Option<Arc<Program>>, String> {
     if let Some(p) = PROGRAMS.with(|c| c.borrow().get(&key).cloned()) {
         return Ok(Some(p));
     }
-    let program = Arc::new(compile(profile)?);
+    let program = match read_disk(&key) {
+        Some(p) => Arc::new(p),
+        None => {
+            let p = compile(profile)?;
+            write_disk(&key, &p);
+            Arc::new(p)
+        }
+    };
     PROGRAMS.with(|c| {
         let mut c = c.borrow_mut();
         if c.len() >= MAX_CACHED {

@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crishim_proto::shim::{paths, InfraSpec, OciRuntimeSpec};
 use nix::unistd::{fork, setsid, ForkResult};
@@ -20,6 +20,12 @@ pub fn run(args: &[String]) -> ! {
             "--dir" => dir = it.next().map(PathBuf::from),
             "--infra" => infra = it.next().map(|s| serde_json::from_str::<InfraSpec>(s)),
             "--oci-runtime" => oci = it.next().map(|s| serde_json::from_str::<OciRuntimeSpec>(s)),
+            "--seccomp-cache" => match it.next() {
+                Some(d) if Path::new(d).is_absolute() => {
+                    crate::seccomp_program::set_disk_cache(PathBuf::from(d))
+                }
+                _ => fail("--seccomp-cache needs an absolute path"),
+            },
             other => fail(&format!("unknown argument {other:?}")),
         }
     }

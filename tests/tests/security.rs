@@ -615,9 +615,36 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         });
     })
     .await;
-    // The shim loads a program it compiled once into exec'd processes; container init gets its
-    // filter from libcontainer (libseccomp, the reference path). The kernel holds the same
-    // program for both.
+    // A pod's container init and its exec'd processes load a program compiled once per node
+    // (`seccomp_program`). The reference is libcontainer's own path, which compiles the profile
+    // in the process with libseccomp: `crishim bundle run` of the same config. The kernel must
+    // hold the same program for all three, and the same confinement.
+    for (n, id) in [&root, &nnp, &local].into_iter().enumerate() {
+        let bundle = env.d.state_dir().join("containers").join(id);
+        let shadow: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(bundle.join("init-config/config.json"))
+                .expect("the init took the compiled-once path"),
+        )
+        .unwrap();
+        assert!(shadow["linux"]["seccomp"].is_null(), "{shadow}");
+        let init = env.d.container_pid(id).await;
+        let marker = format!("77{n}2");
+        let mut reference = ReferenceRun::start(&bundle, &marker);
+        let (ours, theirs) = (seccomp_program(init), seccomp_program(reference.pid));
+        assert_same_program(&theirs, &ours, "the container init", "libcontainer's own");
+        let (ours, theirs) = (
+            std::fs::read_to_string(format!("/proc/{init}/status")).unwrap(),
+            std::fs::read_to_string(format!("/proc/{}/status", reference.pid)).unwrap(),
+        );
+        for field in CONFINEMENT {
+            assert_eq!(
+                status_field(&ours, field),
+                status_field(&theirs, field),
+                "{field} of the container init against libcontainer's own path"
+            );
+        }
+        reference.stop();
+    }
     for (n, id) in [&root, &nnp, &local].into_iter().enumerate() {
         let init = env.d.container_pid(id).await;
         let marker = format!("77{n}1");
@@ -625,24 +652,7 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         env.d.exec_ok(id, &["sh", "-c", &bg]).await;
         let execd = host_pid_with_cmdline(&["sleep", &marker]);
         let (a, b) = (seccomp_program(init), seccomp_program(execd));
-        assert!(
-            a.len() > 8,
-            "{} bytes of BPF in the container's init",
-            a.len()
-        );
-        if a != b {
-            let at = a
-                .iter()
-                .zip(&b)
-                .position(|(x, y)| x != y)
-                .unwrap_or(a.len().min(b.len()));
-            panic!(
-                "the exec'd process's filter differs from the container init's: {} against {} \
-                 bytes, first at byte {at}",
-                b.len(),
-                a.len()
-            );
-        }
+        assert_same_program(&a, &b, "the exec'd process", "the container init's");
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(execd),
             nix::sys::signal::Signal::SIGKILL,
@@ -665,6 +675,92 @@ async fn exec_sync_processes_get_the_containers_seccomp_filter_and_capabilities(
         assert!(err.contains("Operation not permitted"), "stderr: {err}");
     }
     env.finish_pod(&pod, traces).await;
+}
+
+/// `theirs` (the reference) and `ours` are the same, non-trivial BPF program.
+fn assert_same_program(reference: &[u8], ours: &[u8], who: &str, against: &str) {
+    assert!(
+        reference.len() > 8,
+        "{} bytes of BPF in the reference",
+        reference.len()
+    );
+    if reference != ours {
+        let at = reference
+            .iter()
+            .zip(ours)
+            .position(|(x, y)| x != y)
+            .unwrap_or(reference.len().min(ours.len()));
+        panic!(
+            "{who}'s filter differs from {against}: {} against {} bytes, first at byte {at}",
+            ours.len(),
+            reference.len()
+        );
+    }
+}
+
+/// `crishim bundle run` of a pod container's config with its seccomp profile, capabilities,
+/// user and mounts, in namespaces and a cgroup of its own, running `sleep <marker>` on the same
+/// root filesystem: libcontainer sets the filter up itself there.
+struct ReferenceRun {
+    child: std::process::Child,
+    pid: i32,
+    _dir: tempfile::TempDir,
+}
+
+impl ReferenceRun {
+    fn start(bundle: &std::path::Path, marker: &str) -> ReferenceRun {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+        config["root"]["path"] = bundle.join("rootfs").to_string_lossy().into();
+        config["process"]["args"] = serde_json::json!(["sleep", marker]);
+        config["process"]["terminal"] = false.into();
+        let linux = &mut config["linux"];
+        linux["cgroupsPath"] = format!("/crishim-test-reference-{marker}").into();
+        for ns in linux["namespaces"].as_array_mut().unwrap() {
+            ns.as_object_mut().unwrap().remove("path");
+        }
+        config.as_object_mut().unwrap().remove("hooks");
+        let run = dir.path().join("bundle");
+        std::fs::create_dir(&run).unwrap();
+        std::fs::write(run.join("config.json"), config.to_string()).unwrap();
+        std::fs::write(dir.path().join("config.toml"), "").unwrap();
+        let child = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+            .arg("bundle")
+            .arg("--config")
+            .arg(dir.path().join("config.toml"))
+            .arg("--root")
+            .arg(dir.path().join("state"))
+            .arg("run")
+            .arg("--id")
+            .arg(format!("reference-{marker}"))
+            .arg(&run)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        ReferenceRun {
+            child,
+            pid: host_pid_with_cmdline(&["sleep", marker]),
+            _dir: dir,
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let status = self.child.wait().unwrap();
+        assert_eq!(status.code(), Some(137), "the reference run ends as killed");
+    }
+}
+
+impl Drop for ReferenceRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The host pid of the one process whose argv is `argv` (waits up to 5 s for it).

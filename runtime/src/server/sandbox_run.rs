@@ -336,7 +336,9 @@ impl Inner {
             .arg("--dir")
             .arg(&dir)
             .arg("--infra")
-            .arg(infra_json);
+            .arg(infra_json)
+            .arg("--seccomp-cache")
+            .arg(self.config.state_dir.join("seccomp"));
         if let Some(binary) = self.handler("RunPodSandbox", handler)?.binary() {
             let oci = crishim_proto::shim::OciRuntimeSpec {
                 binary: binary.to_path_buf(),
