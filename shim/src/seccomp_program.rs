@@ -76,10 +76,12 @@ pub fn set_disk_cache(dir: std::path::PathBuf) {
 /// The most instructions a filter may have (`BPF_MAXINSNS`).
 const MAX_INSNS: usize = 4096;
 
+// `c_ulong` is `u64` here and `u32` on 32-bit targets: the conversions are not useless there.
+#[allow(clippy::useless_conversion)]
 impl Program {
     /// `flags` (8 bytes, little-endian), then the instructions as the kernel takes them.
     fn to_bytes(&self) -> Vec<u8> {
-        let mut out = (self.flags as u64).to_le_bytes().to_vec();
+        let mut out = u64::from(self.flags).to_le_bytes().to_vec();
         for i in &self.filter {
             out.extend(i.code.to_ne_bytes());
             out.extend([i.jt, i.jf]);
@@ -98,11 +100,11 @@ impl Program {
         let known = libc::SECCOMP_FILTER_FLAG_LOG
             | libc::SECCOMP_FILTER_FLAG_TSYNC
             | libc::SECCOMP_FILTER_FLAG_SPEC_ALLOW;
-        if flags & !(known as u64) != 0 {
+        if flags & !u64::from(known) != 0 {
             return None;
         }
         Some(Program {
-            flags: flags as libc::c_ulong,
+            flags: libc::c_ulong::try_from(flags).ok()?,
             filter: insns
                 .chunks_exact(8)
                 .map(|c| libc::sock_filter {
@@ -347,6 +349,41 @@ fn arch(a: Arch) -> ScmpArch {
 mod tests {
     use super::*;
     use oci_spec::runtime::{LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSyscallBuilder};
+
+    #[test]
+    fn programs_round_trip_through_their_cache_file_and_torn_ones_are_refused() {
+        let profile = LinuxSeccompBuilder::default()
+            .default_action(Act::ScmpActAllow)
+            .syscalls(vec![LinuxSyscallBuilder::default()
+                .names(vec!["unshare".to_string()])
+                .action(Act::ScmpActErrno)
+                .build()
+                .unwrap()])
+            .build()
+            .unwrap();
+        let p = compile(&profile).unwrap();
+        let bytes = p.to_bytes();
+        assert_eq!(
+            Program::from_bytes(&bytes),
+            Some(compile(&profile).unwrap())
+        );
+        assert_eq!(Program::from_bytes(&bytes[..bytes.len() - 3]), None);
+        assert_eq!(Program::from_bytes(&bytes[..8]), None, "no instructions");
+        let mut odd_flags = bytes.clone();
+        odd_flags[7] = 0x80;
+        assert_eq!(Program::from_bytes(&odd_flags), None);
+        let huge = [bytes[..8].to_vec(), vec![0u8; (MAX_INSNS + 1) * 8]].concat();
+        assert_eq!(Program::from_bytes(&huge), None);
+        // Another shim finds it on disk; a corrupt file is compiled afresh.
+        let dir = tempfile::tempdir().unwrap();
+        set_disk_cache(dir.path().to_path_buf());
+        let key = serde_json::to_string(&profile).unwrap();
+        write_disk(&key, &p);
+        assert_eq!(read_disk(&key), Some(compile(&profile).unwrap()));
+        std::fs::write(disk_path(dir.path(), &key), b"junk").unwrap();
+        assert_eq!(read_disk(&key), None);
+        DISK.with(|d| *d.borrow_mut() = None);
+    }
 
     fn profile(errno: u32) -> LinuxSeccomp {
         LinuxSeccompBuilder::default()
