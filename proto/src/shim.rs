@@ -18,6 +18,10 @@ pub struct InfraSpec {
     pub uts: bool,
     /// New pid namespace with the infra process as PID 1 (false for host-PID pods).
     pub pid: bool,
+    /// A network namespace the daemon made and pinned (with `net` false): the infra process
+    /// joins it, so that the CNI ADD runs while the shim starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
 }
 
 /// An external OCI runtime (runc, crun, runsc, youki) that a pod's shim drives through its CLI,

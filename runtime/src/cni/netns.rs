@@ -22,6 +22,21 @@ pub fn proc_netns(pid: u32) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/ns/net"))
 }
 
+/// Make a new network namespace with its loopback up, and pin it at `path`: a thread of its own
+/// enters it and ends, so the daemon's other threads stay in the node's namespace.
+pub fn create(path: &Path) -> io::Result<()> {
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("crishim-netns".into())
+        .spawn(move || -> io::Result<()> {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+            crishim_proto::net::loopback_up()?;
+            pin_path(Path::new("/proc/thread-self/ns/net"), &path)
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the network namespace thread panicked"))?
+}
+
 /// Pins the network namespace of process `pid` at `path` (parent dirs are created). Pinning
 /// the same namespace again is a no-op; `path` holding another namespace is `AlreadyExists`.
 pub fn pin(pid: u32, path: &Path) -> io::Result<()> {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use tonic::Status;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::runtime_service::Inner;
 use crate::cni::{netns, CniError, Dns, PodNetwork, PortMapping};
@@ -50,36 +50,23 @@ impl Inner {
         }
     }
 
-    /// CNI ADD for a pod with its own network namespace. With no CNI config at all the pod keeps
-    /// only its loopback (the node's `Status` reports NetworkReady=false meanwhile).
-    pub(super) async fn setup_network(&self, pod: &mut PodRecord) -> Result<(), Status> {
-        if pod.host_network {
-            return Ok(());
-        }
-        if let Err(CniError::NoConfig(why)) = self.cni.network() {
-            warn!(pod = %pod.id, reason = %why, "no CNI network config: the pod gets loopback only");
-            return Ok(());
-        }
-        let path = self.netns_path(&pod.id);
-        netns::pin(pod.infra_pid as u32, &path).map_err(|e| {
-            Status::internal(format!(
-                "pinning the pod's network namespace at {}: {e}",
-                path.display()
-            ))
-        })?;
+    /// CNI ADD for a pod with its own network namespace: the daemon's, made and pinned at
+    /// [`Self::netns_path`] before the shim started (without a CNI config, RunPodSandbox makes
+    /// none and the pod keeps only the infra's loopback). Returns the pod's IPs, primary first.
+    pub(super) async fn setup_network(&self, pod: &PodRecord) -> Result<Vec<String>, Status> {
         let result = self
             .cni
             .setup(&self.cni_request(pod))
             .await
             .map_err(|e| Status::unknown(format!("setting up the pod network: {e}")))?;
-        pod.ips = result.ips.iter().map(|ip| ip.to_string()).collect();
+        let mut ips: Vec<String> = result.ips.iter().map(|ip| ip.to_string()).collect();
         if let Some(primary) = result.pod_ip() {
             // Primary first, as PodSandboxStatus reports it.
-            pod.ips.retain(|ip| *ip != primary.to_string());
-            pod.ips.insert(0, primary.to_string());
+            ips.retain(|ip| *ip != primary.to_string());
+            ips.insert(0, primary.to_string());
         }
-        info!(pod = %pod.id, ips = ?pod.ips, "pod network ready");
-        Ok(())
+        info!(pod = %pod.id, ips = ?ips, "pod network ready");
+        Ok(ips)
     }
 
     /// CNI DEL and unpinning; idempotent. On failure the pin and the CNI cache stay, so a later

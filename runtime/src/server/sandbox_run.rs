@@ -306,19 +306,47 @@ impl Inner {
             mount_shm(&state.join("shm"))?;
         }
         phases.done("files and shm");
+        // With a CNI network, the daemon makes the pod's network namespace itself, so that the
+        // CNI ADD runs while the shim and infra process start (the infra process joins it).
+        let netns = match self.cni.network() {
+            _ if host_network => None,
+            Err(crate::cni::CniError::NoConfig(why)) => {
+                warn!(pod = %id, reason = %why, "no CNI network config: the pod gets loopback only");
+                None
+            }
+            // A broken config fails in the CNI ADD, with its reason.
+            _ => Some(self.netns_path(id)),
+        };
+        if let Some(path) = &netns {
+            crate::cni::netns::create(path).map_err(|e| {
+                Status::internal(format!(
+                    "making the pod's network namespace at {}: {e}",
+                    path.display()
+                ))
+            })?;
+        }
         let infra = InfraSpec {
             hostname,
-            net: !host_network,
+            net: !host_network && netns.is_none(),
             ipc: !host_ipc,
             uts: !host_network,
             pid: !host_pid,
+            netns: netns.clone(),
         };
-        record.infra_pid = self.start_shim(id, &infra, &record.runtime_handler).await?;
-        phases.done("shim and infra");
-        self.store.save_pod(&record)?;
-        phases.done("record infra");
-        self.setup_network(&mut record).await?;
-        phases.done("network");
+        let network = async {
+            match &netns {
+                Some(_) => self.setup_network(&record).await,
+                // The node's network, or no CNI config: loopback only.
+                None => Ok(Vec::new()),
+            }
+        };
+        let (shim, network) = tokio::join!(
+            self.start_shim(id, &infra, &record.runtime_handler),
+            network
+        );
+        phases.done("shim, infra and network");
+        record.infra_pid = shim?;
+        record.ips = network?;
         record.state = PodState::Ready;
         self.store.save_pod(&record)?;
         self.watch_pod(id);

@@ -52,13 +52,28 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     }
     let net = spec.net;
     let uts = spec.uts;
+    // Opened here, joined in the child (before it execs; the descriptor closes with exec).
+    let netns = match &spec.netns {
+        Some(path) => Some(std::fs::File::open(path).map_err(|e| {
+            format!(
+                "opening the pod's network namespace {}: {e}",
+                path.display()
+            )
+        })?),
+        None => None,
+    };
     let mut stack = vec![0u8; 64 * 1024];
     let child = Box::new(move || -> isize {
         if uts && !hostname.is_empty() && nix::unistd::sethostname(&hostname).is_err() {
             return 10;
         }
-        if net {
-            loopback_up();
+        if let Some(fd) = &netns {
+            // The daemon made the pod's network namespace (loopback up); join it.
+            if nix::sched::setns(fd, CloneFlags::CLONE_NEWNET).is_err() {
+                return 13;
+            }
+        } else if net {
+            let _ = crishim_proto::net::loopback_up();
         }
         // Our copy of the descriptor table: the report pipe becomes READY_FD, open across exec.
         // SAFETY: dup2/fcntl on descriptors of this (about to exec) child.
@@ -92,26 +107,6 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
         Some(e) => format!("infra process: {e}"),
         None => format!("infra process exited before it was ready: {status:?}"),
     })
-}
-
-/// `ip link set lo up`, with one ioctl, in the new network namespace.
-fn loopback_up() {
-    // SAFETY: plain socket/ioctl calls on a zeroed ifreq we own.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return;
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            req.ifr_name[i] = *b as libc::c_char;
-        }
-        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) == 0 {
-            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
-        }
-        libc::close(fd);
-    }
 }
 
 /// `crishim-shim infra`: confine ourselves, report on [`READY_FD`], then wait.
