@@ -39,7 +39,7 @@ pub struct Row {
     pub target: Option<f64>,
 }
 
-/// (figure, unit, target ratio, how to get it from one runtime's results)
+/// (figure, unit, target ratio (issue #18's), how to get it from one runtime's results)
 type Figure = (&'static str, Unit, Option<f64>, fn(&Results) -> f64);
 
 fn figures() -> Vec<Figure> {
@@ -47,7 +47,7 @@ fn figures() -> Vec<Figure> {
         v.iter().map(f).collect()
     }
     vec![
-        ("pod start p50", Unit::Ms, Some(1.0 / 3.0), |r| {
+        ("pod start p50", Unit::Ms, Some(0.25), |r| {
             percentile(&col(&r.pod_start, |p| p.total_ms), 50.0)
         }),
         ("pod start p90", Unit::Ms, None, |r| {
@@ -71,8 +71,8 @@ fn figures() -> Vec<Figure> {
         ("burst: per pod p90", Unit::Ms, None, |r| {
             percentile(&col(&r.burst.pods, |p| p.total_ms), 90.0)
         }),
-        ("burst: wall", Unit::Ms, Some(0.5), |r| r.burst.wall_ms),
-        ("ExecSync p50", Unit::Ms, Some(1.0 / 3.0), |r| {
+        ("burst: wall", Unit::Ms, Some(0.25), |r| r.burst.wall_ms),
+        ("ExecSync p50", Unit::Ms, Some(0.25), |r| {
             percentile(&r.exec_ms, 50.0)
         }),
         ("ExecSync p90", Unit::Ms, None, |r| {
@@ -90,13 +90,13 @@ fn figures() -> Vec<Figure> {
         ("Exec stream round trip, median", Unit::Ms, None, |r| {
             percentile(&r.stream_ms, 50.0)
         }),
-        ("stop + remove p50", Unit::Ms, None, |r| {
+        ("stop + remove p50", Unit::Ms, Some(1.0 / 3.0), |r| {
             percentile(&col(&r.stop_remove, |p| p.total_ms), 50.0)
         }),
         ("stop + remove p90", Unit::Ms, None, |r| {
             percentile(&col(&r.stop_remove, |p| p.total_ms), 90.0)
         }),
-        ("memory per pod", Unit::Kib, Some(1.0 / 3.0), |r| {
+        ("memory per pod", Unit::Kib, Some(0.2), |r| {
             r.memory.per_pod_kib()
         }),
         ("· shim", Unit::Kib, None, |r| per_pod(r, Role::Shim)),
