@@ -67,6 +67,18 @@ pub struct ContainerRecord {
     pub stop_signal: i32,
     /// The last state the shim reported; final once the container has exited.
     pub last: Option<ContainerState>,
+    /// The identity its process was given (`process.user` of its spec, with the image's groups
+    /// resolved), for `ContainerStatus.user` (KEP-3619).
+    #[serde(default)]
+    pub user: Option<ProcessUser>,
+}
+
+/// A process's uid, gid and supplementary groups.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessUser {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
 }
 
 impl ContainerRecord {

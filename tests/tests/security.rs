@@ -102,6 +102,27 @@ async fn users_and_groups_reach_the_process() {
     // The container's main process too, not only exec'd ones.
     let st = env.d.exec_ok(&by_id, &["cat", "/proc/1/status"]).await;
     assert!(status_field(&st, "Uid").starts_with("1234"), "pid 1: {st}");
+    // ContainerStatus.user (KEP-3619) says the same as the kernel does of pid 1.
+    let user = env
+        .d
+        .container_status(&by_id)
+        .await
+        .unwrap()
+        .user
+        .and_then(|u| u.linux)
+        .expect("ContainerStatus.user");
+    assert_eq!((user.uid, user.gid), (1234, 2345));
+    let mut kernel: Vec<i64> = status_field(&st, "Groups")
+        .split_whitespace()
+        .map(|g| g.parse().unwrap())
+        .collect();
+    let mut reported = user.supplemental_groups.clone();
+    kernel.sort();
+    reported.sort();
+    reported.dedup();
+    kernel.retain(|g| *g != 2345);
+    reported.retain(|g| *g != 2345);
+    assert_eq!(reported, kernel, "supplementary groups");
 
     let by_name = start(&env, &pod, &pod_cfg, &mut traces, "by-name", |c| {
         container_security(c).run_as_username = "app".to_string();

@@ -151,6 +151,7 @@ impl Inner {
             bundle: bundle.clone(),
             stop_signal,
             last: None,
+            user: None,
             config,
         };
         let mut phases = super::sandbox_stop::Phases::new("CreateContainer", id);
@@ -243,6 +244,14 @@ impl Inner {
         }
         annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
         spec.set_annotations(Some(annotations));
+        record.user = spec.process().as_ref().map(|p| {
+            let u = p.user();
+            crate::records::ProcessUser {
+                uid: u.uid(),
+                gid: u.gid(),
+                groups: u.additional_gids().clone().unwrap_or_default(),
+            }
+        });
         // It holds the container's environment: 0600 from the start.
         let json = serde_json::to_vec(&spec)
             .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;

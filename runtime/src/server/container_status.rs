@@ -104,6 +104,15 @@ pub(super) fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::
         log_path: c.log_path.display().to_string(),
         resources: None,
         stop_signal: super::stop_signal::to_cri(c.stop_signal) as i32,
+        // KEP-3619: the identity the process runs as, supplementary groups included (those
+        // of the image's /etc/group too, unless SupplementalGroupsPolicy is Strict).
+        user: c.user.as_ref().map(|u| cri::ContainerUser {
+            linux: Some(cri::LinuxContainerUser {
+                uid: u.uid.into(),
+                gid: u.gid.into(),
+                supplemental_groups: u.groups.iter().map(|g| i64::from(*g)).collect(),
+            }),
+        }),
         ..Default::default()
     }
 }
