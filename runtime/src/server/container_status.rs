@@ -113,6 +113,5 @@ pub(super) fn container_status(c: &ContainerRecord, s: &ContainerState) -> cri::
                 supplemental_groups: u.groups.iter().map(|g| i64::from(*g)).collect(),
             }),
         }),
-        ..Default::default()
     }
 }
