@@ -323,19 +323,7 @@ impl Shim {
                 builder = builder.with_executor(executor);
             }
         }
-        if let Some(console) = console {
-            // libcontainer reaches it through a short symlink of its own.
-            builder = builder.with_console_socket(Some(&console.path));
-        }
-        if let Some(fd) = io.stdin {
-            builder = builder.with_stdin(fd);
-        }
-        if let Some(fd) = io.stdout {
-            builder = builder.with_stdout(fd);
-        }
-        if let Some(fd) = io.stderr {
-            builder = builder.with_stderr(fd);
-        }
+        builder = with_stdio(builder, console, io);
         // libcontainer creates its root (and each container's directory in it, holding its
         // state and notify socket) with 0755; the root is made first, root's alone.
         crishim_proto::hostfs::create_private_dir(&self.lc_root)
@@ -743,19 +731,13 @@ pub fn spawn_exec(
     Ok(Spawned { pid, exited, pty })
 }
 
-/// Start an exec'd process with libcontainer's tenant builder; returns its pid.
-fn exec_with_libcontainer(
-    id: &str,
-    lc_root: &Path,
-    process_file: &Path,
-    seccomp: Option<SeccompExecutor>,
+/// The process's stdio for libcontainer: a console socket (which libcontainer reaches through a
+/// short symlink of its own), and the given descriptors.
+fn with_stdio(
+    mut builder: ContainerBuilder,
     console: Option<&Console>,
     io: CallIo,
-) -> Result<i32, String> {
-    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
-    if let Some(executor) = seccomp {
-        builder = builder.with_executor(executor);
-    }
+) -> ContainerBuilder {
     if let Some(console) = console {
         builder = builder.with_console_socket(Some(&console.path));
     }
@@ -769,6 +751,22 @@ fn exec_with_libcontainer(
         builder = builder.with_stderr(fd);
     }
     builder
+}
+
+/// Start an exec'd process with libcontainer's tenant builder; returns its pid.
+fn exec_with_libcontainer(
+    id: &str,
+    lc_root: &Path,
+    process_file: &Path,
+    seccomp: Option<SeccompExecutor>,
+    console: Option<&Console>,
+    io: CallIo,
+) -> Result<i32, String> {
+    let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+    if let Some(executor) = seccomp {
+        builder = builder.with_executor(executor);
+    }
+    with_stdio(builder, console, io)
         .with_root_path(lc_root)
         .map(|b| {
             b.as_tenant()

@@ -411,32 +411,13 @@ fn openssl(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// A P-256 key and a certificate signing request for `subject`.
-fn key_and_csr(key: &Path, csr: &Path, subject: &str) -> Result<()> {
-    openssl(&[
+/// `openssl req`: a new P-256 key at `key`, and at `out` a self-signed certificate (a CA, as
+/// openssl makes them) or, with `csr`, a certificate signing request, for `subject`.
+fn new_key(csr: bool, key: &Path, out: &Path, subject: &str, extra: &[&str]) -> Result<()> {
+    let (key, out) = (key.to_string_lossy(), out.to_string_lossy());
+    let mut args = vec![
         "req",
-        "-new",
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-        "-keyout",
-        &key.to_string_lossy(),
-        "-out",
-        &csr.to_string_lossy(),
-        "-subj",
-        subject,
-    ])
-}
-
-/// A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it.
-fn make_pki(dir: &Path) -> Result<TestPki> {
-    let p = |n: &str| dir.join(n);
-    let s = |n: &str| dir.join(n).to_string_lossy().into_owned();
-    openssl(&[
-        "req",
-        "-x509",
+        if csr { "-new" } else { "-x509" },
         "-newkey",
         "ec",
         "-pkeyopt",
@@ -445,12 +426,27 @@ fn make_pki(dir: &Path) -> Result<TestPki> {
         "-days",
         "2",
         "-keyout",
-        &s("ca.key"),
+        &key,
         "-out",
-        &s("ca.pem"),
+        &out,
         "-subj",
+        subject,
+    ];
+    args.extend_from_slice(extra);
+    openssl(&args)
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and a client certificate, all signed by it.
+fn make_pki(dir: &Path) -> Result<TestPki> {
+    let p = |n: &str| dir.join(n);
+    let s = |n: &str| dir.join(n).to_string_lossy().into_owned();
+    new_key(
+        false,
+        &p("ca.key"),
+        &p("ca.pem"),
         "/CN=crishim test CA",
-    ])?;
+        &[],
+    )?;
     for (name, subject, ext) in [
         (
             "server",
@@ -463,10 +459,12 @@ fn make_pki(dir: &Path) -> Result<TestPki> {
             "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
         ),
     ] {
-        key_and_csr(
+        new_key(
+            true,
             &p(&format!("{name}.key")),
             &p(&format!("{name}.csr")),
             subject,
+            &[],
         )?;
         fs::write(p(&format!("{name}.ext")), ext)?;
         openssl(&[
@@ -499,34 +497,12 @@ fn make_pki(dir: &Path) -> Result<TestPki> {
 fn make_self_signed_cert(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     let cert = dir.join("cert.pem");
     let key = dir.join("key.pem");
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-        ])
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .args([
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ])
-        .output()
-        .context("running openssl")?;
-    ensure!(
-        out.status.success(),
-        "openssl failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    new_key(
+        false,
+        &key,
+        &cert,
+        "/CN=127.0.0.1",
+        &["-addext", "subjectAltName=IP:127.0.0.1"],
+    )?;
     Ok((cert, key))
 }
