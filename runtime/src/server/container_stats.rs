@@ -120,22 +120,11 @@ impl RuntimeService {
 }
 
 impl Inner {
-    /// The container's cgroup: `linux.cgroupsPath` of its bundle's `config.json`, else the path
-    /// `CreateContainer` gives it.
+    /// The container's cgroup: the `linux.cgroupsPath` CreateContainer wrote, derived again from
+    /// the pod record (cheaper than reading the bundle's config.json per call).
     pub(super) fn container_cgroup(&self, c: &ContainerRecord) -> Option<String> {
-        let from_bundle = std::fs::read(c.bundle.join("config.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| {
-                v.pointer("/linux/cgroupsPath")?
-                    .as_str()
-                    .map(str::to_string)
-            })
-            .filter(|p| !p.is_empty());
-        from_bundle.or_else(|| {
-            let pod = self.store.pod(&c.pod_id).ok()?;
-            Some(pod.cgroup_driver.container_path(&pod.cgroup_parent, &c.id))
-        })
+        let pod = self.store.pod(&c.pod_id).ok()?;
+        Some(pod.cgroup_driver.container_path(&pod.cgroup_parent, &c.id))
     }
 
     /// Read the container's counters: its cgroup's while it runs, and always its writable layer.
