@@ -745,3 +745,67 @@ async fn the_interceptor_passes_through_without_a_config_and_fails_closed_on_a_b
     }
     finish(env, &pod, traces).await;
 }
+
+/// `[gpu] accept_env_requests = false` and `limit_annotations = false`: whoever writes the pod
+/// can no longer ask for GPUs through `NVIDIA_VISIBLE_DEVICES` or raise limits through
+/// annotations; the NVIDIA device plugin's volume-mounts strategy and its env still work. (The
+/// fake driver stands in for a GPU.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_device_plugin_may_ask_when_env_requests_and_limit_annotations_are_off() {
+    let node = FakeNode::new();
+    let opts = node
+        .daemon_options("preload")
+        .extra_toml("accept_env_requests = false\nlimit_annotations = false\n");
+    let env = PodEnv::start_with(opts).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("gpu-policy");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let device_list = |c: &mut cri::ContainerConfig, gpu: &str| {
+        c.mounts.push(cri::Mount {
+            container_path: format!("/var/run/nvidia-container-devices/{gpu}"),
+            host_path: "/dev/null".into(),
+            readonly: true,
+            ..Default::default()
+        })
+    };
+
+    // The pod's own env asks for every GPU: nothing is granted.
+    let c = config(&image, "env-all", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "all")
+    });
+    let asked = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&asked);
+    assert_eq!(nodes(&env, &asked).await, expect_nodes(&[]));
+
+    // The device plugin's device-list mount: GPU 1 only, and the mount itself is not there.
+    let c = config(&image, "listed", |c| device_list(c, "1"));
+    let listed = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&listed);
+    assert_eq!(nodes(&env, &listed).await, expect_nodes(&[1]));
+    let (code, _, _) = exec(
+        &env,
+        &listed,
+        &["test", "-e", "/var/run/nvidia-container-devices/1"],
+    )
+    .await;
+    assert_ne!(
+        code, 0,
+        "the device-list mount point exists in the container"
+    );
+
+    // Limits: the device plugin's env counts, the pod author's annotation does not.
+    let c = config(&image, "limited", |c| {
+        device_list(c, "0");
+        annotate(c, "gpu.crishim.io/memory", "64Gi");
+        set_env(c, "CRISHIM_VGPU_MEMORY_LIMIT", "134217728");
+    });
+    let limited = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&limited);
+    assert_eq!(nodes(&env, &limited).await, expect_nodes(&[0]));
+    assert_eq!(
+        vgpu_config(&env, &limited).await["memory_limit_bytes"],
+        128u64 << 20
+    );
+    finish(env, &pod, traces).await;
+}

@@ -30,6 +30,18 @@ pub struct GpuConfig {
     /// Where CDI specs are read from, in increasing priority.
     #[serde(default = "default_cdi_spec_dirs")]
     pub cdi_spec_dirs: Vec<PathBuf>,
+    /// `NVIDIA_VISIBLE_DEVICES` in a container's CRI env requests GPUs (the NVIDIA device
+    /// plugin's `envvar` strategy). When false, it does so only for privileged containers, as
+    /// the toolkit's `accept-nvidia-visible-devices-envvar-when-unprivileged = false`: anyone who
+    /// writes a pod could otherwise ask for every GPU; the device plugin's volume-mounts
+    /// strategy still works.
+    #[serde(default = "yes")]
+    pub accept_env_requests: bool,
+    /// Limits come from pod and container annotations. When false, only from the device
+    /// plugin's env (`CRISHIM_VGPU_MEMORY_LIMIT`, `CRISHIM_VGPU_CORE_LIMIT`) or CDI, which the
+    /// pod's author cannot raise.
+    #[serde(default = "yes")]
+    pub limit_annotations: bool,
 }
 
 /// How the interceptor is put between applications and the driver.
@@ -53,8 +65,14 @@ impl Default for GpuConfig {
             interceptor: None,
             inject: InjectMode::default(),
             cdi_spec_dirs: default_cdi_spec_dirs(),
+            accept_env_requests: true,
+            limit_annotations: true,
         }
     }
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_device_root() -> PathBuf {

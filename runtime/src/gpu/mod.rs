@@ -185,7 +185,11 @@ impl Gpus {
     /// Give the container what it asks for. `Ok(None)`: it asks for nothing, and `spec` is
     /// untouched. On error the caller undoes the create (and [`Self::release`]s).
     pub fn apply(&self, t: &Target<'_>, spec: &mut Spec) -> Result<Option<Grant>, GpuError> {
-        let req = request::parse(t.config, t.image_env)?;
+        let policy = request::Policy {
+            accept_env_requests: self.config.accept_env_requests,
+            limit_annotations: self.config.limit_annotations,
+        };
+        let req = request::parse(t.config, t.image_env, policy)?;
         let mut granted: Vec<&Device> = Vec::new();
         if !req.cdi.is_empty() {
             cdi::apply(&self.config.cdi_spec_dirs, &req.cdi, spec)?;
@@ -199,7 +203,7 @@ impl Gpus {
             }
         }
         if !req.wants_driver() && granted.is_empty() {
-            if let Some(key) = request::container_limit_key(t.config) {
+            if let Some(key) = request::container_limit_key(t.config, policy) {
                 return Err(GpuError::Invalid(format!(
                     "{key} is set but the container requests no GPU"
                 )));
@@ -210,8 +214,8 @@ impl Gpus {
         granted.sort_by_key(|g| g.index);
         granted.dedup_by_key(|g| g.index);
         let capabilities = req.capabilities()?;
-        let mut limits = request::limits(t.config, t.pod)?;
-        if granted.is_empty() && request::container_limit_key(t.config).is_none() {
+        let mut limits = request::limits(t.config, t.pod, policy)?;
+        if granted.is_empty() && request::container_limit_key(t.config, policy).is_none() {
             // The pod's limits are for its GPU containers, not one with the driver alone.
             limits = Limits::default();
         }

@@ -12,6 +12,13 @@ use super::libraries::{parse_capabilities, Capability};
 use super::GpuError;
 
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The limits a device plugin may set in the container's env (crishim also sets them for the
+/// interceptor).
+pub const ENV_MEMORY_LIMIT: &str = "CRISHIM_VGPU_MEMORY_LIMIT";
+pub const ENV_CORE_LIMIT: &str = "CRISHIM_VGPU_CORE_LIMIT";
+/// The NVIDIA device plugin's volume-mounts strategy: a mount at `<this>/<index|uuid|all>`
+/// (its host path is `/dev/null`) requests that GPU, and is not itself mounted.
+pub const DEVICE_LIST_DIR: &str = "/var/run/nvidia-container-devices";
 pub const ENV_DRIVER_CAPABILITIES: &str = "NVIDIA_DRIVER_CAPABILITIES";
 pub const ANNOTATION_MEMORY: &str = "gpu.crishim.io/memory";
 pub const ANNOTATION_CORES: &str = "gpu.crishim.io/cores";
@@ -81,9 +88,45 @@ impl Request {
     }
 }
 
+/// Who may ask for GPUs and limits (`[gpu] accept_env_requests`, `limit_annotations`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub accept_env_requests: bool,
+    pub limit_annotations: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            accept_env_requests: true,
+            limit_annotations: true,
+        }
+    }
+}
+
+/// The GPU a device-list mount requests (`None`: not such a mount).
+pub fn device_list_entry(container_path: &str) -> Option<&str> {
+    container_path
+        .strip_prefix(DEVICE_LIST_DIR)?
+        .strip_prefix('/')
+        .filter(|rest| !rest.is_empty() && !rest.contains('/'))
+}
+
+fn is_privileged(config: &cri::ContainerConfig) -> bool {
+    config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|sc| sc.privileged)
+}
+
 /// Parse the GPU request of a container with `config`, from an image whose environment is
 /// `image_env`. Limits are separate ([`limits`]): they only count for containers with GPUs.
-pub fn parse(config: &cri::ContainerConfig, image_env: &[String]) -> Result<Request, GpuError> {
+pub fn parse(
+    config: &cri::ContainerConfig,
+    image_env: &[String],
+    policy: Policy,
+) -> Result<Request, GpuError> {
     let mut req = Request::default();
     // Only the container's own env selects GPUs: CUDA images set NVIDIA_VISIBLE_DEVICES=all in
     // their config, and honouring that would hand every GPU to any pod running one.
@@ -96,7 +139,14 @@ pub fn parse(config: &cri::ContainerConfig, image_env: &[String]) -> Result<Requ
             .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
     };
     if let Some(v) = env(ENV_VISIBLE_DEVICES) {
-        parse_visible(&v, &mut req)?;
+        if policy.accept_env_requests || is_privileged(config) {
+            parse_visible(&v, &mut req)?;
+        }
+    }
+    for m in &config.mounts {
+        if let Some(entry) = device_list_entry(&m.container_path) {
+            parse_visible(entry, &mut req)?;
+        }
     }
     for d in &config.devices {
         if let Ok(Some((NVIDIA_MAJOR, minor))) = char_device_numbers(Path::new(&d.host_path)) {
@@ -119,11 +169,25 @@ pub fn parse(config: &cri::ContainerConfig, image_env: &[String]) -> Result<Requ
     Ok(req)
 }
 
-/// The limit annotations, the container's before the pod's.
+/// The limits: the annotations, the container's before the pod's, where the policy allows
+/// them; else the device plugin's env.
 pub fn limits(
     config: &cri::ContainerConfig,
     pod: &cri::PodSandboxConfig,
+    policy: Policy,
 ) -> Result<Limits, GpuError> {
+    if !policy.limit_annotations {
+        return Ok(Limits {
+            memory: env_limit(config, ENV_MEMORY_LIMIT, |k, t| {
+                t.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|b| *b > 0)
+                    .ok_or_else(|| format!("{k} {t:?}: expected a number of bytes"))
+            })?,
+            cores: env_limit(config, ENV_CORE_LIMIT, parse_cores)?,
+        });
+    }
     Ok(Limits {
         memory: limit(
             config,
@@ -140,8 +204,31 @@ pub fn limits(
     })
 }
 
-/// A limit annotation set on the container itself, if any.
-pub fn container_limit_key(config: &cri::ContainerConfig) -> Option<&'static str> {
+/// A limit the device plugin set in the container's env (its last value wins, as the kubelet
+/// appends the plugin's env after the container's own).
+fn env_limit<T>(
+    config: &cri::ContainerConfig,
+    key: &'static str,
+    parse: fn(&str, &str) -> Result<T, String>,
+) -> Result<Option<Limit<T>>, GpuError> {
+    let Some(kv) = config.envs.iter().rev().find(|kv| kv.key == key) else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(&kv.value).into_owned();
+    let value = parse(key, &text).map_err(GpuError::Invalid)?;
+    Ok(Some(Limit {
+        value,
+        key,
+        text,
+        on_container: true,
+    }))
+}
+
+/// A limit annotation set on the container itself, if any (and if annotations count).
+pub fn container_limit_key(config: &cri::ContainerConfig, policy: Policy) -> Option<&'static str> {
+    if !policy.limit_annotations {
+        return None;
+    }
     [
         ANNOTATION_MEMORY,
         ANNOTATION_VCUDA_MEMORY,
@@ -279,7 +366,11 @@ pub(crate) mod tests {
     }
 
     fn parse_env(v: &str) -> Result<Request, GpuError> {
-        parse(&config(&[(ENV_VISIBLE_DEVICES, v)], &[]), &[])
+        parse(
+            &config(&[(ENV_VISIBLE_DEVICES, v)], &[]),
+            &[],
+            Policy::default(),
+        )
     }
 
     #[test]
@@ -302,7 +393,7 @@ pub(crate) mod tests {
             "NVIDIA_VISIBLE_DEVICES=all".to_string(),
             "NVIDIA_DRIVER_CAPABILITIES=video".to_string(),
         ];
-        let r = parse(&config(&[], &[]), &image).unwrap();
+        let r = parse(&config(&[], &[]), &image, Policy::default()).unwrap();
         assert!(!r.wants_driver());
         let caps = r.capabilities().unwrap();
         assert!(caps.contains(&Capability::Video));
@@ -311,6 +402,7 @@ pub(crate) mod tests {
         let r = parse(
             &config(&[(ENV_DRIVER_CAPABILITIES, "teleport")], &[]),
             &image,
+            Policy::default(),
         )
         .unwrap();
         assert!(r.capabilities().is_err());
@@ -326,7 +418,12 @@ pub(crate) mod tests {
             .into(),
             ..Default::default()
         };
-        let l = limits(&config(&[], &[(ANNOTATION_MEMORY, "256Mi")]), &pod).unwrap();
+        let l = limits(
+            &config(&[], &[(ANNOTATION_MEMORY, "256Mi")]),
+            &pod,
+            Policy::default(),
+        )
+        .unwrap();
         let m = l.memory.unwrap();
         assert_eq!((m.value, m.on_container), (256 << 20, true));
         let c = l.cores.unwrap();
@@ -337,13 +434,86 @@ pub(crate) mod tests {
         let l = limits(
             &config(&[], &[(ANNOTATION_VCUDA_MEMORY, "3")]),
             &Default::default(),
+            Policy::default(),
         )
         .unwrap();
         assert_eq!(l.memory.unwrap().value, 3 * (256 << 20));
         assert_eq!(
-            container_limit_key(&config(&[], &[(ANNOTATION_CORES, "x")])),
+            container_limit_key(&config(&[], &[(ANNOTATION_CORES, "x")]), Policy::default()),
             Some(ANNOTATION_CORES)
         );
+    }
+
+    #[test]
+    fn unprivileged_env_requests_can_be_refused_and_device_list_mounts_request_gpus() {
+        let strict = Policy {
+            accept_env_requests: false,
+            limit_annotations: true,
+        };
+        let mut c = config(&[(ENV_VISIBLE_DEVICES, "all")], &[]);
+        assert!(!parse(&c, &[], strict).unwrap().wants_driver());
+        c.linux = Some(cri::LinuxContainerConfig {
+            security_context: Some(cri::LinuxContainerSecurityContext {
+                privileged: true,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert!(
+            parse(&c, &[], strict).unwrap().all,
+            "privileged containers still may"
+        );
+        let mut c = config(&[], &[]);
+        for path in [
+            "/var/run/nvidia-container-devices/1",
+            "/var/run/nvidia-container-devices/GPU-abc",
+            "/var/run/nvidia-container-devices-not/2",
+            "/var/run/nvidia-container-devices/3/deeper",
+            "/var/run/nvidia-container-devices/",
+        ] {
+            c.mounts.push(cri::Mount {
+                container_path: path.into(),
+                host_path: "/dev/null".into(),
+                ..Default::default()
+            });
+        }
+        assert_eq!(
+            parse(&c, &[], strict).unwrap().named,
+            vec![Ident::Index(1), Ident::Uuid("GPU-abc".into())]
+        );
+        assert_eq!(
+            device_list_entry("/var/run/nvidia-container-devices/all"),
+            Some("all")
+        );
+    }
+
+    #[test]
+    fn without_limit_annotations_limits_come_from_the_device_plugins_env() {
+        let strict = Policy {
+            accept_env_requests: true,
+            limit_annotations: false,
+        };
+        let pod = cri::PodSandboxConfig {
+            annotations: [(ANNOTATION_MEMORY.to_string(), "64Gi".to_string())].into(),
+            ..Default::default()
+        };
+        let c = config(
+            &[(ENV_MEMORY_LIMIT, "999"), (ENV_MEMORY_LIMIT, "268435456")],
+            &[(ANNOTATION_CORES, "100")],
+        );
+        let l = limits(&c, &pod, strict).unwrap();
+        assert_eq!(
+            l.memory.unwrap().value,
+            256 << 20,
+            "the last env value, not the pod's"
+        );
+        assert!(
+            l.cores.is_none(),
+            "the container's annotation does not count"
+        );
+        assert_eq!(container_limit_key(&c, strict), None);
+        let e = limits(&config(&[(ENV_CORE_LIMIT, "0")], &[]), &pod, strict).unwrap_err();
+        assert!(e.to_string().contains(ENV_CORE_LIMIT), "{e}");
     }
 
     #[test]
@@ -356,9 +526,13 @@ pub(crate) mod tests {
             (ANNOTATION_CORES, "half", "percentage"),
             (ANNOTATION_VCUDA_MEMORY, "1Gi", "whole number"),
         ] {
-            let e = limits(&config(&[], &[(k, v)]), &Default::default())
-                .unwrap_err()
-                .to_string();
+            let e = limits(
+                &config(&[], &[(k, v)]),
+                &Default::default(),
+                Policy::default(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains(k) && e.contains(needle), "{e}");
         }
         assert_eq!(parse_memory(ANNOTATION_MEMORY, "1048576").unwrap(), 1 << 20);
@@ -376,11 +550,11 @@ pub(crate) mod tests {
         c.cdi_devices = vec![cri::CdiDevice {
             name: "vendor.com/gpu=a".into(),
         }];
-        let mut r = parse(&c, &[]).unwrap();
+        let mut r = parse(&c, &[], Policy::default()).unwrap();
         r.cdi.sort();
         assert_eq!(r.cdi, ["vendor.com/gpu=a", "vendor.com/gpu=b"]);
         let c = config(&[], &[("cdi.k8s.io/x", "not a cdi name")]);
-        let e = parse(&c, &[]).unwrap_err().to_string();
+        let e = parse(&c, &[], Policy::default()).unwrap_err().to_string();
         assert!(e.contains("not a cdi name"), "{e}");
     }
 }

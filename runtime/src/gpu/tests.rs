@@ -38,6 +38,7 @@ fn node(inject: InjectMode) -> Option<Node> {
         interceptor: Some(interceptor),
         inject,
         cdi_spec_dirs: vec![dir.path().join("cdi")],
+        ..Default::default()
     };
     let state = dir.path().join("state");
     let mut gpus = Gpus::new(&config, &state);

@@ -38,9 +38,12 @@ pub(super) fn build(
         .and_then(|l| l.security_context.as_ref())
         .is_some_and(|sc| sc.readonly_rootfs);
 
+    // The NVIDIA device plugin's device-list mounts request GPUs (`gpu::request`); they are
+    // not mounted themselves.
     let mut binds = config
         .mounts
         .iter()
+        .filter(|m| crate::gpu::request::device_list_entry(&m.container_path).is_none())
         .map(|m| cri_bind(m, image_volumes))
         .collect::<Result<Vec<_>, _>>()?;
     let requested = |path: &str| binds.iter().any(|b| clean(&b.container_path) == path);
