@@ -459,7 +459,7 @@ async fn preload_mode_enforces_the_memory_limit_across_processes() {
     sh_ok(
         &env,
         &id,
-        "cudatest hold 200 60 > /tmp/gauge 2>&1 & \
+        "cudatest hold 200 60 > /tmp/gauge 2>&1 & echo $! > /tmp/gauge.pid; \
          while ! grep -q hold /tmp/gauge; do sleep 0.1; done",
     )
     .await;
@@ -475,7 +475,25 @@ async fn preload_mode_enforces_the_memory_limit_across_processes() {
         (200u64 << 20) as f64,
         "{text}"
     );
-    sh_ok(&env, &id, "pkill -9 cudatest; true").await;
+    // `crishim gpu list` shows the same figures.
+    let (k, v) = node.env();
+    let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+        .args(["gpu", "list", "--json", "--config"])
+        .arg(env.d.config_path())
+        .env(k, v)
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let holder = &listing["gpus"][0]["containers"][0];
+    assert_eq!(holder["memory_used_bytes"], 200u64 << 20, "{listing}");
+    assert_eq!(holder["memory_limit_bytes"], 256u64 << 20, "{listing}");
+    // Killed, and reaped by the container's init.
+    sh_ok(
+        &env,
+        &id,
+        "P=$(cat /tmp/gauge.pid); kill -9 $P; while [ -e /proc/$P ]; do sleep 0.1; done",
+    )
+    .await;
 
     // `crishim gpu list` shows who holds what.
     let list = |json: bool| {
@@ -505,11 +523,15 @@ async fn preload_mode_enforces_the_memory_limit_across_processes() {
     assert_eq!(holders.len(), 1, "{listing}");
     assert_eq!(holders[0]["container_id"], id.as_str());
     assert_eq!(holders[0]["memory_limit_bytes"], 256u64 << 20);
+    // The holding process was killed: its record, left in the accounting file, no longer counts.
+    assert_eq!(holders[0]["memory_used_bytes"], 0, "{listing}");
     assert!(gpus[1]["containers"].as_array().unwrap().is_empty());
     let text = list(false);
     let row0 = text.lines().find(|l| l.contains(&uuid(0))).unwrap();
     assert!(
-        row0.contains(&id[..12]) && row0.contains("memory 256 MiB") && row0.contains("cores 50%"),
+        row0.contains(&id[..12])
+            && row0.contains("memory 0 MiB of 256 MiB")
+            && row0.contains("cores 50%"),
         "{text}"
     );
     assert!(text.lines().next().unwrap().starts_with("INDEX"), "{text}");

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::container::{grants, Grant};
+use super::container::{grants, memory_gauges, Grant};
 use super::discover::{discover, Gpu};
 use super::{containers_dir, libraries, probe};
 use crate::config::Config;
@@ -43,14 +43,24 @@ enum GpuCommand {
 struct Listing {
     gpus: Vec<Entry>,
     /// Containers with the driver but no GPU (`NVIDIA_VISIBLE_DEVICES=none`).
-    driver_only: Vec<Grant>,
+    driver_only: Vec<Holder>,
 }
 
 #[derive(Serialize)]
 struct Entry {
     #[serde(flatten)]
     gpu: Gpu,
-    containers: Vec<Grant>,
+    containers: Vec<Holder>,
+}
+
+/// A container holding GPUs: its grant and, with a memory limit, what its processes hold (from
+/// its accounting file).
+#[derive(Serialize, Clone)]
+struct Holder {
+    #[serde(flatten)]
+    grant: Grant,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_used_bytes: Option<u64>,
 }
 
 pub fn main(args: GpuArgs) -> Result<i32> {
@@ -95,20 +105,39 @@ fn list(cfg: &Config) -> Result<Listing> {
             gpu.memory = sizes.get(&gpu.uuid).copied();
         }
     }
-    let held = grants(&containers_dir(&cfg.state_dir));
+    let dir = containers_dir(&cfg.state_dir);
+    let used: std::collections::HashMap<String, u64> = memory_gauges(&dir)
+        .into_iter()
+        .map(|g| (g.container_id, g.used_bytes))
+        .collect();
+    let held: Vec<Holder> = grants(&dir)
+        .into_iter()
+        .map(|grant| Holder {
+            memory_used_bytes: used.get(&grant.container_id).copied(),
+            grant,
+        })
+        .collect();
     let gpus = inventory
         .gpus
         .into_iter()
         .map(|gpu| Entry {
             containers: held
                 .iter()
-                .filter(|h| h.uuids.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)))
+                .filter(|h| {
+                    h.grant
+                        .uuids
+                        .iter()
+                        .any(|u| u.eq_ignore_ascii_case(&gpu.uuid))
+                })
                 .cloned()
                 .collect(),
             gpu,
         })
         .collect();
-    let driver_only = held.into_iter().filter(|h| h.uuids.is_empty()).collect();
+    let driver_only = held
+        .into_iter()
+        .filter(|h| h.grant.uuids.is_empty())
+        .collect();
     Ok(Listing { gpus, driver_only })
 }
 
@@ -116,7 +145,8 @@ fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
 }
 
-fn holder(h: &Grant) -> String {
+fn holder(holder: &Holder) -> String {
+    let h = &holder.grant;
     let mut s = format!(
         "{} ({}/{}/{}",
         &h.container_id[..h.container_id.len().min(12)],
@@ -124,8 +154,14 @@ fn holder(h: &Grant) -> String {
         h.pod_name,
         h.container_name
     );
-    if let Some(m) = h.memory_limit_bytes {
-        let _ = write!(s, ", memory {}", mib(m));
+    match (holder.memory_used_bytes, h.memory_limit_bytes) {
+        (Some(used), Some(limit)) => {
+            let _ = write!(s, ", memory {} of {}", mib(used), mib(limit));
+        }
+        (None, Some(limit)) => {
+            let _ = write!(s, ", memory {}", mib(limit));
+        }
+        _ => {}
     }
     if let Some(c) = h.core_percent {
         let _ = write!(s, ", cores {c}%");

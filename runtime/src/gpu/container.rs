@@ -152,16 +152,26 @@ pub struct MemoryGauge {
 
 /// The device memory of every container with a GPU memory limit, from its grant and its
 /// accounting file (`shared/usage`). The file is the container's to write, so it is read only
-/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing.
+/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing. Only
+/// records of live processes count: a killed process's record stays until the interceptor in
+/// another of the container's processes reclaims it.
 pub fn memory_gauges(containers_dir: &Path) -> Vec<MemoryGauge> {
-    grants(containers_dir)
+    let limited: Vec<Grant> = grants(containers_dir)
+        .into_iter()
+        .filter(|g| g.memory_limit_bytes.is_some())
+        .collect();
+    if limited.is_empty() {
+        return Vec::new();
+    }
+    let live = live_processes(Path::new("/proc"));
+    limited
         .into_iter()
         .filter_map(|g| {
             let per_gpu = g.memory_limit_bytes?;
             let gpus = g.uuids.len().max(1) as u64;
             let ledger = containers_dir.join(&g.container_id).join("shared/usage");
             Some(MemoryGauge {
-                used_bytes: ledger_used(&ledger).unwrap_or(0),
+                used_bytes: ledger_used(&ledger, &live).unwrap_or(0),
                 limit_bytes: per_gpu.saturating_mul(gpus),
                 container_id: g.container_id,
             })
@@ -169,8 +179,49 @@ pub fn memory_gauges(containers_dir: &Path) -> Vec<MemoryGauge> {
         .collect()
 }
 
-/// Bytes the records of an accounting file hold, summed.
-fn ledger_used(path: &Path) -> io::Result<u64> {
+/// Every process as the accounting file names them: (pid in its own pid namespace, the last of
+/// `NSpid`; start time, field 22 of `stat`, which no namespace changes).
+fn live_processes(proc_root: &Path) -> std::collections::HashSet<(u32, u64)> {
+    let mut live = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(proc_root).into_iter().flatten().flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let dir = entry.path();
+        let (Ok(stat), Ok(status)) = (
+            std::fs::read_to_string(dir.join("stat")),
+            std::fs::read_to_string(dir.join("status")),
+        ) else {
+            continue;
+        };
+        // Fields after the command, which may hold spaces: state is field 3, start time 22.
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        if fields.first() == Some(&"Z") {
+            continue;
+        }
+        let start = fields.get(19).and_then(|s| s.parse::<u64>().ok());
+        let pid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let (Some(pid), Some(start)) = (pid, start) {
+            live.insert((pid, start));
+        }
+    }
+    live
+}
+
+/// Bytes the records of live processes in an accounting file hold, summed.
+fn ledger_used(path: &Path, live: &std::collections::HashSet<(u32, u64)>) -> io::Result<u64> {
     use crishim_proto::vgpu::ledger::{Entry, RECORD};
     use std::io::Read as _;
     let mut raw = Vec::new();
@@ -180,6 +231,7 @@ fn ledger_used(path: &Path) -> io::Result<u64> {
     Ok(raw
         .chunks(RECORD)
         .filter_map(Entry::decode)
+        .filter(|e| live.contains(&(e.pid, e.start)))
         .fold(0u64, |sum, e| sum.saturating_add(e.used)))
 }
 
@@ -211,13 +263,32 @@ mod tests {
         };
         let shared = grant("limited", Some(1 << 30), 2);
         grant("unlimited", None, 1);
+        // Records of this test process (alive), and of one that is gone.
+        let me = std::process::id();
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let start: u64 = stat
+            .rsplit_once(") ")
+            .unwrap()
+            .1
+            .split_whitespace()
+            .nth(19)
+            .unwrap()
+            .parse()
+            .unwrap();
         let entry = |used| Entry {
-            pid: 1,
-            start: 1,
+            pid: me,
+            start,
             uuid: [1; 16],
             used,
         };
+        let dead = Entry {
+            pid: me,
+            start: start + 1,
+            uuid: [1; 16],
+            used: 1 << 20,
+        };
         let mut file = Vec::new();
+        file.extend(dead.encode());
         file.extend(entry(100).encode());
         let mut torn = entry(1 << 40).encode();
         torn[40] ^= 1;
