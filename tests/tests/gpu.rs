@@ -831,3 +831,52 @@ async fn only_the_device_plugin_may_ask_when_env_requests_and_limit_annotations_
     );
     finish(env, &pod, traces).await;
 }
+
+/// The driver's daemons, where the host runs them (here: under the fake driver root), reach GPU
+/// containers as the NVIDIA toolkit injects them: the persistence daemon's socket read-only,
+/// the MPS pipe directory writable; what the host lacks (the fabric manager) is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_driver_daemons_sockets_and_mps_directory_reach_gpu_containers() {
+    let node = FakeNode::new();
+    let root = node.driver_root();
+    let persistenced = root.join("run/nvidia-persistenced");
+    std::fs::create_dir_all(&persistenced).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(persistenced.join("socket")).unwrap();
+    let mps = root.join("tmp/nvidia-mps");
+    std::fs::create_dir_all(&mps).unwrap();
+    std::fs::write(mps.join("control"), "pipe").unwrap();
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("gpu-daemons");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+
+    let c = config(&image, "with-gpu", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0")
+    });
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+    sh_ok(
+        &env,
+        &id,
+        "test -S /run/nvidia-persistenced/socket && test \"$(cat /tmp/nvidia-mps/control)\" = pipe \
+         && touch /tmp/nvidia-mps/client && ! test -e /run/nvidia-fabricmanager",
+    )
+    .await;
+    assert!(
+        mps.join("client").exists(),
+        "the MPS directory is the host's, writable"
+    );
+
+    let c = config(&image, "no-gpu", |_| {});
+    let plain = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&plain);
+    let (code, _, _) = exec(
+        &env,
+        &plain,
+        &["test", "-e", "/run/nvidia-persistenced/socket"],
+    )
+    .await;
+    assert_ne!(code, 0, "a container without GPUs gets no driver socket");
+    finish(env, &pod, traces).await;
+}

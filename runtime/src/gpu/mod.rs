@@ -88,6 +88,14 @@ pub struct Gpus {
     memory: std::sync::OnceLock<std::collections::HashMap<String, u64>>,
 }
 
+/// What the NVIDIA toolkit injects from the host where present: (path, a writable directory
+/// rather than a socket). MPS clients talk to the control daemon through its pipe directory.
+const TOOLKIT_PATHS: &[(&str, bool)] = &[
+    ("/run/nvidia-persistenced/socket", false),
+    ("/run/nvidia-fabricmanager/socket", false),
+    ("/tmp/nvidia-mps", true),
+];
+
 /// Host directory of the per-container GPU directories, under the daemon's state dir.
 pub fn containers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("gpu/containers")
@@ -269,6 +277,10 @@ impl Gpus {
                 inject::add_device(spec, n)?;
             }
         }
+        // The driver's daemons where the host runs them, as the NVIDIA toolkit injects them.
+        if !granted.is_empty() {
+            self.add_toolkit_sockets(spec)?;
+        }
         // The driver, read-only.
         inject::add_bind(spec, &view.join("lib64"), mirror::CONTAINER_LIB, false)?;
         inject::add_bind(spec, &view.join("bin"), mirror::CONTAINER_BIN, false)?;
@@ -319,6 +331,28 @@ impl Gpus {
         }
         info!(container = %t.container_id, gpus = ?grant.uuids, memory = ?grant.memory_limit_bytes, cores = ?grant.core_percent, "GPU access granted");
         Ok(Some(grant))
+    }
+
+    /// The persistence daemon's and the fabric manager's sockets (read-only: connecting needs
+    /// no write access to the mount), and the MPS pipe directory, each where it exists under
+    /// `driver_root`, at the same path in the container.
+    fn add_toolkit_sockets(&self, spec: &mut Spec) -> Result<(), GpuError> {
+        use std::os::unix::fs::FileTypeExt as _;
+        for (path, writable) in TOOLKIT_PATHS {
+            let host = self.config.driver_root.join(path.trim_start_matches('/'));
+            let Ok(meta) = std::fs::symlink_metadata(&host) else {
+                continue;
+            };
+            let fits = if *writable {
+                meta.is_dir()
+            } else {
+                meta.file_type().is_socket()
+            };
+            if fits {
+                inject::add_bind(spec, &host, path, *writable)?;
+            }
+        }
+        Ok(())
     }
 
     /// The GPUs the request names (CDI aside).
