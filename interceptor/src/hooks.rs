@@ -613,6 +613,11 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// The core limiter's bucket, shared by the process's threads.
 static BUCKET: Mutex<Option<Bucket>> = Mutex::new(None);
 
+/// Hold the bucket's lock across a `fork` (see `state::register_fork_handlers`).
+pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    held.push(Box::new(lock(&BUCKET)));
+}
+
 /// Wait for the tokens a launch of `blocks` blocks costs, when a core limit is in force.
 fn throttle(blocks: u64) -> Option<CUresult> {
     let l = match mode() {

@@ -101,6 +101,11 @@ static HANDLES: Mutex<Handles> = Mutex::new(Handles {
     nvml: None,
 });
 
+/// Hold the library handles' lock across a `fork` (see `state::register_fork_handlers`).
+pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    held.push(Box::new(HANDLES.lock().unwrap_or_else(|e| e.into_inner())));
+}
+
 /// The library an application was seen looking hooked CUDA names up in (see `dlsym`): without a
 /// config, hooks forward to that same library, never to a second copy.
 static APP_CUDA: AtomicUsize = AtomicUsize::new(0);

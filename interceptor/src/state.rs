@@ -1,9 +1,11 @@
 //! The process-wide state: the mode the config puts us in (read once, on the first hooked call),
 //! the accounting ledger, and this process's live allocations.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 
 use crate::config::{self, Config, Loaded};
 use crate::cuda::CUuuid;
@@ -28,6 +30,7 @@ pub struct Limited {
 static MODE: OnceLock<Mode> = OnceLock::new();
 
 pub fn mode() -> &'static Mode {
+    register_fork_handlers();
     MODE.get_or_init(|| {
         let mode = from_loaded(config::load(std::path::Path::new(config::CONFIG_PATH)));
         if let Mode::Broken(why) = &mode {
@@ -61,6 +64,45 @@ pub fn library_path(lib: Lib) -> Option<PathBuf> {
         },
         _ => None,
     }
+}
+
+thread_local! {
+    /// The locks the forking thread holds from `fork`'s prepare handler to its parent and child
+    /// handlers (see [`register_fork_handlers`]).
+    static HELD_ACROSS_FORK: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Take every lock of ours before `fork`, and release them on both sides after it, so that a
+/// child never starts with a lock some other thread held (that thread does not exist in the
+/// child, and the lock would never be released). The ledger's file lock needs nothing: `fcntl`
+/// locks are not inherited, and the child's ledger opens the file again (its pid differs).
+fn register_fork_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handlers are plain functions that live as long as the library.
+        unsafe {
+            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+        }
+    });
+}
+
+extern "C" fn before_fork() {
+    let mut held: Vec<Box<dyn Any>> = Vec::new();
+    // In the order the hooks nest them: a process's allocations before the ledger.
+    if let Some(Mode::Limited(l)) = MODE.get() {
+        held.push(Box::new(lock(&l.allocations)));
+        held.push(Box::new(lock(&l.ledger)));
+        held.push(Box::new(lock(&l.uuids)));
+    }
+    crate::hooks::hold_for_fork(&mut held);
+    crate::real::hold_for_fork(&mut held);
+    HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = held);
+}
+
+extern "C" fn after_fork() {
+    // Dropping the guards unlocks them: in the parent, and in the child's copy.
+    let held = HELD_ACROSS_FORK.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    drop(held);
 }
 
 /// `Mutex::lock` that survives a poisoned lock: a panic elsewhere must not wedge CUDA calls.

@@ -11,11 +11,18 @@
  *   cudatest create MIB             cuMemCreate on device 0, then cuMemRelease
  *   cudatest passthrough            a function and a data symbol the interceptor does not hook
  *   cudatest nvml                   nvmlDeviceGetMemoryInfo of device 0
+ *   cudatest forks N                fork N children while a thread allocates and frees without
+ *                                   pause; each child asks for its memory info and exits; the
+ *                                   first still running after 2 s is killed, counted as hung,
+ *                                   and ends the run
  */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -76,6 +83,20 @@ static CUresult alloc(int mib, int via_proc) {
     CUresult (*f)(CUdeviceptr *, size_t) = via_proc ? proc("cuMemAlloc") : sym("cuMemAlloc_v2");
     CUdeviceptr p = 0;
     return f(&p, (size_t)mib << 20);
+}
+
+static volatile int stop_churn;
+
+/* Allocate and free 1 MiB until told to stop: the interceptor's locks are taken all the time. */
+static void *churn(void *arg) {
+    (void)arg;
+    CUresult (*alloc_v2)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+    CUresult (*free_v2)(CUdeviceptr) = sym("cuMemFree_v2");
+    while (!stop_churn) {
+        CUdeviceptr p = 0;
+        if (alloc_v2(&p, (size_t)1 << 20) == 0) free_v2(p);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -153,6 +174,33 @@ int main(int argc, char **argv) {
         CUresult r = create(&h, (size_t)atoi(argv[2]) << 20, &prop, 0);
         printf("create %d\n", r);
         if (r == 0) printf("release %d\n", release(h));
+    } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
+        CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
+        pthread_t t;
+        pthread_create(&t, NULL, churn, NULL);
+        int n = atoi(argv[2]), hung = 0;
+        for (int i = 0; i < n; i++) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                size_t f = 0, total = 0;
+                info(&f, &total);
+                _exit(0);
+            }
+            int status = 0, done = 0;
+            for (int ms = 0; ms < 2000 && !done; ms++) {
+                if (waitpid(pid, &status, WNOHANG) == pid) done = 1;
+                else usleep(1000);
+            }
+            if (!done) {
+                hung++;
+                kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+                break;
+            }
+        }
+        stop_churn = 1;
+        pthread_join(t, NULL);
+        printf("forks %d hung %d\n", n, hung);
     } else if (strcmp(cmd, "passthrough") == 0) {
         int (*identify)(void) = sym("cuFakeIdentify");
         int (*pidentify)(void) = proc("cuFakeIdentify");

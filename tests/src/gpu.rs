@@ -89,7 +89,7 @@ pub fn built() -> &'static Built {
             ],
             &libnvml,
         );
-        cc(&[&c("cudatest.c")], &cudatest);
+        cc(&["-pthread", &c("cudatest.c")], &cudatest);
         Built {
             dir,
             libcuda,

@@ -383,6 +383,12 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
         ["hold 0", "alloc 100 direct 2", "alloc 200 direct 0"],
         "{out}"
     );
+    // fork while another thread allocates: the child finds no lock of the interceptor held
+    // by a thread it does not have (the atfork handlers).
+    assert_eq!(
+        sh_ok(env, id, "cudatest forks 60").await,
+        "forks 60 hung 0\n"
+    );
     // What the interceptor does not hook reaches the driver untouched (a function through
     // dlsym and cuGetProcAddress, and a data symbol).
     assert_eq!(
