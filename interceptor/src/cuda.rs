@@ -10,6 +10,41 @@ pub type CUdeviceptrV1 = u32;
 pub type CUstream = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
+pub type CUarray = *mut c_void;
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`_v2`, size_t extents).
+#[repr(C)]
+pub struct CudaArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+pub struct CudaArray3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+/// The bytes an array of these extents holds at least (a 1D array has height 0, a 2D one depth
+/// 0): elements × channels × the format's size. Formats this does not know count 4 bytes (the
+/// widest plain ones, `FLOAT` and the 32-bit integers). The driver's padding comes on top.
+pub fn array_bytes(width: usize, height: usize, depth: usize, format: u32, channels: u32) -> u64 {
+    let element: u64 = match format {
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // UNSIGNED_INT16, SIGNED_INT16, HALF
+        _ => 4,
+    };
+    [width, height.max(1), depth.max(1), channels.max(1) as usize]
+        .iter()
+        .fold(element, |n, d| n.saturating_mul(*d as u64))
+}
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
@@ -101,5 +136,31 @@ mod tests {
         assert_eq!(format_uuid(&u), s);
         assert!(parse_uuid("c0ffee00-0000-4000-8000-000000000001").is_none());
         assert!(parse_uuid("GPU-zz").is_none());
+    }
+}
+
+#[cfg(test)]
+mod array_tests {
+    use super::array_bytes;
+
+    #[test]
+    fn arrays_count_elements_channels_and_format() {
+        assert_eq!(array_bytes(1024, 0, 0, 0x20, 1), 4096, "1D float");
+        assert_eq!(array_bytes(1024, 256, 0, 0x01, 4), 1 << 20, "2D uchar4");
+        assert_eq!(
+            array_bytes(16, 16, 16, 0x10, 2),
+            16 * 16 * 16 * 2 * 2,
+            "3D half2"
+        );
+        assert_eq!(
+            array_bytes(8, 8, 0, 0xb0, 1),
+            8 * 8 * 4,
+            "an unknown format counts 4"
+        );
+        assert_eq!(
+            array_bytes(usize::MAX, usize::MAX, 2, 0x20, 4),
+            u64::MAX,
+            "saturates"
+        );
     }
 }

@@ -32,6 +32,9 @@ pub mod slots {
     pub static CU_MEM_ALLOC_ASYNC_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_v2");
     pub static CU_MEM_ALLOC_ASYNC_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_ptsz");
     pub static CU_MEM_CREATE: Slot = Slot::new(Lib::Cuda, c"cuMemCreate");
+    pub static CU_ARRAY_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArrayCreate_v2");
+    pub static CU_ARRAY_3D_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArray3DCreate_v2");
+    pub static CU_ARRAY_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuArrayDestroy");
     pub static CU_MEM_RELEASE: Slot = Slot::new(Lib::Cuda, c"cuMemRelease");
     pub static CU_MEM_FREE: Slot = Slot::new(Lib::Cuda, c"cuMemFree");
     pub static CU_MEM_FREE_V2: Slot = Slot::new(Lib::Cuda, c"cuMemFree_v2");
@@ -426,6 +429,63 @@ pub unsafe extern "C" fn cuMemCreate(
             None => call(),
         },
     }
+}
+
+/// An array create: reserved as its size before the driver is called, as an allocation is.
+fn array_create(
+    bytes: Option<u64>,
+    handle: *mut CUarray,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match bytes {
+        // SAFETY: `handle` is read only after success.
+        Some(bytes) => allocate(bytes, On::Current, call, || unsafe {
+            *handle as usize as u64
+        }),
+        // A null descriptor is the driver's to refuse.
+        None => match refused() {
+            Some(r) => r,
+            None => call(),
+        },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CudaArrayDescriptor,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUarray, *const CudaArrayDescriptor) -> CUresult;
+    let f = real!(slots::CU_ARRAY_CREATE_V2, F);
+    // SAFETY: the caller's descriptor, read before the call.
+    let bytes = unsafe { desc.as_ref() }
+        .map(|d| array_bytes(d.width, d.height, 0, d.format, d.num_channels));
+    // SAFETY: forwarding the caller's arguments.
+    array_create(bytes, handle, || unsafe { f(handle, desc) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    handle: *mut CUarray,
+    desc: *const CudaArray3dDescriptor,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUarray, *const CudaArray3dDescriptor) -> CUresult;
+    let f = real!(slots::CU_ARRAY_3D_CREATE_V2, F);
+    // SAFETY: the caller's descriptor, read before the call.
+    let bytes = unsafe { desc.as_ref() }
+        .map(|d| array_bytes(d.width, d.height, d.depth, d.format, d.num_channels));
+    // SAFETY: forwarding the caller's arguments.
+    array_create(bytes, handle, || unsafe { f(handle, desc) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayDestroy(handle: CUarray) -> CUresult {
+    let f = real!(
+        slots::CU_ARRAY_DESTROY,
+        unsafe extern "C" fn(CUarray) -> CUresult
+    );
+    // SAFETY: forwarding the caller's argument.
+    free(handle as usize as u64, || unsafe { f(handle) })
 }
 
 #[no_mangle]

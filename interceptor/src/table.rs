@@ -62,6 +62,18 @@ pub fn entries() -> &'static [Entry] {
             ),
             e(&cu::CU_MEM_CREATE, hooks::cuMemCreate as *const () as usize),
             e(
+                &cu::CU_ARRAY_CREATE_V2,
+                hooks::cuArrayCreate_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_ARRAY_3D_CREATE_V2,
+                hooks::cuArray3DCreate_v2 as *const () as usize,
+            ),
+            e(
+                &cu::CU_ARRAY_DESTROY,
+                hooks::cuArrayDestroy as *const () as usize,
+            ),
+            e(
                 &cu::CU_MEM_RELEASE,
                 hooks::cuMemRelease as *const () as usize,
             ),
@@ -142,6 +154,8 @@ pub fn find(name: &CStr) -> Option<&'static Entry> {
 
 /// Un-suffixed names that mean their `_v2` entry point from CUDA 3.2 on.
 const V2_SINCE_3020: &[&str] = &[
+    "cuArrayCreate",
+    "cuArray3DCreate",
     "cuMemAlloc",
     "cuMemAllocPitch",
     "cuMemFree",

@@ -11,6 +11,9 @@
  *   cudatest create MIB             cuMemCreate on device 0, then cuMemRelease
  *   cudatest passthrough            a function and a data symbol the interceptor does not hook
  *   cudatest nvml                   nvmlDeviceGetMemoryInfo of device 0
+ *   cudatest arrays MIB1 MIB2       a 2D float array of MIB1 (cuArrayCreate_v2 by dlsym), a 3D one
+ *                                   of MIB2 (cuArray3DCreate by cuGetProcAddress), the 2D one
+ *                                   destroyed, the 3D one again; prints each result code
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -174,6 +177,26 @@ int main(int argc, char **argv) {
         CUresult r = create(&h, (size_t)atoi(argv[2]) << 20, &prop, 0);
         printf("create %d\n", r);
         if (r == 0) printf("release %d\n", release(h));
+    } else if (strcmp(cmd, "arrays") == 0 && argc == 4) {
+        /* 1024 floats a row: 4 KiB; 256 rows a MiB. */
+        struct { size_t w, h; unsigned int format, channels; } d2 = {1024, 0, 0x20, 1};
+        struct { size_t w, h, d; unsigned int format, channels, flags; } d3 = {1024, 256, 0, 0x20, 1, 0};
+        CUresult (*create2d)(void **, const void *) = sym("cuArrayCreate_v2");
+        CUresult (*create3d)(void **, const void *) = proc("cuArray3DCreate");
+        CUresult (*destroy)(void *) = sym("cuArrayDestroy");
+        int a = atoi(argv[2]), b = atoi(argv[3]);
+        void *x = NULL, *y = NULL;
+        d2.h = (size_t)a * 256;
+        CUresult r = create2d(&x, &d2);
+        printf("array2d %d %d\n", a, r);
+        d3.d = (size_t)b;
+        r = create3d(&y, &d3);
+        printf("array3d %d %d\n", b, r);
+        if (r == 0) destroy(y);
+        printf("destroy %d\n", destroy(x));
+        r = create3d(&y, &d3);
+        printf("array3d %d %d\n", b, r);
+        if (r == 0) destroy(y);
     } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
         CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
         pthread_t t;

@@ -199,6 +199,27 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
     return alloc_on(prop->location.id, size, h);
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return release(h); }
+
+/* Arrays: CUDA_ARRAY_DESCRIPTOR and CUDA_ARRAY3D_DESCRIPTOR (_v2); their size as the interceptor
+ * counts it (elements x channels x format size), with no padding. */
+typedef struct { size_t w, h; unsigned int format, channels; } ArrayDesc;
+typedef struct { size_t w, h, d; unsigned int format, channels, flags; } Array3DDesc;
+static size_t element_size(unsigned int f) {
+    switch (f) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    default: return 4;
+    }
+}
+EXPORT CUresult cuArrayCreate_v2(unsigned long long *a, const ArrayDesc *d) {
+    size_t h = d->h ? d->h : 1;
+    return alloc_on(current, d->w * h * d->channels * element_size(d->format), a);
+}
+EXPORT CUresult cuArray3DCreate_v2(unsigned long long *a, const Array3DDesc *d) {
+    size_t h = d->h ? d->h : 1, depth = d->d ? d->d : 1;
+    return alloc_on(current, d->w * h * depth * d->channels * element_size(d->format), a);
+}
+EXPORT CUresult cuArrayDestroy(unsigned long long a) { return release(a); }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return release(p); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
@@ -258,6 +279,9 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz},
     {"cuMemCreate", (void *)cuMemCreate},
     {"cuMemRelease", (void *)cuMemRelease},
+    {"cuArrayCreate_v2", (void *)cuArrayCreate_v2},
+    {"cuArray3DCreate_v2", (void *)cuArray3DCreate_v2},
+    {"cuArrayDestroy", (void *)cuArrayDestroy},
     {"cuMemFree", (void *)cuMemFree},
     {"cuMemFree_v2", (void *)cuMemFree_v2},
     {"cuMemFreeAsync", (void *)cuMemFreeAsync},

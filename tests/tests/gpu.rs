@@ -383,6 +383,11 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
         ["hold 0", "alloc 100 direct 2", "alloc 200 direct 0"],
         "{out}"
     );
+    // Arrays count too (2D through dlsym, 3D through cuGetProcAddress), and give back.
+    assert_eq!(
+        sh_ok(env, id, "cudatest arrays 200 100").await,
+        "array2d 200 0\narray3d 100 2\ndestroy 0\narray3d 100 0\n"
+    );
     // fork while another thread allocates: the child finds no lock of the interceptor held
     // by a thread it does not have (the atfork handlers).
     assert_eq!(
