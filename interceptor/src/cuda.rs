@@ -11,6 +11,7 @@ pub type CUstream = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUarray = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
 
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`, size_t extents).
 #[repr(C)]

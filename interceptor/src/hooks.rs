@@ -32,6 +32,10 @@ pub mod slots {
     pub static CU_MEM_ALLOC_ASYNC_V2: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_v2");
     pub static CU_MEM_ALLOC_ASYNC_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuMemAllocAsync_ptsz");
     pub static CU_MEM_CREATE: Slot = Slot::new(Lib::Cuda, c"cuMemCreate");
+    pub static CU_MEM_ALLOC_FROM_POOL_ASYNC: Slot =
+        Slot::new(Lib::Cuda, c"cuMemAllocFromPoolAsync");
+    pub static CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: Slot =
+        Slot::new(Lib::Cuda, c"cuMemAllocFromPoolAsync_ptsz");
     pub static CU_ARRAY_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArrayCreate_v2");
     pub static CU_ARRAY_3D_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArray3DCreate_v2");
     pub static CU_ARRAY_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuArrayDestroy");
@@ -429,6 +433,59 @@ pub unsafe extern "C" fn cuMemCreate(
             None => call(),
         },
     }
+}
+
+/// An allocation from a memory pool (how `cudaMallocAsync` and PyTorch's `cudaMallocAsync`
+/// backend allocate): reserved before the driver is called, on the current device, and given
+/// back by `cuMemFreeAsync`. What a pool keeps after a free is not counted.
+fn alloc_from_pool(
+    slot: &Slot,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+    let f = real!(slot, F);
+    // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
+    allocate(
+        bytesize as u64,
+        On::Current,
+        || unsafe { f(dptr, bytesize, pool, stream) },
+        || unsafe { *dptr },
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    alloc_from_pool(
+        &slots::CU_MEM_ALLOC_FROM_POOL_ASYNC,
+        dptr,
+        bytesize,
+        pool,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    alloc_from_pool(
+        &slots::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        dptr,
+        bytesize,
+        pool,
+        stream,
+    )
 }
 
 /// An array create: reserved as its size before the driver is called, as an allocation is.

@@ -62,6 +62,14 @@ pub fn entries() -> &'static [Entry] {
             ),
             e(&cu::CU_MEM_CREATE, hooks::cuMemCreate as *const () as usize),
             e(
+                &cu::CU_MEM_ALLOC_FROM_POOL_ASYNC,
+                hooks::cuMemAllocFromPoolAsync as *const () as usize,
+            ),
+            e(
+                &cu::CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+                hooks::cuMemAllocFromPoolAsync_ptsz as *const () as usize,
+            ),
+            e(
                 &cu::CU_ARRAY_CREATE_V2,
                 hooks::cuArrayCreate_v2 as *const () as usize,
             ),

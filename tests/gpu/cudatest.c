@@ -14,6 +14,9 @@
  *   cudatest arrays MIB1 MIB2       a 2D float array of MIB1 (cuArrayCreate_v2 by dlsym), a 3D one
  *                                   of MIB2 (cuArray3DCreate by cuGetProcAddress), the 2D one
  *                                   destroyed, the 3D one again; prints each result code
+ *   cudatest pool MIB1 MIB2         from a memory pool: MIB1 by dlsym'd cuMemAllocFromPoolAsync,
+ *                                   MIB2 through cuGetProcAddress, the first freed
+ *                                   (cuMemFreeAsync), MIB2 again; prints each result code
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -197,6 +200,25 @@ int main(int argc, char **argv) {
         r = create3d(&y, &d3);
         printf("array3d %d %d\n", b, r);
         if (r == 0) destroy(y);
+    } else if (strcmp(cmd, "pool") == 0 && argc == 4) {
+        CUresult (*create)(void **, const void *) = sym("cuMemPoolCreate");
+        CUresult (*from)(CUdeviceptr *, size_t, void *, void *) = sym("cuMemAllocFromPoolAsync");
+        CUresult (*pfrom)(CUdeviceptr *, size_t, void *, void *) = proc("cuMemAllocFromPoolAsync");
+        CUresult (*free_async)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
+        unsigned char props[88];
+        memset(props, 0, sizeof props);
+        void *pool = NULL;
+        create(&pool, props);
+        int a = atoi(argv[2]), b = atoi(argv[3]);
+        CUdeviceptr x = 0, y = 0;
+        printf("pool %d %d\n", a, from(&x, (size_t)a << 20, pool, NULL));
+        CUresult r = pfrom(&y, (size_t)b << 20, pool, NULL);
+        printf("pool %d %d\n", b, r);
+        if (r == 0) free_async(y, NULL);
+        printf("free %d\n", free_async(x, NULL));
+        r = pfrom(&y, (size_t)b << 20, pool, NULL);
+        printf("pool %d %d\n", b, r);
+        if (r == 0) free_async(y, NULL);
     } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
         CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
         pthread_t t;

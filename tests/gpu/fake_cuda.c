@@ -220,6 +220,17 @@ EXPORT CUresult cuArray3DCreate_v2(unsigned long long *a, const Array3DDesc *d) 
     return alloc_on(current, d->w * h * depth * d->channels * element_size(d->format), a);
 }
 EXPORT CUresult cuArrayDestroy(unsigned long long a) { return release(a); }
+
+/* Memory pools: one fake pool handle; allocations from it land on the current device. */
+EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) { (void)props; *pool = (void *)0x9001; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPoolDestroy(void *pool) { (void)pool; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
+    (void)pool; (void)s;
+    return alloc_on(current, size, p);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
+    return cuMemAllocFromPoolAsync(p, size, pool, s);
+}
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return release(p); }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
@@ -279,6 +290,10 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz},
     {"cuMemCreate", (void *)cuMemCreate},
     {"cuMemRelease", (void *)cuMemRelease},
+    {"cuMemPoolCreate", (void *)cuMemPoolCreate},
+    {"cuMemPoolDestroy", (void *)cuMemPoolDestroy},
+    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync},
+    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz},
     {"cuArrayCreate_v2", (void *)cuArrayCreate_v2},
     {"cuArray3DCreate_v2", (void *)cuArray3DCreate_v2},
     {"cuArrayDestroy", (void *)cuArrayDestroy},

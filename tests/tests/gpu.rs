@@ -388,6 +388,11 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
         sh_ok(env, id, "cudatest arrays 200 100").await,
         "array2d 200 0\narray3d 100 2\ndestroy 0\narray3d 100 0\n"
     );
+    // So do allocations from a memory pool (cudaMallocAsync's path).
+    assert_eq!(
+        sh_ok(env, id, "cudatest pool 200 100").await,
+        "pool 200 0\npool 100 2\nfree 0\npool 100 0\n"
+    );
     // fork while another thread allocates: the child finds no lock of the interceptor held
     // by a thread it does not have (the atfork handlers).
     assert_eq!(
