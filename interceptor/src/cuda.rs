@@ -140,9 +140,48 @@ mod tests {
     }
 }
 
+/// A mipmapped array's levels, each half the previous one in every extent it has (at least 1),
+/// summed. At most 32 levels count (no extent halves further).
+pub fn mipmapped_bytes(d: &CudaArray3dDescriptor, levels: u32) -> u64 {
+    let shrink = |extent: usize, level: u32| {
+        if extent == 0 {
+            0
+        } else {
+            (extent >> level).max(1)
+        }
+    };
+    (0..levels.min(32)).fold(0u64, |sum, l| {
+        sum.saturating_add(array_bytes(
+            shrink(d.width, l),
+            shrink(d.height, l),
+            shrink(d.depth, l),
+            d.format,
+            d.num_channels,
+        ))
+    })
+}
+
 #[cfg(test)]
 mod array_tests {
-    use super::array_bytes;
+    use super::{array_bytes, mipmapped_bytes, CudaArray3dDescriptor};
+
+    #[test]
+    fn mipmapped_levels_halve_each_extent() {
+        let d = CudaArray3dDescriptor {
+            width: 1024,
+            height: 1024,
+            depth: 0,
+            format: 0x20,
+            num_channels: 1,
+            flags: 0,
+        };
+        let full = 1024 * 1024 * 4;
+        assert_eq!(mipmapped_bytes(&d, 1), full);
+        assert_eq!(mipmapped_bytes(&d, 2), full + full / 4);
+        // Past 11 levels the extents stay at 1x1.
+        assert_eq!(mipmapped_bytes(&d, 13) - mipmapped_bytes(&d, 12), 4);
+        assert_eq!(mipmapped_bytes(&d, u32::MAX), mipmapped_bytes(&d, 32));
+    }
 
     #[test]
     fn arrays_count_elements_channels_and_format() {

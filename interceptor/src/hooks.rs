@@ -39,6 +39,8 @@ pub mod slots {
     pub static CU_ARRAY_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArrayCreate_v2");
     pub static CU_ARRAY_3D_CREATE_V2: Slot = Slot::new(Lib::Cuda, c"cuArray3DCreate_v2");
     pub static CU_ARRAY_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuArrayDestroy");
+    pub static CU_MIPMAPPED_ARRAY_CREATE: Slot = Slot::new(Lib::Cuda, c"cuMipmappedArrayCreate");
+    pub static CU_MIPMAPPED_ARRAY_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuMipmappedArrayDestroy");
     pub static CU_MEM_RELEASE: Slot = Slot::new(Lib::Cuda, c"cuMemRelease");
     pub static CU_MEM_FREE: Slot = Slot::new(Lib::Cuda, c"cuMemFree");
     pub static CU_MEM_FREE_V2: Slot = Slot::new(Lib::Cuda, c"cuMemFree_v2");
@@ -533,6 +535,30 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         .map(|d| array_bytes(d.width, d.height, d.depth, d.format, d.num_channels));
     // SAFETY: forwarding the caller's arguments.
     array_create(bytes, handle, || unsafe { f(handle, desc) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut CUarray,
+    desc: *const CudaArray3dDescriptor,
+    levels: u32,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut CUarray, *const CudaArray3dDescriptor, u32) -> CUresult;
+    let f = real!(slots::CU_MIPMAPPED_ARRAY_CREATE, F);
+    // SAFETY: the caller's descriptor, read before the call.
+    let bytes = unsafe { desc.as_ref() }.map(|d| mipmapped_bytes(d, levels));
+    // SAFETY: forwarding the caller's arguments.
+    array_create(bytes, handle, || unsafe { f(handle, desc, levels) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CUarray) -> CUresult {
+    let f = real!(
+        slots::CU_MIPMAPPED_ARRAY_DESTROY,
+        unsafe extern "C" fn(CUarray) -> CUresult
+    );
+    // SAFETY: forwarding the caller's argument.
+    free(handle as usize as u64, || unsafe { f(handle) })
 }
 
 #[no_mangle]

@@ -78,6 +78,14 @@ pub fn entries() -> &'static [Entry] {
                 hooks::cuArray3DCreate_v2 as *const () as usize,
             ),
             e(
+                &cu::CU_MIPMAPPED_ARRAY_CREATE,
+                hooks::cuMipmappedArrayCreate as *const () as usize,
+            ),
+            e(
+                &cu::CU_MIPMAPPED_ARRAY_DESTROY,
+                hooks::cuMipmappedArrayDestroy as *const () as usize,
+            ),
+            e(
                 &cu::CU_ARRAY_DESTROY,
                 hooks::cuArrayDestroy as *const () as usize,
             ),

@@ -13,7 +13,9 @@
  *   cudatest nvml                   nvmlDeviceGetMemoryInfo of device 0
  *   cudatest arrays MIB1 MIB2       a 2D float array of MIB1 (cuArrayCreate_v2 by dlsym), a 3D one
  *                                   of MIB2 (cuArray3DCreate by cuGetProcAddress), the 2D one
- *                                   destroyed, the 3D one again; prints each result code
+ *                                   destroyed, the 3D one again, then mipmapped arrays of 220 MiB
+ *                                   with 2 levels and 1 (cuMipmappedArrayCreate); prints each
+ *                                   result code
  *   cudatest pool MIB1 MIB2         from a memory pool: MIB1 by dlsym'd cuMemAllocFromPoolAsync,
  *                                   MIB2 through cuGetProcAddress, the first freed
  *                                   (cuMemFreeAsync), MIB2 again; prints each result code
@@ -200,6 +202,17 @@ int main(int argc, char **argv) {
         r = create3d(&y, &d3);
         printf("array3d %d %d\n", b, r);
         if (r == 0) destroy(y);
+        /* A mipmapped 2D array of 220 MiB at level 0: two levels hold 275 MiB, one 220. */
+        CUresult (*mip)(void **, const void *, unsigned int) = proc("cuMipmappedArrayCreate");
+        CUresult (*mipdestroy)(void *) = sym("cuMipmappedArrayDestroy");
+        d3.w = 1024;
+        d3.h = (size_t)220 * 256;
+        d3.d = 0;
+        for (unsigned int levels = 2; levels >= 1; levels--) {
+            r = mip(&y, &d3, levels);
+            printf("mipmapped 220 levels %u %d\n", levels, r);
+            if (r == 0) mipdestroy(y);
+        }
     } else if (strcmp(cmd, "pool") == 0 && argc == 4) {
         CUresult (*create)(void **, const void *) = sym("cuMemPoolCreate");
         CUresult (*from)(CUdeviceptr *, size_t, void *, void *) = sym("cuMemAllocFromPoolAsync");

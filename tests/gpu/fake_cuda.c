@@ -220,6 +220,17 @@ EXPORT CUresult cuArray3DCreate_v2(unsigned long long *a, const Array3DDesc *d) 
     return alloc_on(current, d->w * h * depth * d->channels * element_size(d->format), a);
 }
 EXPORT CUresult cuArrayDestroy(unsigned long long a) { return release(a); }
+EXPORT CUresult cuMipmappedArrayCreate(unsigned long long *a, const Array3DDesc *d, unsigned int levels) {
+    unsigned long long total = 0;
+    for (unsigned int l = 0; l < levels && l < 32; l++) {
+        size_t w = d->w >> l ? d->w >> l : 1;
+        size_t h = d->h ? (d->h >> l ? d->h >> l : 1) : 1;
+        size_t depth = d->d ? (d->d >> l ? d->d >> l : 1) : 1;
+        total += (unsigned long long)w * h * depth * d->channels * element_size(d->format);
+    }
+    return alloc_on(current, total, a);
+}
+EXPORT CUresult cuMipmappedArrayDestroy(unsigned long long a) { return release(a); }
 
 /* Memory pools: one fake pool handle; allocations from it land on the current device. */
 EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) { (void)props; *pool = (void *)0x9001; return CUDA_SUCCESS; }
@@ -297,6 +308,8 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuArrayCreate_v2", (void *)cuArrayCreate_v2},
     {"cuArray3DCreate_v2", (void *)cuArray3DCreate_v2},
     {"cuArrayDestroy", (void *)cuArrayDestroy},
+    {"cuMipmappedArrayCreate", (void *)cuMipmappedArrayCreate},
+    {"cuMipmappedArrayDestroy", (void *)cuMipmappedArrayDestroy},
     {"cuMemFree", (void *)cuMemFree},
     {"cuMemFree_v2", (void *)cuMemFree_v2},
     {"cuMemFreeAsync", (void *)cuMemFreeAsync},

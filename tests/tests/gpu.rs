@@ -383,10 +383,12 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
         ["hold 0", "alloc 100 direct 2", "alloc 200 direct 0"],
         "{out}"
     );
-    // Arrays count too (2D through dlsym, 3D through cuGetProcAddress), and give back.
+    // Arrays count too (2D through dlsym, 3D through cuGetProcAddress), and give back; a
+    // mipmapped array counts every level.
     assert_eq!(
         sh_ok(env, id, "cudatest arrays 200 100").await,
-        "array2d 200 0\narray3d 100 2\ndestroy 0\narray3d 100 0\n"
+        "array2d 200 0\narray3d 100 2\ndestroy 0\narray3d 100 0\n\
+         mipmapped 220 levels 2 2\nmipmapped 220 levels 1 0\n"
     );
     // So do allocations from a memory pool (cudaMallocAsync's path).
     assert_eq!(
