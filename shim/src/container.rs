@@ -867,8 +867,9 @@ fn write_exec_process(
 /// than having libcontainer compile it: a copy of the bundle's config (`<bundle>/init-config/config.json`,
 /// root's alone) without `linux.seccomp`, its root made absolute, and the executor that loads
 /// the program last before `execve` (gaining, then dropping, what loading needs, as for an
-/// exec'd process). `None` leaves the container to libcontainer: no profile, a notify profile,
-/// or a relative mount source the copy could not keep meaning.
+/// exec'd process). `None` leaves the container to libcontainer: no profile, a notify profile, a
+/// profile that may refuse the `capset`/`prctl` the drop back needs (libcontainer loads such a
+/// filter before the drop, as runc does), or a relative mount source the copy would change.
 fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExecutor)>, String> {
     let mut spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
@@ -895,6 +896,9 @@ fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExe
     }
     let mut process = spec.process().clone().unwrap_or_default();
     let executor = SeccompExecutor::prepare(&mut process, seccomp);
+    if !executor.can_drop_back() {
+        return Ok(None);
+    }
     spec.set_process(Some(process));
     if let Some(mut linux) = spec.linux().clone() {
         linux.set_seccomp(None);

@@ -51,6 +51,36 @@ impl SeccompExecutor {
     }
 }
 
+impl SeccompExecutor {
+    /// Whether the process, once filtered, can still drop the capabilities it gained to load
+    /// the filter: no gain was needed, or the profile surely allows `capset` and `prctl`. A
+    /// container's init takes this path only then (else libcontainer loads the filter before
+    /// the drop, as runc does); for an exec'd process there is no other path.
+    pub fn can_drop_back(&self) -> bool {
+        self.restore.is_none()
+            || (surely_allows(&self.seccomp, "capset") && surely_allows(&self.seccomp, "prctl"))
+    }
+}
+
+/// Whether `profile` lets the call `name` through whatever its arguments: no rule names it with
+/// another action, and either a rule allows it outright or the default does.
+fn surely_allows(profile: &LinuxSeccomp, name: &str) -> bool {
+    use oci_spec::runtime::LinuxSeccompAction as Act;
+    let rules: Vec<_> = profile
+        .syscalls()
+        .iter()
+        .flatten()
+        .filter(|r| r.names().iter().any(|n| n == name))
+        .collect();
+    if rules.iter().any(|r| r.action() != Act::ScmpActAllow) {
+        return false;
+    }
+    rules
+        .iter()
+        .any(|r| r.args().as_ref().is_none_or(|a| a.is_empty()))
+        || profile.default_action() == Act::ScmpActAllow
+}
+
 /// Whether the process could not load a filter on its own: no `no_new_privs`, and a capability
 /// set without `CAP_SYS_ADMIN`. (No capabilities in the spec means libcontainer keeps them all.)
 fn needs_load_caps(process: &Process) -> bool {
@@ -158,6 +188,53 @@ mod tests {
             assert!(own.iter().all(|c| set.contains(c)));
         }
         assert_eq!(ex.restore, Some(caps(&own)));
+    }
+
+    #[test]
+    fn only_a_profile_that_surely_allows_capset_and_prctl_lets_the_caps_drop_back() {
+        use oci_spec::runtime::{LinuxSeccompAction as Act, LinuxSyscallBuilder};
+        let rule = |names: &[&str], action: Act| {
+            LinuxSyscallBuilder::default()
+                .names(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .action(action)
+                .build()
+                .unwrap()
+        };
+        let profile = |default: Act, rules: Vec<_>| {
+            LinuxSeccompBuilder::default()
+                .default_action(default)
+                .syscalls(rules)
+                .build()
+                .unwrap()
+        };
+        let widened = |s: LinuxSeccomp| {
+            let mut p = process(None, &[Capability::Chown]);
+            SeccompExecutor::prepare(&mut p, s)
+        };
+        // RuntimeDefault's shape: deny by default, an allowlist naming both.
+        let allowlist = profile(
+            Act::ScmpActErrno,
+            vec![rule(&["capset", "prctl", "read"], Act::ScmpActAllow)],
+        );
+        assert!(widened(allowlist).can_drop_back());
+        let missing = profile(
+            Act::ScmpActErrno,
+            vec![rule(&["capset"], Act::ScmpActAllow)],
+        );
+        assert!(!widened(missing).can_drop_back());
+        let denied = profile(
+            Act::ScmpActAllow,
+            vec![rule(&["capset"], Act::ScmpActErrno)],
+        );
+        assert!(!widened(denied).can_drop_back());
+        assert!(widened(profile(Act::ScmpActAllow, vec![])).can_drop_back());
+        // No gain needed: nothing to drop back.
+        let mut p = process(Some(true), &[Capability::Chown]);
+        let denied = profile(
+            Act::ScmpActAllow,
+            vec![rule(&["capset"], Act::ScmpActErrno)],
+        );
+        assert!(SeccompExecutor::prepare(&mut p, denied).can_drop_back());
     }
 
     #[test]
