@@ -551,24 +551,21 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     array_create(bytes, handle, || unsafe { f(handle, desc, levels) })
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CUarray) -> CUresult {
-    let f = real!(
-        slots::CU_MIPMAPPED_ARRAY_DESTROY,
-        unsafe extern "C" fn(CUarray) -> CUresult
-    );
+/// An array destroy: its share given back once the driver has freed it.
+fn array_destroy(slot: &Slot, handle: CUarray) -> CUresult {
+    let f = real!(slot, unsafe extern "C" fn(CUarray) -> CUresult);
     // SAFETY: forwarding the caller's argument.
     free(handle as usize as u64, || unsafe { f(handle) })
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(handle: CUarray) -> CUresult {
+    array_destroy(&slots::CU_MIPMAPPED_ARRAY_DESTROY, handle)
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(handle: CUarray) -> CUresult {
-    let f = real!(
-        slots::CU_ARRAY_DESTROY,
-        unsafe extern "C" fn(CUarray) -> CUresult
-    );
-    // SAFETY: forwarding the caller's argument.
-    free(handle as usize as u64, || unsafe { f(handle) })
+    array_destroy(&slots::CU_ARRAY_DESTROY, handle)
 }
 
 #[no_mangle]
