@@ -876,9 +876,6 @@ fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExe
     let Some(seccomp) = spec.linux().as_ref().and_then(|l| l.seccomp().clone()) else {
         return Ok(None);
     };
-    if !matches!(crate::seccomp_program::cached(&seccomp), Ok(Some(_))) {
-        return Ok(None);
-    }
     let relative_source = spec.mounts().iter().flatten().any(|m| {
         m.source()
             .as_ref()
@@ -896,7 +893,7 @@ fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExe
     }
     let mut process = spec.process().clone().unwrap_or_default();
     let executor = SeccompExecutor::prepare(&mut process, seccomp);
-    if !executor.can_drop_back() {
+    if !executor.has_program() || !executor.can_drop_back() {
         return Ok(None);
     }
     spec.set_process(Some(process));

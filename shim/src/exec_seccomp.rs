@@ -52,6 +52,11 @@ impl SeccompExecutor {
 }
 
 impl SeccompExecutor {
+    /// Whether the profile was compiled here (not a notify profile, and libseccomp took it).
+    pub fn has_program(&self) -> bool {
+        self.program.is_some()
+    }
+
     /// Whether the process, once filtered, can still drop the capabilities it gained to load
     /// the filter: no gain was needed, or the profile surely allows `capset` and `prctl`. A
     /// container's init takes this path only then (else libcontainer loads the filter before

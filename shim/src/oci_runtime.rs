@@ -155,22 +155,40 @@ impl OciRuntime {
         console_socket: Option<&Path>,
         io: CallIo,
     ) -> Result<i32, String> {
-        let pid_file = bundle.join("init.pid");
-        let _ = std::fs::remove_file(&pid_file);
         let mut cmd = self.command();
-        cmd.arg("create")
-            .arg("--bundle")
-            .arg(bundle)
-            .arg("--pid-file")
-            .arg(&pid_file);
+        cmd.arg("create").arg("--bundle").arg(bundle);
+        self.run_for_pid(
+            cmd,
+            &bundle.join("init.pid"),
+            console_socket,
+            id,
+            io,
+            "create",
+        )
+    }
+
+    /// A call that starts a process (`create`, `exec`): `cmd` gets `--pid-file`, for a pty
+    /// `--console-socket`, then the id; returns the pid the runtime wrote, whose file goes
+    /// afterwards (the runtime writes it 0644, and it has served).
+    fn run_for_pid(
+        &self,
+        mut cmd: Command,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        id: &str,
+        io: CallIo,
+        what: &str,
+    ) -> Result<i32, String> {
+        let _ = std::fs::remove_file(pid_file);
+        cmd.arg("--pid-file").arg(pid_file);
         if let Some(socket) = console_socket {
             cmd.arg("--console-socket").arg(socket);
         }
         cmd.arg(id);
-        self.run(cmd, io.into_stdio(), "create")?;
-        let pid = read_pid(&pid_file);
-        // The runtime writes it 0644; it has served.
-        let _ = std::fs::remove_file(&pid_file);
+        let pid = self
+            .run(cmd, io.into_stdio(), what)
+            .and_then(|()| read_pid(pid_file));
+        let _ = std::fs::remove_file(pid_file);
         pid
     }
 
@@ -205,22 +223,13 @@ impl OciRuntime {
         console_socket: Option<&Path>,
         io: CallIo,
     ) -> Result<i32, String> {
-        let pid_file = process.with_extension("pid");
         let mut cmd = self.command();
         cmd.arg("exec")
             .arg("--detach")
             .arg("--process")
-            .arg(process)
-            .arg("--pid-file")
-            .arg(&pid_file);
-        if let Some(socket) = console_socket {
-            cmd.arg("--console-socket").arg(socket);
-        }
-        cmd.arg(id);
-        let run = self.run(cmd, io.into_stdio(), "exec");
-        let pid = run.and_then(|()| read_pid(&pid_file));
-        let _ = std::fs::remove_file(&pid_file);
-        pid
+            .arg(process);
+        let pid_file = process.with_extension("pid");
+        self.run_for_pid(cmd, &pid_file, console_socket, id, io, "exec")
     }
 
     /// Whether the runtime still knows the container (`state` succeeds).
