@@ -107,6 +107,26 @@ async fn a_runc_pod_runs_logs_execs_survives_a_daemon_kill_and_stops() {
     let tty_id = env.d.run_container(&pod, &tty, &cfg).await.unwrap();
     traces.add_container(&tty_id);
 
+    // A recursive read-only mount, which Status does not claim for runc, is refused before
+    // anything is made (the leak check at the end would see it).
+    let mut rro = sh_container(&env, "rro", "sleep 1", &marker("runc-rro"));
+    let host = env.d.dir().join("rro-source");
+    std::fs::create_dir_all(&host).unwrap();
+    rro.mounts.push(cri::Mount {
+        container_path: "/data".into(),
+        host_path: host.to_string_lossy().into_owned(),
+        readonly: true,
+        recursive_read_only: true,
+        ..Default::default()
+    });
+    let e = env.d.create_container(&pod, &rro, &cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("recursive read-only"),
+        "{}",
+        e.message()
+    );
+
     // It runs through runc: runc's own state names it, with the handler's pod annotation.
     let ids = runc_ids(&root);
     assert!(ids.contains(&id) && ids.contains(&tty_id), "{ids:?}");

@@ -122,6 +122,15 @@ impl Inner {
         image_name: String,
         log_path: PathBuf,
     ) -> Result<(), Status> {
+        // Refused before anything is recorded or mounted.
+        let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
+        if handler.binary().is_some() && config.mounts.iter().any(|m| m.recursive_read_only) {
+            return Err(Status::invalid_argument(format!(
+                "CreateContainer: runtime handler {:?} does not support recursive read-only \
+                 mounts (Status reports it without the feature)",
+                pod.runtime_handler
+            )));
+        }
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
         let image_config = self.images.config(image).map_err(from_image_error)?;
@@ -169,15 +178,6 @@ impl Inner {
             .await
             .map_err(from_image_error)?;
 
-        let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
-        if handler.binary().is_some() && record.config.mounts.iter().any(|m| m.recursive_read_only)
-        {
-            return Err(Status::invalid_argument(format!(
-                "CreateContainer: runtime handler {:?} does not support recursive read-only \
-                 mounts (Status reports it without the feature)",
-                pod.runtime_handler
-            )));
-        }
         phases.done("rootfs");
         let image_volumes = self
             .mount_image_volumes(id, &record.config, &bundle)

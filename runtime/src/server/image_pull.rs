@@ -13,13 +13,7 @@ impl ImageService {
     ) -> Result<PullImageResponse, Status> {
         let spec = req.image.unwrap_or_default();
         // One image store serves every handler (KEP-4216), so a known one changes nothing.
-        if self.handlers.get(&spec.runtime_handler).is_none() {
-            return Err(super::sandbox_run::unknown_handler(
-                "PullImage",
-                &spec.runtime_handler,
-                &self.handlers,
-            ));
-        }
+        super::sandbox_run::known_handler(&self.handlers, "PullImage", &spec.runtime_handler)?;
         let image = spec.image;
         if image.is_empty() {
             return Err(Status::invalid_argument(

@@ -128,23 +128,23 @@ impl Inner {
         rpc: &str,
         name: &str,
     ) -> Result<&crate::runtimes::RuntimeHandlerConfig, Status> {
-        self.handlers
-            .get(name)
-            .ok_or_else(|| unknown_handler(rpc, name, &self.handlers))
+        known_handler(&self.handlers, rpc, name)
     }
 }
 
-/// The refusal of a handler the node lacks, naming those it has.
-pub(super) fn unknown_handler(
+/// The handler `name` of `handlers`, or the refusal naming those there are.
+pub(super) fn known_handler<'a>(
+    handlers: &'a crate::runtimes::Handlers,
     rpc: &str,
     name: &str,
-    handlers: &crate::runtimes::Handlers,
-) -> Status {
-    Status::invalid_argument(format!(
-        "{rpc}: runtime handler {:?} is not configured on this node; its handlers are {}",
-        shown(name),
-        handlers.names()
-    ))
+) -> Result<&'a crate::runtimes::RuntimeHandlerConfig, Status> {
+    handlers.get(name).ok_or_else(|| {
+        Status::invalid_argument(format!(
+            "{rpc}: runtime handler {:?} is not configured on this node; its handlers are {}",
+            shown(name),
+            handlers.names()
+        ))
+    })
 }
 
 /// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
@@ -548,7 +548,8 @@ mod tests {
         let mut cfg = pod_with(&[], Node, Pod);
         assert!(check_host_network_hostname(&cfg).is_ok());
         let handlers = crate::runtimes::Handlers::new(&Default::default());
-        let e = unknown_handler("RunPodSandbox", &"kata".repeat(1000), &handlers);
+        assert!(known_handler(&handlers, "RunPodSandbox", "").is_ok());
+        let e = known_handler(&handlers, "RunPodSandbox", &"kata".repeat(1000)).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(
             e.message().len() < 400,
