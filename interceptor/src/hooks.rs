@@ -62,27 +62,15 @@ pub mod slots {
     pub static CU_DEVICE_GET_UUID_V2: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid_v2");
 }
 
-/// The real function behind `$slot` as `$ty`, or return `CUDA_ERROR_NOT_FOUND` when the driver
-/// lacks it.
-macro_rules! real {
-    ($slot:expr, $ty:ty) => {
-        // SAFETY: $ty is the C signature of the slot's symbol, as declared in cuda.h.
-        match unsafe { $slot.get::<$ty>() } {
-            Some(f) => f,
-            None => return CUDA_ERROR_NOT_FOUND,
-        }
-    };
-}
-
 /// Which device an allocation lands on.
 #[derive(Clone, Copy)]
-enum On {
+pub(crate) enum On {
     /// The current context's.
     Current,
     Ordinal(CUdevice),
 }
 
-fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
+pub(crate) fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
     let dev = match on {
         On::Ordinal(d) => d,
         On::Current => {
@@ -116,6 +104,10 @@ fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
     let r = unsafe { f(&mut u, dev) };
     if r != CUDA_SUCCESS {
         return Err(r);
+    }
+    // All zeros names the ledger's process records, never a GPU: account nothing to it.
+    if u.bytes == crishim_proto::vgpu::ledger::PROCESS {
+        return Err(CUDA_ERROR_NOT_FOUND);
     }
     lock(&l.uuids).insert(dev, u);
     Ok(u)
@@ -174,6 +166,9 @@ fn free(key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         Mode::PassThrough => return call(),
         Mode::Limited(l) => l,
     };
+    if crate::pool::owns(l, key) {
+        return crate::pool::free(l, key, call);
+    }
     let r = call();
     if r == CUDA_SUCCESS {
         if let Some((uuid, size)) = lock(&l.allocations).remove(&key) {
@@ -196,6 +191,7 @@ fn limited_info(free: u64, total: u64) -> (u64, u64) {
     let Ok(uuid) = device_uuid(l, On::Current) else {
         return (free, total);
     };
+    crate::pool::refresh(l);
     let used = lock(&l.ledger).used(&uuid).unwrap_or(0);
     let total = total.min(limit);
     (free.min(total.saturating_sub(used)), total)
@@ -366,15 +362,21 @@ pub unsafe extern "C" fn cuMemAllocManaged_v2(
 
 type AllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 
+/// `cuMemAllocAsync` allocates from the current device's current pool: accounted as that pool
+/// (see [`crate::pool`]), or as a plain allocation where the driver cannot name the pool.
 fn alloc_async(slot: &Slot, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
     let f = real!(slot, AllocAsync);
     // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
-    allocate(
-        bytesize as u64,
-        On::Current,
-        || unsafe { f(dptr, bytesize, stream) },
-        || unsafe { *dptr },
-    )
+    let call = || unsafe { f(dptr, bytesize, stream) };
+    let key = || unsafe { *dptr };
+    let pool = match mode() {
+        Mode::Limited(_) => crate::pool::current_pool(),
+        _ => None,
+    };
+    match pool {
+        Some(pool) => crate::pool::allocate(pool, On::Current, bytesize as u64, call, key),
+        None => allocate(bytesize as u64, On::Current, call, key),
+    }
 }
 
 #[no_mangle]
@@ -437,9 +439,7 @@ pub unsafe extern "C" fn cuMemCreate(
     }
 }
 
-/// An allocation from a memory pool (how `cudaMallocAsync` and PyTorch's `cudaMallocAsync`
-/// backend allocate): reserved before the driver is called, on the current device, and given
-/// back by `cuMemFreeAsync`. What a pool keeps after a free is not counted.
+/// An allocation from a memory pool: accounted as the pool's (see [`crate::pool`]).
 fn alloc_from_pool(
     slot: &Slot,
     dptr: *mut CUdeviceptr,
@@ -450,9 +450,10 @@ fn alloc_from_pool(
     type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
     let f = real!(slot, F);
     // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
-    allocate(
-        bytesize as u64,
+    crate::pool::allocate(
+        pool as usize,
         On::Current,
+        bytesize as u64,
         || unsafe { f(dptr, bytesize, pool, stream) },
         || unsafe { *dptr },
     )
@@ -773,6 +774,7 @@ fn throttle(blocks: u64) -> Option<CUresult> {
         b.get_or_insert_with(|| Bucket::new(now)).take(blocks, now)
     };
     if !wait.is_zero() {
+        crate::nvml::note_throttled(wait);
         std::thread::sleep(wait);
     }
     None

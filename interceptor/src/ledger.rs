@@ -19,37 +19,7 @@ use std::path::PathBuf;
 
 use crate::cuda::CUuuid;
 
-use crishim_proto::vgpu::ledger::{Entry, RECORD};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Record {
-    pid: u32,
-    start: u64,
-    uuid: CUuuid,
-    used: u64,
-}
-
-impl Record {
-    fn encode(&self) -> [u8; RECORD] {
-        Entry {
-            pid: self.pid,
-            start: self.start,
-            uuid: self.uuid.bytes,
-            used: self.used,
-        }
-        .encode()
-    }
-
-    /// `None` for a free record or one whose checksum does not match.
-    fn decode(b: &[u8]) -> Option<Record> {
-        Entry::decode(b).map(|e| Record {
-            pid: e.pid,
-            start: e.start,
-            uuid: CUuuid { bytes: e.uuid },
-            used: e.used,
-        })
-    }
-}
+use crishim_proto::vgpu::ledger::{Entry as Record, PROCESS, RECORD};
 
 /// Whether a process is still there: how `/proc` answers, behind a trait so tests can decide.
 pub trait Processes {
@@ -133,9 +103,40 @@ impl Ledger {
         self.update(|me, table| table.adjust(me, uuid, |u| u.saturating_sub(bytes)))
     }
 
+    /// Add `bytes` to this process's share of `uuid` whatever the limit: for memory the driver
+    /// has already taken (a context, a pool's cache), which the container must still see.
+    pub fn charge(&mut self, uuid: &CUuuid, bytes: u64) -> io::Result<()> {
+        self.update(|me, table| table.adjust(me, uuid, |u| u.saturating_add(bytes)))
+    }
+
     /// The whole container's usage of `uuid`.
     pub fn used(&mut self, uuid: &CUuuid) -> io::Result<u64> {
         self.update(|_, table| table.live(uuid).fold(0, u64::saturating_add))
+    }
+
+    /// Record this process's pid as the driver names it.
+    pub fn set_host_pid(&mut self, host_pid: u32) -> io::Result<()> {
+        self.update(|me, table| table.process(me, |r| r.host_pid = host_pid))
+    }
+
+    /// Add to the time this process's launches were held back.
+    pub fn add_throttled(&mut self, us: u64) -> io::Result<()> {
+        self.update(|me, table| {
+            table.process(me, |r| r.throttled_us = r.throttled_us.saturating_add(us))
+        })
+    }
+
+    /// The host pids of the container's live processes that have one recorded.
+    pub fn host_pids(&mut self) -> io::Result<Vec<u32>> {
+        self.update(|_, table| {
+            table
+                .slots
+                .iter()
+                .flatten()
+                .filter(|r| r.uuid == PROCESS && r.host_pid != 0 && !r.is_totals())
+                .map(|r| r.host_pid)
+                .collect()
+        })
     }
 
     /// Lock, read, reclaim, run `f`, write what changed, unlock.
@@ -189,11 +190,20 @@ impl Table {
         Table { slots, dirty }
     }
 
+    /// Free the records of processes that are gone; their throttled time moves to the totals.
     fn reclaim(&mut self, alive: impl Fn(&Record) -> bool) {
+        let mut gone_throttled = 0u64;
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.as_ref().is_some_and(|r| !alive(r)) {
+            if s.as_ref().is_some_and(|r| !r.is_totals() && !alive(r)) {
+                gone_throttled = gone_throttled.saturating_add(s.map_or(0, |r| r.throttled_us));
                 *s = None;
                 self.dirty.insert(i, ());
+            }
+        }
+        if gone_throttled > 0 {
+            let i = self.slot_of((0, 0), &PROCESS);
+            if let Some(r) = &mut self.slots[i] {
+                r.throttled_us = r.throttled_us.saturating_add(gone_throttled);
             }
         }
     }
@@ -202,41 +212,55 @@ impl Table {
         self.slots
             .iter()
             .flatten()
-            .filter(move |r| r.uuid == *uuid)
+            .filter(move |r| r.uuid == uuid.bytes)
             .map(|r| r.used)
     }
 
-    fn adjust(&mut self, me: (u32, u64), uuid: &CUuuid, f: impl FnOnce(u64) -> u64) {
-        let i = match self.slots.iter().position(|s| {
+    /// The index of the record of (process, uuid), made (and marked dirty) if there is none.
+    fn slot_of(&mut self, me: (u32, u64), uuid: &[u8; 16]) -> usize {
+        let found = self.slots.iter().position(|s| {
             s.as_ref()
                 .is_some_and(|r| (r.pid, r.start) == me && r.uuid == *uuid)
-        }) {
-            Some(i) => i,
-            None => {
-                let i = self
-                    .slots
-                    .iter()
-                    .position(Option::is_none)
-                    .unwrap_or(self.slots.len());
-                if i == self.slots.len() {
-                    self.slots.push(None);
-                }
-                self.slots[i] = Some(Record {
-                    pid: me.0,
-                    start: me.1,
-                    uuid: *uuid,
-                    used: 0,
-                });
-                i
+        });
+        let i = found.unwrap_or_else(|| {
+            let i = self
+                .slots
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or(self.slots.len());
+            if i == self.slots.len() {
+                self.slots.push(None);
             }
-        };
+            self.slots[i] = Some(Record {
+                pid: me.0,
+                start: me.1,
+                uuid: *uuid,
+                used: 0,
+                host_pid: 0,
+                throttled_us: 0,
+            });
+            i
+        });
+        self.dirty.insert(i, ());
+        i
+    }
+
+    fn adjust(&mut self, me: (u32, u64), uuid: &CUuuid, f: impl FnOnce(u64) -> u64) {
+        let i = self.slot_of(me, &uuid.bytes);
         if let Some(r) = &mut self.slots[i] {
             r.used = f(r.used);
             if r.used == 0 {
                 self.slots[i] = None;
             }
         }
-        self.dirty.insert(i, ());
+    }
+
+    /// Change this process's process record (kept while the process lives, even if empty).
+    fn process(&mut self, me: (u32, u64), f: impl FnOnce(&mut Record)) {
+        let i = self.slot_of(me, &PROCESS);
+        if let Some(r) = &mut self.slots[i] {
+            f(r);
+        }
     }
 
     fn dirty(&self) -> impl Iterator<Item = (usize, Option<Record>)> + '_ {
@@ -309,7 +333,7 @@ mod tests {
         }
     }
 
-    const GPU0: CUuuid = CUuuid { bytes: [0; 16] };
+    const GPU0: CUuuid = CUuuid { bytes: [2; 16] };
     const GPU1: CUuuid = CUuuid { bytes: [1; 16] };
     const MIB: u64 = 1 << 20;
 
@@ -344,8 +368,10 @@ mod tests {
             Record {
                 pid,
                 start: 100,
-                uuid: GPU0,
+                uuid: GPU0.bytes,
                 used: 1 << 63,
+                host_pid: 0,
+                throttled_us: 0,
             }
             .encode()
         };
@@ -394,15 +420,47 @@ mod tests {
     }
 
     #[test]
-    fn records_encode_and_decode() {
-        let r = Record {
-            pid: 42,
-            start: 7,
-            uuid: GPU1,
-            used: 123,
+    fn process_records_keep_host_pids_and_throttled_time_past_their_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = Fake::default();
+        let mut l = ledger(&dir, &procs);
+        procs.be(10, 100);
+        l.set_host_pid(5010).unwrap();
+        l.add_throttled(300).unwrap();
+        procs.be(11, 110);
+        l.set_host_pid(5011).unwrap();
+        l.add_throttled(40).unwrap();
+        // A charge is taken past the limit; a reservation is not.
+        l.charge(&GPU0, 600 * MIB).unwrap();
+        assert!(!l.reserve(&GPU0, MIB, 512 * MIB).unwrap());
+        assert_eq!(
+            l.used(&GPU0).unwrap(),
+            600 * MIB,
+            "process records hold no memory"
+        );
+        let mut pids = l.host_pids().unwrap();
+        pids.sort();
+        assert_eq!(pids, [5010, 5011]);
+        procs.kill(10);
+        assert_eq!(l.host_pids().unwrap(), [5011]);
+        let throttled = |dir: &tempfile::TempDir| -> u64 {
+            std::fs::read(dir.path().join("usage"))
+                .unwrap()
+                .chunks(RECORD)
+                .filter_map(Record::decode)
+                .map(|r| r.throttled_us)
+                .sum()
         };
-        assert_eq!(Record::decode(&r.encode()), Some(r));
-        assert_eq!(Record::decode(&[0u8; RECORD]), None);
+        assert_eq!(
+            throttled(&dir),
+            340,
+            "the dead process's time moved to the totals"
+        );
+        procs.kill(11);
+        procs.be(12, 120);
+        assert_eq!(l.host_pids().unwrap(), Vec::<u32>::new());
+        assert_eq!(throttled(&dir), 340);
+        assert_eq!(l.used(&GPU0).unwrap(), 0);
     }
 
     #[test]

@@ -48,13 +48,27 @@
 
 #![allow(non_snake_case)]
 
+/// The real CUDA function behind `$slot` as `$ty`, or return `CUDA_ERROR_NOT_FOUND` when the
+/// driver lacks it. (NVML's hooks have their own, returning NVML's code.)
+macro_rules! real {
+    ($slot:expr, $ty:ty) => {
+        // SAFETY: $ty is the C signature of the slot's symbol, as declared in cuda.h.
+        match unsafe { $slot.get::<$ty>() } {
+            Some(f) => f,
+            None => return $crate::cuda::CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
 pub mod config;
+pub mod context;
 pub mod cuda;
 pub mod dlsym;
 pub mod hooks;
 pub mod ledger;
 pub mod limiter;
 pub mod nvml;
+pub mod pool;
 pub mod real;
 pub mod state;
 pub mod table;

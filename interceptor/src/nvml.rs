@@ -6,10 +6,11 @@
 
 #![allow(clippy::missing_safety_doc)]
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::cuda::{format_uuid, parse_uuid, CUuuid};
 use crate::limiter::{Bucket, PERIOD};
@@ -20,8 +21,15 @@ pub type NvmlReturn = i32;
 pub type NvmlDevice = *mut c_void;
 
 pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NO_PERMISSION: NvmlReturn = 4;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: NvmlReturn = 13;
+/// NVML's "not available" for a process's memory.
+const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+/// The most list entries read from NVML at once: far more processes than one GPU runs.
+const MAX_LIST: u32 = 4096;
 
 #[repr(C)]
 pub struct NvmlMemory {
@@ -55,6 +63,24 @@ pub mod slots {
     pub static INIT_V2: Slot = Slot::new(Lib::Nvml, c"nvmlInit_v2");
     pub static GET_HANDLE_BY_UUID: Slot = Slot::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
     pub static GET_UTILIZATION: Slot = Slot::new(Lib::Nvml, c"nvmlDeviceGetUtilizationRates");
+    pub static GET_PROCESS_UTILIZATION: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetProcessUtilization");
+    pub static COMPUTE_PROCS: Slot = Slot::new(Lib::Nvml, c"nvmlDeviceGetComputeRunningProcesses");
+    pub static COMPUTE_PROCS_V2: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetComputeRunningProcesses_v2");
+    pub static COMPUTE_PROCS_V3: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetComputeRunningProcesses_v3");
+    pub static GRAPHICS_PROCS: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetGraphicsRunningProcesses");
+    pub static GRAPHICS_PROCS_V2: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetGraphicsRunningProcesses_v2");
+    pub static GRAPHICS_PROCS_V3: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetGraphicsRunningProcesses_v3");
+    pub static MPS_PROCS: Slot = Slot::new(Lib::Nvml, c"nvmlDeviceGetMPSComputeRunningProcesses");
+    pub static MPS_PROCS_V2: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetMPSComputeRunningProcesses_v2");
+    pub static MPS_PROCS_V3: Slot =
+        Slot::new(Lib::Nvml, c"nvmlDeviceGetMPSComputeRunningProcesses_v3");
 }
 
 macro_rules! real {
@@ -139,10 +165,255 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     }
 }
 
+/// NVML initialised for the interceptor's own queries, once per process.
+fn ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        type Init = unsafe extern "C" fn() -> NvmlReturn;
+        // SAFETY: nvmlInit_v2 takes no arguments.
+        unsafe { slots::INIT_V2.get::<Init>() }
+            .is_some_and(|init| unsafe { init() } == NVML_SUCCESS)
+    })
+}
+
+/// NVML's handle of the GPU with this UUID.
+pub(crate) fn device(uuid: &CUuuid) -> Option<NvmlDevice> {
+    type ByUuid = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
+    if !ready() {
+        return None;
+    }
+    // SAFETY: nvml.h's signature.
+    let by_uuid = unsafe { slots::GET_HANDLE_BY_UUID.get::<ByUuid>() }?;
+    let c = std::ffi::CString::new(format_uuid(uuid)).ok()?;
+    let mut d: NvmlDevice = std::ptr::null_mut();
+    // SAFETY: `c` and `d` outlive the call.
+    (unsafe { by_uuid(c.as_ptr(), &mut d) } == NVML_SUCCESS).then_some(d)
+}
+
+/// Bytes per entry of NVML's lists: `nvmlProcessInfo_v1_t`; `nvmlProcessInfo_v2_t` (and `_t`);
+/// `nvmlProcessUtilizationSample_t`. Each starts with the pid as an `unsigned int`.
+const PROCESS_V1: usize = 16;
+const PROCESS_V2: usize = 24;
+const SAMPLE: usize = 32;
+
+/// A whole list from NVML: `call(count, buffer)` is asked for the count first, then filled,
+/// with room for a few more should processes have started in between. Capped at [`MAX_LIST`]
+/// entries. The entries' raw bytes, `stride` each.
+fn read_list(
+    stride: usize,
+    call: impl Fn(*mut u32, *mut c_void) -> NvmlReturn,
+) -> Result<Vec<u8>, NvmlReturn> {
+    let mut n = 0u32;
+    match call(&mut n, std::ptr::null_mut()) {
+        NVML_SUCCESS if n == 0 => return Ok(Vec::new()),
+        NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => {}
+        r => return Err(r),
+    }
+    for _ in 0..3 {
+        let cap = n.saturating_add(8).min(MAX_LIST);
+        // u64s, so the entries' 64-bit fields are aligned.
+        let mut buf = vec![0u64; (cap as usize * stride).div_ceil(8)];
+        let mut got = cap;
+        match call(&mut got, buf.as_mut_ptr().cast()) {
+            NVML_SUCCESS => {
+                let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+                return Ok(bytes[..got.min(cap) as usize * stride].to_vec());
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE if cap < MAX_LIST => n = got.max(cap),
+            r => return Err(r),
+        }
+    }
+    Err(NVML_ERROR_INSUFFICIENT_SIZE)
+}
+
+fn u32_at(entry: &[u8], at: usize) -> u32 {
+    u32::from_ne_bytes(entry[at..at + 4].try_into().unwrap_or_default())
+}
+
+fn u64_at(entry: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(entry[at..at + 8].try_into().unwrap_or_default())
+}
+
+type ListFn = unsafe extern "C" fn(NvmlDevice, *mut u32, *mut c_void) -> NvmlReturn;
+
+/// The processes running on `device` as NVML names them (host pids) and the device memory
+/// each holds (`None` where NVML cannot say).
+pub(crate) fn processes(device: NvmlDevice) -> Option<Vec<(u32, Option<u64>)>> {
+    let (slot, stride) = [
+        (&slots::COMPUTE_PROCS_V3, PROCESS_V2),
+        (&slots::COMPUTE_PROCS_V2, PROCESS_V2),
+        (&slots::COMPUTE_PROCS, PROCESS_V1),
+    ]
+    .into_iter()
+    .find(|(s, _)| s.addr().is_some())?;
+    // SAFETY: the nvml.h signature of these three.
+    let f = unsafe { slot.get::<ListFn>() }?;
+    // SAFETY: NVML fills at most `count` entries of `stride` bytes.
+    let raw = read_list(stride, |c, b| unsafe { f(device, c, b) }).ok()?;
+    Some(
+        raw.chunks(stride)
+            .map(|e| {
+                let used = u64_at(e, 8);
+                (
+                    u32_at(e, 0),
+                    (used != NVML_VALUE_NOT_AVAILABLE).then_some(used),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The container's processes as NVML names them: every host pid its live processes recorded.
+fn own_pids(l: &Limited) -> Vec<u32> {
+    let mut own = lock(&l.ledger).host_pids().unwrap_or_default();
+    own.extend(crate::context::host_pid());
+    own
+}
+
+/// Keep the entries of `raw` whose pid is in `own`, and hand them to the caller as NVML would:
+/// `count` in, the room there is; out, how many there are.
+///
+/// # Safety
+/// `count` is valid; `out` has room for `*count` entries of `stride` bytes (or is null).
+unsafe fn hand_out(
+    raw: &[u8],
+    stride: usize,
+    own: &[u32],
+    count: *mut u32,
+    out: *mut c_void,
+) -> NvmlReturn {
+    let kept: Vec<&[u8]> = raw
+        .chunks(stride)
+        .filter(|e| own.contains(&u32_at(e, 0)))
+        .collect();
+    // SAFETY: per this function's contract.
+    unsafe {
+        let room = *count as usize;
+        *count = kept.len() as u32;
+        if kept.len() > room {
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        if kept.is_empty() {
+            return NVML_SUCCESS;
+        }
+        if out.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        for (i, e) in kept.iter().enumerate() {
+            std::ptr::copy_nonoverlapping(e.as_ptr(), out.cast::<u8>().add(i * stride), stride);
+        }
+    }
+    NVML_SUCCESS
+}
+
+/// A process list hook: the container sees its own processes only, never its neighbours'.
+unsafe fn own_processes(
+    slot: &Slot,
+    stride: usize,
+    device: NvmlDevice,
+    count: *mut u32,
+    infos: *mut c_void,
+) -> NvmlReturn {
+    if refused() {
+        return NVML_ERROR_NO_PERMISSION;
+    }
+    let f = real!(slot, ListFn);
+    let Mode::Limited(l) = mode() else {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { f(device, count, infos) };
+    };
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: NVML fills at most `count` entries of `stride` bytes.
+    let raw = match read_list(stride, |c, b| unsafe { f(device, c, b) }) {
+        Ok(raw) => raw,
+        Err(r) => return r,
+    };
+    // SAFETY: the caller's count and buffer, per nvml.h.
+    unsafe { hand_out(&raw, stride, &own_pids(l), count, infos) }
+}
+
+macro_rules! process_list_hooks {
+    ($($name:ident: $slot:ident, $stride:expr;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            device: NvmlDevice,
+            count: *mut u32,
+            infos: *mut c_void,
+        ) -> NvmlReturn {
+            // SAFETY: forwarding the caller's arguments.
+            unsafe { own_processes(&slots::$slot, $stride, device, count, infos) }
+        }
+    )*};
+}
+
+process_list_hooks! {
+    nvmlDeviceGetComputeRunningProcesses: COMPUTE_PROCS, PROCESS_V1;
+    nvmlDeviceGetComputeRunningProcesses_v2: COMPUTE_PROCS_V2, PROCESS_V2;
+    nvmlDeviceGetComputeRunningProcesses_v3: COMPUTE_PROCS_V3, PROCESS_V2;
+    nvmlDeviceGetGraphicsRunningProcesses: GRAPHICS_PROCS, PROCESS_V1;
+    nvmlDeviceGetGraphicsRunningProcesses_v2: GRAPHICS_PROCS_V2, PROCESS_V2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3: GRAPHICS_PROCS_V3, PROCESS_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses: MPS_PROCS, PROCESS_V1;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2: MPS_PROCS_V2, PROCESS_V2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3: MPS_PROCS_V3, PROCESS_V2;
+}
+
+type ProcessUtilization =
+    unsafe extern "C" fn(NvmlDevice, *mut c_void, *mut u32, u64) -> NvmlReturn;
+
+/// Per-process utilization samples: the container's own only.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: NvmlDevice,
+    samples: *mut c_void,
+    count: *mut u32,
+    last_seen: u64,
+) -> NvmlReturn {
+    if refused() {
+        return NVML_ERROR_NO_PERMISSION;
+    }
+    let f = real!(slots::GET_PROCESS_UTILIZATION, ProcessUtilization);
+    let Mode::Limited(l) = mode() else {
+        // SAFETY: forwarding the caller's arguments.
+        return unsafe { f(device, samples, count, last_seen) };
+    };
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: NVML fills at most `count` samples.
+    let raw = match read_list(SAMPLE, |c, b| unsafe { f(device, b, c, last_seen) }) {
+        Ok(raw) => raw,
+        Err(r) => return r,
+    };
+    // SAFETY: the caller's count and buffer, per nvml.h.
+    unsafe { hand_out(&raw, SAMPLE, &own_pids(l), count, samples) }
+}
+
 /// The pid whose watcher thread runs (a forked child starts its own).
 static WATCHER: AtomicU32 = AtomicU32::new(0);
 
+/// Microseconds this process's launches waited, not yet written to the ledger.
+static THROTTLED_US: AtomicU64 = AtomicU64::new(0);
+
+/// Count time a launch was held back; the watcher writes it to the ledger.
+pub(crate) fn note_throttled(wait: Duration) {
+    THROTTLED_US.fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
+}
+
+/// A forked child starts with none of its parent's unwritten time.
+pub(crate) fn forget_throttled() {
+    THROTTLED_US.store(0, Ordering::Relaxed);
+}
+
 /// Start the thread that steers the core limiter's bucket, once per process.
+///
+/// It steers by the SM use of the container's own processes (NVML's per-process utilization,
+/// for the host pids the container's processes recorded), so a busy neighbour on the same GPU
+/// does not slow the container. Where per-process utilization is not available, or the
+/// container's pids are not known, it steers by the whole GPU's utilization instead (said once
+/// on stderr): never less strict than the limit.
 pub(crate) fn ensure_watcher(
     l: &'static Limited,
     percent: u32,
@@ -160,13 +431,33 @@ pub(crate) fn ensure_watcher(
     };
     let spawned = std::thread::Builder::new()
         .name("crishim-vgpu".into())
-        .spawn(move || loop {
-            std::thread::sleep(PERIOD);
-            let util = sample.utilization();
-            let mut b = lock(bucket);
-            let now = Instant::now();
-            b.get_or_insert_with(|| Bucket::new(now))
-                .steer(percent, util, now);
+        .spawn(move || {
+            let mut said = false;
+            loop {
+                std::thread::sleep(PERIOD);
+                let util = match sample.own_utilization(&own_pids(l)) {
+                    Ok(u) => u,
+                    Err(why) => {
+                        if !said {
+                            said = true;
+                            crate::warn(format_args!(
+                                "core limit {percent}% steered by the whole GPU's utilization: {why}"
+                            ));
+                        }
+                        sample.utilization()
+                    }
+                };
+                {
+                    let mut b = lock(bucket);
+                    let now = Instant::now();
+                    b.get_or_insert_with(|| Bucket::new(now))
+                        .steer(percent, util, now);
+                }
+                let waited = THROTTLED_US.swap(0, Ordering::Relaxed);
+                if waited > 0 {
+                    let _ = lock(&l.ledger).add_throttled(waited);
+                }
+            }
         });
     if let Err(e) = spawned {
         crate::warn(format_args!("core limit {percent}% not enforced: {e}"));
@@ -181,34 +472,15 @@ struct Sampler {
 
 impl Sampler {
     fn new(uuids: &[String]) -> Option<Sampler> {
-        type Init = unsafe extern "C" fn() -> NvmlReturn;
-        type ByUuid = unsafe extern "C" fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
         type Get = unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> NvmlReturn;
-        // SAFETY: the types are nvml.h's signatures of these symbols.
-        let (init, by_uuid, get) = unsafe {
-            (
-                slots::INIT_V2.get::<Init>()?,
-                slots::GET_HANDLE_BY_UUID.get::<ByUuid>()?,
-                slots::GET_UTILIZATION.get::<Get>()?,
-            )
-        };
-        // SAFETY: nvmlInit_v2 takes no arguments.
-        if unsafe { init() } != NVML_SUCCESS {
-            return None;
-        }
-        let mut devices = Vec::new();
-        for u in uuids {
-            // Normalised, so what NVML gets is exactly its own form.
-            let Some(c) = parse_uuid(u).map(|p| format_uuid(&p)) else {
-                continue;
-            };
-            let c = std::ffi::CString::new(c).ok()?;
-            let mut d: NvmlDevice = std::ptr::null_mut();
-            // SAFETY: `c` and `d` outlive the call.
-            if unsafe { by_uuid(c.as_ptr(), &mut d) } == NVML_SUCCESS {
-                devices.push(d as usize);
-            }
-        }
+        // SAFETY: the type is nvml.h's signature of this symbol.
+        let get = unsafe { slots::GET_UTILIZATION.get::<Get>() }?;
+        let devices: Vec<usize> = uuids
+            .iter()
+            .filter_map(|u| parse_uuid(u))
+            .filter_map(|u| device(&u))
+            .map(|d| d as usize)
+            .collect();
         (!devices.is_empty()).then_some(Sampler { devices, get })
     }
 
@@ -223,5 +495,138 @@ impl Sampler {
             })
             .max()
             .unwrap_or(0)
+    }
+
+    /// The SM use of the processes `own` names on the busiest granted GPU, percent, from their
+    /// latest samples of the last second.
+    fn own_utilization(&self, own: &[u32]) -> Result<u32, &'static str> {
+        if own.is_empty() {
+            return Err("the container's processes are not known to the driver yet");
+        }
+        // SAFETY: the nvml.h signature.
+        let f = unsafe { slots::GET_PROCESS_UTILIZATION.get::<ProcessUtilization>() }
+            .ok_or("the driver has no per-process utilization")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let since = now.saturating_sub(1_000_000);
+        let mut busiest = 0;
+        for d in &self.devices {
+            // SAFETY: NVML fills at most `count` samples.
+            let raw = match read_list(SAMPLE, |c, b| unsafe { f(*d as NvmlDevice, b, c, since) }) {
+                Ok(raw) => raw,
+                // No sample since `since`: nothing ran.
+                Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
+                Err(_) => return Err("per-process utilization failed"),
+            };
+            busiest = busiest.max(own_sum(&raw, own));
+        }
+        Ok(busiest)
+    }
+}
+
+/// The SM use of `own`'s processes in raw `nvmlProcessUtilizationSample_t`s: each process's
+/// latest sample, summed, at most 100.
+fn own_sum(raw: &[u8], own: &[u32]) -> u32 {
+    let mut latest: HashMap<u32, (u64, u32)> = HashMap::new();
+    for e in raw.chunks(SAMPLE) {
+        let (pid, at, sm) = (u32_at(e, 0), u64_at(e, 8), u32_at(e, 16));
+        if own.contains(&pid) && latest.get(&pid).is_none_or(|(t, _)| *t <= at) {
+            latest.insert(pid, (at, sm.min(100)));
+        }
+    }
+    latest.values().map(|(_, sm)| sm).sum::<u32>().min(100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pid: u32, at: u64, sm: u32) -> [u8; SAMPLE] {
+        let mut e = [0u8; SAMPLE];
+        e[0..4].copy_from_slice(&pid.to_ne_bytes());
+        e[8..16].copy_from_slice(&at.to_ne_bytes());
+        e[16..20].copy_from_slice(&sm.to_ne_bytes());
+        e
+    }
+
+    #[test]
+    fn own_use_sums_each_own_process_latest_sample() {
+        let raw: Vec<u8> = [
+            sample(10, 1, 90),
+            sample(10, 2, 20),
+            sample(11, 1, 15),
+            sample(99, 2, 100), // a neighbour
+        ]
+        .concat();
+        assert_eq!(own_sum(&raw, &[10, 11]), 35);
+        assert_eq!(own_sum(&raw, &[12]), 0);
+        let busy: Vec<u8> = [sample(10, 1, 80), sample(11, 1, 80)].concat();
+        assert_eq!(own_sum(&busy, &[10, 11]), 100, "at most 100");
+    }
+
+    #[test]
+    fn lists_are_handed_out_filtered_and_sized_as_nvml_does() {
+        let entry = |pid: u32| {
+            let mut e = [0u8; PROCESS_V2];
+            e[0..4].copy_from_slice(&pid.to_ne_bytes());
+            e[8..16].copy_from_slice(&u64::from(pid).to_ne_bytes());
+            e
+        };
+        let raw: Vec<u8> = [entry(10), entry(99), entry(11)].concat();
+        let mut out = [0u8; PROCESS_V2 * 2];
+        let mut count = 1u32;
+        // SAFETY: `out` has room for 2 entries; `count` says 1.
+        let r = unsafe {
+            hand_out(
+                &raw,
+                PROCESS_V2,
+                &[10, 11],
+                &mut count,
+                out.as_mut_ptr().cast(),
+            )
+        };
+        assert_eq!((r, count), (NVML_ERROR_INSUFFICIENT_SIZE, 2));
+        // SAFETY: as above, now with the room said.
+        let r = unsafe {
+            hand_out(
+                &raw,
+                PROCESS_V2,
+                &[10, 11],
+                &mut count,
+                out.as_mut_ptr().cast(),
+            )
+        };
+        assert_eq!((r, count), (NVML_SUCCESS, 2));
+        assert_eq!(out[..PROCESS_V2], entry(10));
+        assert_eq!(out[PROCESS_V2..], entry(11));
+        let mut none = 0u32;
+        // SAFETY: nothing is written with nothing kept.
+        let r = unsafe { hand_out(&raw, PROCESS_V2, &[], &mut none, std::ptr::null_mut()) };
+        assert_eq!((r, none), (NVML_SUCCESS, 0), "no pid known: nothing shown");
+    }
+
+    #[test]
+    fn lists_are_read_whole_and_capped() {
+        let calls = std::cell::Cell::new(0);
+        let raw = read_list(PROCESS_V1, |c, b| {
+            calls.set(calls.get() + 1);
+            // SAFETY: `c` is read_list's.
+            let room = unsafe { *c };
+            unsafe { *c = 3 };
+            if b.is_null() || room < 3 {
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            NVML_SUCCESS
+        })
+        .unwrap();
+        assert_eq!(raw.len(), 3 * PROCESS_V1);
+        // A list that never fits is given up on, not grown without bound.
+        let r = read_list(PROCESS_V1, |c, _| {
+            // SAFETY: `c` is read_list's.
+            unsafe { *c = u32::MAX };
+            NVML_ERROR_INSUFFICIENT_SIZE
+        });
+        assert_eq!(r, Err(NVML_ERROR_INSUFFICIENT_SIZE));
     }
 }

@@ -25,6 +25,10 @@ pub struct Limited {
     pub allocations: Mutex<HashMap<u64, (CUuuid, u64)>>,
     /// Device ordinal → UUID, as this process numbers its devices.
     pub uuids: Mutex<HashMap<i32, CUuuid>>,
+    /// What this process's contexts are charged. Taken before `pools`.
+    pub contexts: Mutex<crate::context::Contexts>,
+    /// This process's memory pools. Taken before `allocations` and the ledger.
+    pub pools: Mutex<crate::pool::Pools>,
 }
 
 static MODE: OnceLock<Mode> = OnceLock::new();
@@ -51,6 +55,8 @@ pub fn from_loaded(loaded: Loaded) -> Mode {
             config,
             allocations: Mutex::default(),
             uuids: Mutex::default(),
+            contexts: Mutex::default(),
+            pools: Mutex::default(),
         })),
     }
 }
@@ -81,15 +87,17 @@ fn register_fork_handlers() {
     ONCE.call_once(|| {
         // SAFETY: the handlers are plain functions that live as long as the library.
         unsafe {
-            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork));
+            libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork_child));
         }
     });
 }
 
 extern "C" fn before_fork() {
     let mut held: Vec<Box<dyn Any>> = Vec::new();
-    // In the order the hooks nest them: a process's allocations before the ledger.
+    // In the order the hooks nest them: contexts, pools, allocations, the ledger.
     if let Some(Mode::Limited(l)) = MODE.get() {
+        held.push(Box::new(lock(&l.contexts)));
+        held.push(Box::new(lock(&l.pools)));
         held.push(Box::new(lock(&l.allocations)));
         held.push(Box::new(lock(&l.ledger)));
         held.push(Box::new(lock(&l.uuids)));
@@ -97,6 +105,11 @@ extern "C" fn before_fork() {
     crate::hooks::hold_for_fork(&mut held);
     crate::real::hold_for_fork(&mut held);
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = held);
+}
+
+extern "C" fn after_fork_child() {
+    after_fork();
+    crate::nvml::forget_throttled();
 }
 
 extern "C" fn after_fork() {

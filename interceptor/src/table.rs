@@ -4,9 +4,11 @@
 use std::ffi::{c_void, CStr};
 use std::sync::OnceLock;
 
+use crate::context::{self, slots as ctx};
 use crate::cuda::{CUDA_VERSION_V2_API, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
 use crate::hooks::{self, slots as cu};
 use crate::nvml::{self, slots as nv};
+use crate::pool::{self, slots as pl};
 use crate::real::{Lib, Slot};
 
 pub struct Entry {
@@ -154,6 +156,102 @@ pub fn entries() -> &'static [Entry] {
                 &nv::GET_MEMORY_INFO_V2,
                 nvml::nvmlDeviceGetMemoryInfo_v2 as *const () as usize,
             ),
+            e(
+                &ctx::CU_CTX_CREATE_V2,
+                context::cuCtxCreate_v2 as *const () as usize,
+            ),
+            e(
+                &ctx::CU_CTX_CREATE_V3,
+                context::cuCtxCreate_v3 as *const () as usize,
+            ),
+            e(
+                &ctx::CU_CTX_CREATE_V4,
+                context::cuCtxCreate_v4 as *const () as usize,
+            ),
+            e(
+                &ctx::CU_CTX_DESTROY_V2,
+                context::cuCtxDestroy_v2 as *const () as usize,
+            ),
+            e(
+                &ctx::CU_PRIMARY_CTX_RETAIN,
+                context::cuDevicePrimaryCtxRetain as *const () as usize,
+            ),
+            e(
+                &ctx::CU_PRIMARY_CTX_RELEASE,
+                context::cuDevicePrimaryCtxRelease as *const () as usize,
+            ),
+            e(
+                &ctx::CU_PRIMARY_CTX_RELEASE_V2,
+                context::cuDevicePrimaryCtxRelease_v2 as *const () as usize,
+            ),
+            e(
+                &ctx::CU_PRIMARY_CTX_RESET,
+                context::cuDevicePrimaryCtxReset as *const () as usize,
+            ),
+            e(
+                &ctx::CU_PRIMARY_CTX_RESET_V2,
+                context::cuDevicePrimaryCtxReset_v2 as *const () as usize,
+            ),
+            e(
+                &pl::CU_MEM_POOL_CREATE,
+                pool::cuMemPoolCreate as *const () as usize,
+            ),
+            e(
+                &pl::CU_MEM_POOL_DESTROY,
+                pool::cuMemPoolDestroy as *const () as usize,
+            ),
+            e(
+                &pl::CU_MEM_POOL_TRIM_TO,
+                pool::cuMemPoolTrimTo as *const () as usize,
+            ),
+            e(
+                &pl::CU_DEVICE_GET_DEFAULT_MEM_POOL,
+                pool::cuDeviceGetDefaultMemPool as *const () as usize,
+            ),
+            e(
+                &pl::CU_DEVICE_GET_MEM_POOL,
+                pool::cuDeviceGetMemPool as *const () as usize,
+            ),
+            e(
+                &nv::GET_PROCESS_UTILIZATION,
+                nvml::nvmlDeviceGetProcessUtilization as *const () as usize,
+            ),
+            e(
+                &nv::COMPUTE_PROCS,
+                nvml::nvmlDeviceGetComputeRunningProcesses as *const () as usize,
+            ),
+            e(
+                &nv::COMPUTE_PROCS_V2,
+                nvml::nvmlDeviceGetComputeRunningProcesses_v2 as *const () as usize,
+            ),
+            e(
+                &nv::COMPUTE_PROCS_V3,
+                nvml::nvmlDeviceGetComputeRunningProcesses_v3 as *const () as usize,
+            ),
+            e(
+                &nv::GRAPHICS_PROCS,
+                nvml::nvmlDeviceGetGraphicsRunningProcesses as *const () as usize,
+            ),
+            e(
+                &nv::GRAPHICS_PROCS_V2,
+                nvml::nvmlDeviceGetGraphicsRunningProcesses_v2 as *const () as usize,
+            ),
+            e(
+                &nv::GRAPHICS_PROCS_V3,
+                nvml::nvmlDeviceGetGraphicsRunningProcesses_v3 as *const () as usize,
+            ),
+            e(
+                &nv::MPS_PROCS,
+                nvml::nvmlDeviceGetMPSComputeRunningProcesses as *const () as usize,
+            ),
+            e(
+                &nv::MPS_PROCS_V2,
+                nvml::nvmlDeviceGetMPSComputeRunningProcesses_v2 as *const () as usize,
+            ),
+            e(
+                &nv::MPS_PROCS_V3,
+                nvml::nvmlDeviceGetMPSComputeRunningProcesses_v3 as *const () as usize,
+            ),
         ]
     })
 }
@@ -170,6 +268,8 @@ pub fn find(name: &CStr) -> Option<&'static Entry> {
 
 /// Un-suffixed names that mean their `_v2` entry point from CUDA 3.2 on.
 const V2_SINCE_3020: &[&str] = &[
+    "cuCtxCreate",
+    "cuCtxDestroy",
     "cuArrayCreate",
     "cuArray3DCreate",
     "cuMemAlloc",
@@ -228,7 +328,7 @@ mod tests {
             find(c"cuMemAlloc_v2").map(|e| e.hook),
             Some(hooks::cuMemAlloc_v2 as *const () as usize)
         );
-        assert!(find(c"cuCtxCreate").is_none());
+        assert!(find(c"cuCtxSynchronize").is_none());
         assert!(find(c"malloc").is_none());
     }
 
@@ -261,7 +361,11 @@ mod tests {
             hook(c"cuGetProcAddress", 11030, 0),
             Some(hooks::cuGetProcAddress as *const () as *mut c_void)
         );
-        assert_eq!(hook(c"cuCtxCreate", 12000, 0), None);
+        assert_eq!(
+            hook(c"cuCtxCreate", 12000, 0),
+            Some(context::cuCtxCreate_v2 as *const () as *mut c_void)
+        );
+        assert_eq!(hook(c"cuCtxSynchronize", 12000, 0), None);
         assert_eq!(
             redirect(c"cuMemAlloc", std::ptr::null_mut(), 12000, 0),
             None

@@ -42,7 +42,14 @@ pub struct Config {
 /// | 8..16  | the process's start time (`/proc/<pid>/stat` field 22) |
 /// | 16..32 | GPU UUID                                               |
 /// | 32..40 | bytes held                                             |
+/// | 40..44 | the process's pid as the driver (NVML) names it: the host's; 0 if not known |
+/// | 48..56 | microseconds the core limiter has held its kernel launches back |
 /// | 56..64 | FNV-1a checksum of bytes 0..56                         |
+///
+/// A record whose UUID is all zeros is a *process record*: it holds no memory, only the host pid
+/// and the throttled time. The process record with pid 0 and start 0 keeps the throttled time of
+/// the container's processes that are gone, folded in when their records are reclaimed, so the
+/// container's total only grows.
 pub mod ledger {
     pub const MAGIC: u32 = 0x5647_5055;
     pub const RECORD: usize = 64;
@@ -54,6 +61,18 @@ pub mod ledger {
         pub start: u64,
         pub uuid: [u8; 16],
         pub used: u64,
+        pub host_pid: u32,
+        pub throttled_us: u64,
+    }
+
+    /// The UUID of process records.
+    pub const PROCESS: [u8; 16] = [0; 16];
+
+    impl Entry {
+        /// Whether this is the record of the throttled time of the processes that are gone.
+        pub fn is_totals(&self) -> bool {
+            self.pid == 0 && self.start == 0 && self.uuid == PROCESS
+        }
     }
 
     impl Entry {
@@ -64,6 +83,8 @@ pub mod ledger {
             b[8..16].copy_from_slice(&self.start.to_le_bytes());
             b[16..32].copy_from_slice(&self.uuid);
             b[32..40].copy_from_slice(&self.used.to_le_bytes());
+            b[40..44].copy_from_slice(&self.host_pid.to_le_bytes());
+            b[48..56].copy_from_slice(&self.throttled_us.to_le_bytes());
             let sum = fnv1a(&b[..56]);
             b[56..64].copy_from_slice(&sum.to_le_bytes());
             b
@@ -83,6 +104,8 @@ pub mod ledger {
                 start: u64_at(8),
                 uuid,
                 used: u64_at(32),
+                host_pid: u32_at(40),
+                throttled_us: u64_at(48),
             })
         }
     }
@@ -104,6 +127,8 @@ pub mod ledger {
                 start: 7,
                 uuid: [9; 16],
                 used: 123,
+                host_pid: 4242,
+                throttled_us: 99,
             };
             let mut b = e.encode();
             assert_eq!(Entry::decode(&b), Some(e));

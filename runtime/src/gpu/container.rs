@@ -280,12 +280,16 @@ mod tests {
             start,
             uuid: [1; 16],
             used,
+            host_pid: 0,
+            throttled_us: 0,
         };
         let dead = Entry {
             pid: me,
             start: start + 1,
             uuid: [1; 16],
             used: 1 << 20,
+            host_pid: 0,
+            throttled_us: 0,
         };
         let mut file = Vec::new();
         file.extend(dead.encode());
