@@ -130,7 +130,10 @@ fn handle(lib: Lib) -> Option<*mut c_void> {
     }
     let configured = crate::state::library_path(lib);
     let found = match configured {
-        Some(path) => open(&path),
+        Some(path) => {
+            claim_soname(lib);
+            open(&path)
+        }
         None => {
             let app = APP_CUDA.load(Ordering::Acquire);
             if lib == Lib::Cuda && app != 0 {
@@ -151,6 +154,20 @@ fn handle(lib: Lib) -> Option<*mut c_void> {
         *slot = Some(p as usize);
     }
     found
+}
+
+/// Load what the application gets when it opens the library by its soname, before the real
+/// library is loaded from the configured path. The loader hands a later `dlopen` of a soname
+/// the first object loaded under that name; the real library carries the same soname, so were
+/// it loaded first (NVML, at the first context), an application opening `libnvidia-ml.so.1`
+/// afterwards would get it instead of crishim's replace-mode forwarder, and go around the
+/// hooks. The handle is kept for the life of the process.
+fn claim_soname(lib: Lib) {
+    let soname = match lib {
+        Lib::Cuda => "libcuda.so.1",
+        Lib::Nvml => "libnvidia-ml.so.1",
+    };
+    let _ = open(std::path::Path::new(soname));
 }
 
 fn resolves_to_us(lib: Lib, h: *mut c_void) -> bool {

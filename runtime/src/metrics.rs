@@ -99,7 +99,7 @@ pub struct Gauges {
     pub containers: BTreeMap<&'static str, u64>,
     pub shims: u64,
     /// GPU containers with a memory limit.
-    pub gpu_memory: Vec<crate::gpu::container::MemoryGauge>,
+    pub gpu: Vec<crate::gpu::container::GpuUsage>,
 }
 
 impl Metrics {
@@ -249,12 +249,15 @@ impl Metrics {
         );
         // Container IDs are the daemon's own hex names; anything else is not printed.
         let safe = |id: &str| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric());
-        for g in gauges.gpu_memory.iter().filter(|g| safe(&g.container_id)) {
-            let _ = writeln!(
-                out,
-                "crishim_gpu_memory_limit_bytes{{container=\"{}\"}} {}",
-                g.container_id, g.limit_bytes
-            );
+        let shown = || gauges.gpu.iter().filter(|g| safe(&g.container_id));
+        for g in shown() {
+            if let Some(limit) = g.limit_bytes {
+                let _ = writeln!(
+                    out,
+                    "crishim_gpu_memory_limit_bytes{{container=\"{}\"}} {limit}",
+                    g.container_id
+                );
+            }
         }
         head(
             &mut out,
@@ -262,11 +265,25 @@ impl Metrics {
             "gauge",
             "GPU memory a container's processes hold, from its accounting file.",
         );
-        for g in gauges.gpu_memory.iter().filter(|g| safe(&g.container_id)) {
+        for g in shown().filter(|g| g.limit_bytes.is_some()) {
             let _ = writeln!(
                 out,
                 "crishim_gpu_memory_used_bytes{{container=\"{}\"}} {}",
                 g.container_id, g.used_bytes
+            );
+        }
+        head(
+            &mut out,
+            "crishim_gpu_throttled_seconds_total",
+            "counter",
+            "Time the core limiter has held a container's kernel launches back.",
+        );
+        for g in shown() {
+            let _ = writeln!(
+                out,
+                "crishim_gpu_throttled_seconds_total{{container=\"{}\"}} {}",
+                g.container_id,
+                g.throttled_us as f64 / 1e6
             );
         }
         out
@@ -351,16 +368,18 @@ mod tests {
             pods: [("ready", 2)].into(),
             containers: [("running", 3), ("exited", 1)].into(),
             shims: 2,
-            gpu_memory: vec![
-                crate::gpu::container::MemoryGauge {
+            gpu: vec![
+                crate::gpu::container::GpuUsage {
                     container_id: "abc123".into(),
-                    limit_bytes: 256 << 20,
+                    limit_bytes: Some(256 << 20),
                     used_bytes: 100 << 20,
+                    throttled_us: 2_500_000,
                 },
-                crate::gpu::container::MemoryGauge {
+                crate::gpu::container::GpuUsage {
                     container_id: "bad\"}\n1".into(),
-                    limit_bytes: 1,
+                    limit_bytes: Some(1),
                     used_bytes: 1,
+                    throttled_us: 1,
                 },
             ],
         };
@@ -379,6 +398,7 @@ mod tests {
             "crishim_shims 2",
             "crishim_gpu_memory_limit_bytes{container=\"abc123\"} 268435456",
             "crishim_gpu_memory_used_bytes{container=\"abc123\"} 104857600",
+            "crishim_gpu_throttled_seconds_total{container=\"abc123\"} 2.5",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

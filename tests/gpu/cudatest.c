@@ -19,6 +19,18 @@
  *   cudatest pool MIB1 MIB2         from a memory pool: MIB1 by dlsym'd cuMemAllocFromPoolAsync,
  *                                   MIB2 through cuGetProcAddress, the first freed
  *                                   (cuMemFreeAsync), MIB2 again; prints each result code
+ *   cudatest poolkeep MIB           a pool that keeps freed memory (release threshold: all): MIB
+ *                                   allocated and freed, then a plain 100 MiB allocation, MIB
+ *                                   from the pool again and freed, the pool trimmed, a plain
+ *                                   100 MiB again; then cuMemAllocAsync (the device's pool) of
+ *                                   200 MiB and of 100 MiB; prints each result code
+ *   cudatest procs                  NVML's compute processes on device 0 (_v3 and v1): how many,
+ *                                   and whether this process is among them (with $CUDATEST_PIDS
+ *                                   set, every pid)
+ *   cudatest util                   NVML's utilization of device 0, the whole device's
+ *   cudatest burn SECONDS BLOCKS    launch kernels of BLOCKS blocks without pause; prints the
+ *                                   rate of the second half as a percent of the fake device's
+ *                                   1,000,000 blocks a second
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -31,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -93,6 +106,20 @@ static CUresult alloc(int mib, int via_proc) {
     return f(&p, (size_t)mib << 20);
 }
 
+static double seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* A CUmemPoolProps (or CUmemAllocationProp) for pinned device memory on device 0. */
+static void device0(Prop *prop) {
+    memset(prop, 0, sizeof *prop);
+    prop->type = 1;
+    prop->location.type = 1;
+    prop->location.id = 0;
+}
+
 static volatile int stop_churn;
 
 /* Allocate and free 1 MiB until told to stop: the interceptor's locks are taken all the time. */
@@ -126,6 +153,20 @@ int main(int argc, char **argv) {
         if (r == 0) r = byidx(0, &d);
         if (r == 0) r = mem(d, m);
         printf("nvml %d total %llu free %llu used %llu\n", r, m[0], m[1], m[2]);
+        return 0;
+    }
+    if (strcmp(cmd, "util") == 0) {
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!nvml) { printf("dlopen %s\n", dlerror()); return 10; }
+        int (*init)(void) = dlsym(nvml, "nvmlInit_v2");
+        int (*byidx)(unsigned, void **) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+        int (*util)(void *, unsigned *) = dlsym(nvml, "nvmlDeviceGetUtilizationRates");
+        void *d = NULL;
+        unsigned u[2] = {0, 0};
+        init();
+        byidx(0, &d);
+        int r = util(d, u);
+        printf("util %d %u\n", r, u[0]);
         return 0;
     }
     start();
@@ -174,10 +215,7 @@ int main(int argc, char **argv) {
         CUresult (*create)(unsigned long long *, size_t, const Prop *, unsigned long long) = sym("cuMemCreate");
         CUresult (*release)(unsigned long long) = proc("cuMemRelease");
         Prop prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = 1;
-        prop.location.type = 1;
-        prop.location.id = 0;
+        device0(&prop);
         unsigned long long h = 0;
         CUresult r = create(&h, (size_t)atoi(argv[2]) << 20, &prop, 0);
         printf("create %d\n", r);
@@ -218,10 +256,12 @@ int main(int argc, char **argv) {
         CUresult (*from)(CUdeviceptr *, size_t, void *, void *) = sym("cuMemAllocFromPoolAsync");
         CUresult (*pfrom)(CUdeviceptr *, size_t, void *, void *) = proc("cuMemAllocFromPoolAsync");
         CUresult (*free_async)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
-        unsigned char props[88];
-        memset(props, 0, sizeof props);
+        /* CUmemPoolProps is 88 bytes; its head is a CUmemAllocationProp's. */
+        union { Prop prop; unsigned char bytes[88]; } props;
+        memset(&props, 0, sizeof props);
+        device0(&props.prop);
         void *pool = NULL;
-        create(&pool, props);
+        create(&pool, &props);
         int a = atoi(argv[2]), b = atoi(argv[3]);
         CUdeviceptr x = 0, y = 0;
         printf("pool %d %d\n", a, from(&x, (size_t)a << 20, pool, NULL));
@@ -232,6 +272,70 @@ int main(int argc, char **argv) {
         r = pfrom(&y, (size_t)b << 20, pool, NULL);
         printf("pool %d %d\n", b, r);
         if (r == 0) free_async(y, NULL);
+    } else if (strcmp(cmd, "poolkeep") == 0 && argc == 3) {
+        CUresult (*create)(void **, const void *) = sym("cuMemPoolCreate");
+        CUresult (*set)(void *, int, void *) = sym("cuMemPoolSetAttribute");
+        CUresult (*trim)(void *, size_t) = proc("cuMemPoolTrimTo");
+        CUresult (*from)(CUdeviceptr *, size_t, void *, void *) = sym("cuMemAllocFromPoolAsync");
+        CUresult (*free_async)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
+        CUresult (*async)(CUdeviceptr *, size_t, void *) = proc("cuMemAllocAsync");
+        union { Prop prop; unsigned char bytes[88]; } props;
+        memset(&props, 0, sizeof props);
+        device0(&props.prop);
+        void *pool = NULL;
+        unsigned long long all = ~0ull;
+        create(&pool, &props);
+        set(pool, 4, &all);
+        size_t mib = (size_t)atoi(argv[2]) << 20;
+        CUdeviceptr x = 0, y = 0;
+        printf("keep alloc %d\n", from(&x, mib, pool, NULL));
+        printf("keep free %d\n", free_async(x, NULL));
+        printf("plain 100 %d\n", alloc(100, 0));
+        CUresult r = from(&x, mib, pool, NULL);
+        printf("keep again %d\n", r);
+        if (r == 0) free_async(x, NULL);
+        printf("trim %d\n", trim(pool, 0));
+        r = alloc(100, 1);
+        printf("plain 100 %d\n", r);
+        /* alloc() does not free: the 100 MiB stay held for what follows. */
+        r = async(&x, (size_t)100 << 20, NULL);
+        printf("async 100 %d\n", r);
+        CUresult r2 = async(&y, (size_t)100 << 20, NULL);
+        printf("async 100 %d\n", r2);
+        if (r == 0) free_async(x, NULL);
+        if (r2 == 0) free_async(y, NULL);
+    } else if (strcmp(cmd, "procs") == 0) {
+        void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+        if (!nvml) { printf("dlopen %s\n", dlerror()); return 10; }
+        int (*init)(void) = dlsym(nvml, "nvmlInit_v2");
+        int (*byidx)(unsigned, void **) = dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2");
+        int (*v3)(void *, unsigned *, void *) = dlsym(nvml, "nvmlDeviceGetComputeRunningProcesses_v3");
+        int (*v1)(void *, unsigned *, void *) = dlsym(nvml, "nvmlDeviceGetComputeRunningProcesses");
+        void *d = NULL;
+        init();
+        byidx(0, &d);
+        struct { unsigned pid; unsigned long long used; unsigned gi, ci; } p3[64];
+        struct { unsigned pid; unsigned long long used; } p1[64];
+        unsigned n3 = 64, n1 = 64;
+        int r3 = v3(d, &n3, p3), r1 = v1(d, &n1, p1), self = 0;
+        for (unsigned i = 0; i < n3 && r3 == 0; i++) self |= p3[i].pid == (unsigned)getpid();
+        printf("procs v3 %d %u self %d\n", r3, n3, self);
+        if (getenv("CUDATEST_PIDS")) for (unsigned i = 0; i < n3 && r3 == 0; i++) printf("pid %u\n", p3[i].pid);
+        self = 0;
+        for (unsigned i = 0; i < n1 && r1 == 0; i++) self |= p1[i].pid == (unsigned)getpid();
+        printf("procs v1 %d %u self %d\n", r1, n1, self);
+    } else if (strcmp(cmd, "burn") == 0 && argc == 4) {
+        CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                           void **, void **) = sym("cuLaunchKernel");
+        double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total;
+        unsigned blocks = (unsigned)atoi(argv[3]);
+        unsigned long long counted = 0;
+        double now;
+        while ((now = seconds()) < end) {
+            launch(NULL, blocks, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            if (now >= half) counted += blocks;
+        }
+        printf("burn %.0f\n", (double)counted / (end - half) / 1e6 * 100);
     } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
         CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
         pthread_t t;

@@ -9,13 +9,25 @@
  *
  * The device root is /dev, or $FAKE_NVIDIA_DEVICE_ROOT (the daemon's NVML probe runs on a
  * host whose fake nodes live in a temporary directory).
+ *
+ * What the fake NVML reports about processes comes from here: each process with a context
+ * keeps a file <state>/<pid>-<minor> ("<bytes held> <SM percent> <updated, ms>"), where <state>
+ * is $FAKE_NVIDIA_STATE or /tmp/fake-nvidia. Processes in different containers see each other
+ * only if that directory is shared, and their pids mean the same only in one pid namespace
+ * (tests give such pods the host's). A context takes $FAKE_CUDA_CONTEXT_MIB MiB (default 0),
+ * as a real one takes a few hundred. A kernel of N blocks is N blocks of work on a device that
+ * does FAKE_CAPACITY blocks a second; a process's SM percent is its rate of the last 100 ms.
+ * Memory pools keep freed memory up to their release threshold (default 0), in 2 MiB steps.
  */
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -42,8 +54,11 @@ typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; CUstream stream; void 
 #define CUDA_ERROR_NOT_FOUND 500
 
 #define FAKE_MEMORY (1ull << 30)
+#define FAKE_CAPACITY 1000000ull
 #define MAX_DEVICES 16
 #define MAX_ALLOCS 4096
+#define MAX_POOLS 32
+#define POOL_STEP (2ull << 20)
 
 EXPORT int cuFakeData = 0x5ca1ab1e;
 
@@ -53,7 +68,40 @@ static int minors[MAX_DEVICES];
 static unsigned long long used[MAX_DEVICES];
 static int current = -1;
 static unsigned long long next_ptr = 0x200000000ull;
-static struct { unsigned long long key; unsigned long long size; int dev; } allocs[MAX_ALLOCS];
+/* pool: -1 for a plain allocation, else the index in pools[] it came from. */
+static struct { unsigned long long key; unsigned long long size; int dev; int pool; } allocs[MAX_ALLOCS];
+static struct { int used; int dev; unsigned long long reserved, live, threshold; } pools[MAX_POOLS];
+static int contexts[MAX_DEVICES];
+static int primary[MAX_DEVICES];
+static unsigned long long window_start[MAX_DEVICES], window_blocks[MAX_DEVICES], sm[MAX_DEVICES];
+
+static unsigned long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
+}
+
+static const char *state_dir(void) {
+    const char *d = getenv("FAKE_NVIDIA_STATE");
+    return d && *d ? d : "/tmp/fake-nvidia";
+}
+
+/* Publish this process's use of device `dev` for the fake NVML (nothing without a context). */
+static void publish(int dev) {
+    char path[4096], line[128];
+    if (dev < 0 || dev >= MAX_DEVICES) return;
+    snprintf(path, sizeof path, "%s/%d-%d", state_dir(), (int)getpid(), minors[dev]);
+    if (contexts[dev] + primary[dev] == 0) {
+        unlink(path);
+        return;
+    }
+    mkdir(state_dir(), 0777);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return;
+    int n = snprintf(line, sizeof line, "%llu %llu %llu\n", used[dev], sm[dev], now_ms());
+    if (write(fd, line, (size_t)n) < 0) {}
+    close(fd);
+}
 
 static const char *device_root(void) {
     const char *r = getenv("FAKE_NVIDIA_DEVICE_ROOT");
@@ -78,13 +126,14 @@ static CUuuid uuid_of(int minor) {
     return u;
 }
 
-static unsigned long long record(unsigned long long size, int dev) {
+static unsigned long long record(unsigned long long size, int dev, int pool) {
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].key == 0) {
             allocs[i].key = next_ptr;
             allocs[i].size = size;
             allocs[i].dev = dev;
-            used[dev] += size;
+            allocs[i].pool = pool;
+            if (pool < 0) used[dev] += size;
             next_ptr += (size + 0xfffff) & ~0xfffffull;
             next_ptr += 0x100000;
             return allocs[i].key;
@@ -93,11 +142,29 @@ static unsigned long long record(unsigned long long size, int dev) {
     return 0;
 }
 
+/* A pool gives back what it reserves past max(live, keep). */
+static void pool_shrink(int p, unsigned long long keep) {
+    unsigned long long target = pools[p].live > keep ? pools[p].live : keep;
+    if (target >= pools[p].reserved) return;
+    target = (target + POOL_STEP - 1) / POOL_STEP * POOL_STEP;
+    if (pools[p].reserved > target) {
+        used[pools[p].dev] -= pools[p].reserved - target;
+        pools[p].reserved = target;
+    }
+}
+
 static CUresult release(unsigned long long key) {
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].key == key && key != 0) {
-            used[allocs[i].dev] -= allocs[i].size;
+            int p = allocs[i].pool, dev = allocs[i].dev;
+            if (p < 0) {
+                used[dev] -= allocs[i].size;
+            } else {
+                pools[p].live -= allocs[i].size;
+                pool_shrink(p, pools[p].threshold);
+            }
             allocs[i].key = 0;
+            publish(dev);
             return CUDA_SUCCESS;
         }
     }
@@ -109,8 +176,47 @@ static CUresult alloc_on(int dev, unsigned long long size, unsigned long long *o
     if (dev < 0 || dev >= ndev) return CUDA_ERROR_INVALID_CONTEXT;
     if (size == 0) return CUDA_ERROR_INVALID_VALUE;
     if (used[dev] + size > FAKE_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
-    *out = record(size, dev);
+    *out = record(size, dev, -1);
+    publish(dev);
     return *out ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Allocate from pool p, growing its reservation in POOL_STEPs when what it keeps is short. */
+static CUresult pool_alloc(int p, unsigned long long size, unsigned long long *out) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (p < 0 || p >= MAX_POOLS || !pools[p].used || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    int dev = pools[p].dev;
+    if (pools[p].live + size > pools[p].reserved) {
+        unsigned long long grow = pools[p].live + size - pools[p].reserved;
+        grow = (grow + POOL_STEP - 1) / POOL_STEP * POOL_STEP;
+        if (used[dev] + grow > FAKE_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
+        used[dev] += grow;
+        pools[p].reserved += grow;
+    }
+    *out = record(size, dev, p);
+    if (!*out) return CUDA_ERROR_OUT_OF_MEMORY;
+    pools[p].live += size;
+    publish(dev);
+    return CUDA_SUCCESS;
+}
+
+/* Pools are handles 0x9000 + index; index d < MAX_DEVICES is device d's default pool. */
+static int pool_index(void *handle) {
+    long i = (long)(intptr_t)handle - 0x9000;
+    return i >= 0 && i < MAX_POOLS && pools[i].used ? (int)i : -1;
+}
+
+static void *default_pool(int dev) {
+    if (!pools[dev].used) {
+        pools[dev].used = 1;
+        pools[dev].dev = dev;
+    }
+    return (void *)(intptr_t)(0x9000 + dev);
+}
+
+static unsigned long long context_bytes(void) {
+    const char *m = getenv("FAKE_CUDA_CONTEXT_MIB");
+    return m ? strtoull(m, NULL, 10) << 20 : 0;
 }
 
 EXPORT CUresult cuInit(unsigned int flags) {
@@ -152,15 +258,40 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
     *bytes = (unsigned int)FAKE_MEMORY;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d) {
-    (void)flags;
+/* A context takes context_bytes() on its device; the primary one once, however often retained. */
+static CUresult make_context(CUcontext *ctx, CUdevice d, int is_primary) {
     if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
     if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (!is_primary || primary[d] == 0) {
+        if (used[d] + context_bytes() > FAKE_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
+        used[d] += context_bytes();
+    }
+    if (is_primary) primary[d]++;
+    else contexts[d]++;
     current = d;
     *ctx = (CUcontext)(intptr_t)(d + 1);
+    publish(d);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) { return cuCtxCreate_v2(ctx, 0, d); }
+EXPORT CUresult cuCtxCreate_v2(CUcontext *ctx, unsigned int flags, CUdevice d) {
+    (void)flags;
+    return make_context(ctx, d, 0);
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice d) { return make_context(ctx, d, 1); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    int d = (int)(intptr_t)ctx - 1;
+    if (d < 0 || d >= ndev || contexts[d] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    contexts[d]--;
+    used[d] -= context_bytes();
+    publish(d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    if (d < 0 || d >= ndev || primary[d] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (--primary[d] == 0) used[d] -= context_bytes();
+    publish(d);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     current = (int)(intptr_t)ctx - 1;
     return CUDA_SUCCESS;
@@ -192,7 +323,11 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned
     return r;
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags) { (void)flags; return alloc_on(current, size, p); }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) { (void)s; return alloc_on(current, size, p); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
+    (void)s;
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    return pool_alloc(pool_index(default_pool(current)), size, p);
+}
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) { return cuMemAllocAsync(p, size, s); }
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
     (void)flags;
@@ -232,12 +367,62 @@ EXPORT CUresult cuMipmappedArrayCreate(unsigned long long *a, const Array3DDesc 
 }
 EXPORT CUresult cuMipmappedArrayDestroy(unsigned long long a) { return release(a); }
 
-/* Memory pools: one fake pool handle; allocations from it land on the current device. */
-EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) { (void)props; *pool = (void *)0x9001; return CUDA_SUCCESS; }
-EXPORT CUresult cuMemPoolDestroy(void *pool) { (void)pool; return CUDA_SUCCESS; }
+/* Memory pools, with CUmemPoolProps read as far as its location (as CUmemAllocationProp). */
+EXPORT CUresult cuMemPoolCreate(void **pool, const CUmemAllocationProp *props) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (props->location.id < 0 || props->location.id >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    for (int i = MAX_DEVICES; i < MAX_POOLS; i++) {
+        if (!pools[i].used) {
+            memset(&pools[i], 0, sizeof pools[i]);
+            pools[i].used = 1;
+            pools[i].dev = props->location.id;
+            *pool = (void *)(intptr_t)(0x9000 + i);
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuMemPoolDestroy(void *pool) {
+    int p = pool_index(pool);
+    if (p < MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
+    pool_shrink(p, 0);
+    pools[p].used = 0;
+    publish(pools[p].dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) {
+    if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *pool = default_pool(d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(void **pool, CUdevice d) { return cuDeviceGetDefaultMemPool(pool, d); }
+/* CUmemPool_attribute: 4 release threshold, 5 reserved now, 7 used now. */
+EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
+    int p = pool_index(pool);
+    if (p < 0 || attr != 4) return CUDA_ERROR_INVALID_VALUE;
+    pools[p].threshold = *(unsigned long long *)value;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(void *pool, int attr, void *value) {
+    int p = pool_index(pool);
+    if (p < 0) return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case 4: *(unsigned long long *)value = pools[p].threshold; return CUDA_SUCCESS;
+    case 5: *(unsigned long long *)value = pools[p].reserved; return CUDA_SUCCESS;
+    case 7: *(unsigned long long *)value = pools[p].live; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
+    int p = pool_index(pool);
+    if (p < 0) return CUDA_ERROR_INVALID_VALUE;
+    pool_shrink(p, keep);
+    publish(pools[p].dev);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
-    (void)pool; (void)s;
-    return alloc_on(current, size, p);
+    (void)s;
+    return pool_alloc(pool_index(pool), size, p);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, size, pool, s);
@@ -258,18 +443,34 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
     if (r == CUDA_SUCCESS) { *free = (unsigned int)f; *total = (unsigned int)t; }
     return r;
 }
+/* A launch is work for the SM percent this process publishes, over 100 ms windows. */
+static CUresult launched(unsigned long long blocks) {
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned long long now = now_ms();
+    window_blocks[current] += blocks;
+    if (window_start[current] == 0) window_start[current] = now;
+    unsigned long long elapsed = now - window_start[current];
+    if (elapsed >= 100) {
+        unsigned long long pct = window_blocks[current] * 1000 / elapsed * 100 / FAKE_CAPACITY;
+        sm[current] = pct > 100 ? 100 : pct;
+        window_start[current] = now;
+        window_blocks[current] = 0;
+        publish(current);
+    }
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
-    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shared; (void)s; (void)params; (void)extra;
-    return CUDA_SUCCESS;
+    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)s; (void)params; (void)extra;
+    return launched((unsigned long long)gx * gy * gz);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    (void)c; (void)f; (void)params; (void)extra;
-    return CUDA_SUCCESS;
+    (void)f; (void)params; (void)extra;
+    return launched((unsigned long long)c->gx * c->gy * c->gz);
 }
 
 /* Not hooked by the interceptor: must reach the application untouched. */
@@ -289,6 +490,8 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuDeviceTotalMem_v2", (void *)cuDeviceTotalMem_v2},
     {"cuCtxCreate_v2", (void *)cuCtxCreate_v2},
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
+    {"cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2},
+    {"cuCtxDestroy_v2", (void *)cuCtxDestroy_v2},
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
     {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuCtxSynchronize", (void *)cuCtxSynchronize},
@@ -303,6 +506,11 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuMemRelease", (void *)cuMemRelease},
     {"cuMemPoolCreate", (void *)cuMemPoolCreate},
     {"cuMemPoolDestroy", (void *)cuMemPoolDestroy},
+    {"cuMemPoolSetAttribute", (void *)cuMemPoolSetAttribute},
+    {"cuMemPoolGetAttribute", (void *)cuMemPoolGetAttribute},
+    {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo},
+    {"cuDeviceGetDefaultMemPool", (void *)cuDeviceGetDefaultMemPool},
+    {"cuDeviceGetMemPool", (void *)cuDeviceGetMemPool},
     {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync},
     {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz},
     {"cuArrayCreate_v2", (void *)cuArrayCreate_v2},

@@ -1,14 +1,20 @@
 /*
  * A fake NVML for crishim's GPU tests, built as libnvidia-ml.so.<version> (soname
  * libnvidia-ml.so.1). Devices are the /dev/nvidia<minor> nodes (major 195) under /dev or
- * $FAKE_NVIDIA_DEVICE_ROOT, with the same UUIDs and memory as fake_cuda.c.
+ * $FAKE_NVIDIA_DEVICE_ROOT, with the same UUIDs and memory as fake_cuda.c. Processes and their
+ * utilization are what fake_cuda.c publishes in its state directory (see there).
  */
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/time.h>
+#include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define FAKE_MEMORY (1ull << 30)
@@ -23,6 +29,54 @@ typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define MAX_PROCS 256
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
+
+struct proc { unsigned int pid; unsigned long long used, sm; };
+
+static const char *state_dir(void) {
+    const char *d = getenv("FAKE_NVIDIA_STATE");
+    return d && *d ? d : "/tmp/fake-nvidia";
+}
+
+static unsigned long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
+}
+
+/* The live processes fake_cuda.c says have a context on device `minor`; a process that has not
+ * launched for 300 ms is idle. */
+static int processes(int minor, struct proc *out) {
+    DIR *d = opendir(state_dir());
+    struct dirent *e;
+    int n = 0;
+    if (!d) return 0;
+    while ((e = readdir(d)) && n < MAX_PROCS) {
+        unsigned int pid;
+        int m;
+        char path[4096];
+        unsigned long long used, sm, at;
+        if (sscanf(e->d_name, "%u-%d", &pid, &m) != 2 || m != minor) continue;
+        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) continue;
+        snprintf(path, sizeof path, "%s/%s", state_dir(), e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        if (fscanf(f, "%llu %llu %llu", &used, &sm, &at) == 3) {
+            out[n].pid = pid;
+            out[n].used = used;
+            out[n].sm = now_ms() - at > 300 ? 0 : sm;
+            n++;
+        }
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
 
 static int ndev;
 static int minors[MAX_DEVICES];
@@ -93,9 +147,46 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     m->free = FAKE_MEMORY;
     return NVML_SUCCESS;
 }
+/* The whole device's: every process's SM use, summed. */
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
-    (void)d;
-    u->gpu = 0;
+    struct proc p[MAX_PROCS];
+    int n = processes(minor_of(d), p);
+    unsigned long long sum = 0;
+    for (int i = 0; i < n; i++) sum += p[i].sm;
+    u->gpu = sum > 100 ? 100 : (unsigned int)sum;
     u->memory = 0;
     return NVML_SUCCESS;
+}
+
+/* Fill `count` entries of `size` bytes with `fill`, NVML's way: too small a count gets the
+ * count needed and NVML_ERROR_INSUFFICIENT_SIZE. */
+#define LIST(TYPE, FILL)                                                  \
+    struct proc p[MAX_PROCS];                                             \
+    int n = processes(minor_of(d), p);                                    \
+    unsigned int room = *count;                                           \
+    *count = (unsigned int)n;                                             \
+    if ((unsigned int)n > room || (n && !out)) return NVML_ERROR_INSUFFICIENT_SIZE; \
+    for (int i = 0; i < n; i++) {                                         \
+        TYPE *o = &((TYPE *)out)[i];                                      \
+        memset(o, 0, sizeof *o);                                          \
+        FILL;                                                             \
+    }                                                                     \
+    return NVML_SUCCESS;
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, void *out) {
+    LIST(nvmlProcessInfo_v1_t, (o->pid = p[i].pid, o->usedGpuMemory = p[i].used))
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, void *out) {
+    LIST(nvmlProcessInfo_t, (o->pid = p[i].pid, o->usedGpuMemory = p[i].used))
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *out) {
+    LIST(nvmlProcessInfo_t, (o->pid = p[i].pid, o->usedGpuMemory = p[i].used))
+}
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, void *out, unsigned int *count,
+                                                    unsigned long long since) {
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    unsigned long long now = (unsigned long long)tv.tv_sec * 1000000 + (unsigned long long)tv.tv_usec;
+    (void)since;
+    LIST(nvmlProcessUtilizationSample_t, (o->pid = p[i].pid, o->timeStamp = now, o->smUtil = (unsigned int)p[i].sm))
 }

@@ -9,7 +9,8 @@ use crishim_proto::cri;
 use crishim_tests::daemon::{metrics_address, metrics_toml, sample, scrape};
 use crishim_tests::gpu::{self, gpu_image_once, lines, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH};
 use crishim_tests::pods::{
-    assert_no_leaks, container_config, marker, sh, PodEnv, PodTraces, LOOP_UNTIL_TERM,
+    assert_no_leaks, container_config, marker, namespaces, set_pod_namespaces, sh, PodEnv,
+    PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
 };
 
 /// ExecSync: (exit code, stdout, stderr).
@@ -394,6 +395,40 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
     assert_eq!(
         sh_ok(env, id, "cudatest pool 200 100").await,
         "pool 200 0\npool 100 2\nfree 0\npool 100 0\n"
+    );
+    // A pool that keeps freed memory (release threshold: all) is charged what it keeps, until
+    // trimmed; cuMemAllocAsync allocates from the device's pool and counts the same way.
+    assert_eq!(
+        sh_ok(env, id, "cudatest poolkeep 200").await,
+        "keep alloc 0\nkeep free 0\nplain 100 2\nkeep again 0\ntrim 0\nplain 100 0\n\
+         async 100 0\nasync 100 2\n"
+    );
+    // A context's memory is charged, as the driver reports it for the process: the fake's
+    // contexts take $FAKE_CUDA_CONTEXT_MIB.
+    let info = sh_ok(env, id, "FAKE_CUDA_CONTEXT_MIB=100 cudatest info").await;
+    assert_eq!(
+        lines(&info, "meminfo"),
+        [format!("meminfo 0 {} {limit}", 156u64 << 20)],
+        "{info}"
+    );
+    assert_eq!(
+        sh_ok(env, id, "FAKE_CUDA_CONTEXT_MIB=100 cudatest alloc 200").await,
+        "alloc 200 direct 2\n"
+    );
+    // NVML's process lists show the container's own processes only: a process of another
+    // container on the GPU (pid 1 here, put in the fake driver's list by hand) is not shown.
+    let out = sh_ok(
+        env,
+        id,
+        "mkdir -p /tmp/fake-nvidia; echo '1000 0 0' > /tmp/fake-nvidia/1-0; \
+         cudatest hold 10 60 > /tmp/procs-hold & H=$!; \
+         while ! grep -q hold /tmp/procs-hold; do sleep 0.1; done; \
+         cudatest procs; kill $H; wait $H; ls /tmp/fake-nvidia/1-0 && rm /tmp/fake-nvidia/1-0",
+    )
+    .await;
+    assert_eq!(
+        out, "procs v3 0 2 self 1\nprocs v1 0 2 self 1\n/tmp/fake-nvidia/1-0\n",
+        "the container's two processes, not the neighbour"
     );
     // fork while another thread allocates: the child finds no lock of the interceptor held
     // by a thread it does not have (the atfork handlers).
@@ -896,5 +931,123 @@ async fn the_driver_daemons_sockets_and_mps_directory_reach_gpu_containers() {
     )
     .await;
     assert_ne!(code, 0, "a container without GPUs gets no driver socket");
+    finish(env, &pod, traces).await;
+}
+
+/// The core limiter steers by the container's own SM use. A neighbour saturating the same GPU
+/// (another container of the pod, with no limit) does not slow a container held to 30%; the
+/// time its launches were held back shows in `crishim gpu list` and the metrics.
+///
+/// No GPU here: the fake driver stands in. Its processes publish their use in a directory the
+/// two containers share, and the pod uses the host's pid namespace, so that the pids the fake
+/// driver reports are host pids, as a real driver's are.
+#[tokio::test]
+async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours() {
+    let node = FakeNode::new();
+    let metrics = metrics_address();
+    let env = PodEnv::start_with(
+        node.daemon_options("preload")
+            .extra_toml(&metrics_toml(&metrics)),
+    )
+    .await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let mut cfg = env.pod_config("vgpu-cores");
+    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let share = |c: &mut cri::ContainerConfig| {
+        c.mounts.push(cri::Mount {
+            container_path: "/tmp/fake-nvidia".into(),
+            host_path: shared.path().to_string_lossy().into_owned(),
+            ..Default::default()
+        });
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+    };
+    let c = config(&image, "limited", |c| {
+        share(c);
+        annotate(c, "gpu.crishim.io/cores", "30");
+    });
+    let limited = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&limited);
+    let burn = |out: String| -> u32 {
+        out.strip_prefix("burn ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{out}"))
+    };
+
+    // Alone on the GPU.
+    let alone = burn(sh_ok(&env, &limited, "cudatest burn 8 1000").await);
+
+    // A neighbour saturates the GPU: the whole device is 100% busy.
+    let c = config(&image, "neighbour", |c| {
+        share(c);
+        c.command = vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "cudatest burn 120 1000; sleep 1000".into(),
+        ];
+    });
+    let neighbour = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&neighbour);
+    sh_ok(
+        &env,
+        &limited,
+        "i=0; until cudatest util | grep -qx 'util 0 100'; do \
+         i=$((i+1)); [ $i -lt 100 ] || exit 1; \
+         sleep 0.1; done",
+    )
+    .await;
+    let beside = burn(sh_ok(&env, &limited, "cudatest burn 8 1000").await);
+    assert_eq!(
+        sh_ok(&env, &limited, "cudatest util").await,
+        "util 0 100\n",
+        "the neighbour kept the GPU busy"
+    );
+    // Steering by the whole GPU's utilization would have held the container near nothing.
+    for (what, pct) in [("alone", alone), ("beside a busy neighbour", beside)] {
+        assert!(
+            (15..=45).contains(&pct),
+            "{what}: {pct}% of the GPU against a 30% limit (alone {alone}%, beside {beside}%)"
+        );
+    }
+
+    // The time held back shows.
+    let text = scrape(&metrics).await;
+    let throttled = sample(
+        &text,
+        &format!("crishim_gpu_throttled_seconds_total{{container=\"{limited}\"}}"),
+    );
+    let od = sh_ok(
+        &env,
+        &limited,
+        "od -A d -t x4 /etc/crishim/vgpu/shared/usage",
+    )
+    .await;
+    assert!(throttled > 1.0, "{throttled} s throttled\n{od}");
+    let (k, v) = node.env();
+    let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+        .args(["gpu", "list", "--json", "--config"])
+        .arg(env.d.config_path())
+        .env(k, v)
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let holder = listing["gpus"][0]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["container_id"] == limited.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        holder["throttled_seconds"].as_f64().unwrap_or(0.0) > 1.0,
+        "{listing}"
+    );
     finish(env, &pod, traces).await;
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::container::{grants, memory_gauges, Grant};
+use super::container::{grants, usage, GpuUsage, Grant};
 use super::discover::{discover, Gpu};
 use super::{containers_dir, libraries, probe};
 use crate::config::Config;
@@ -61,6 +61,10 @@ struct Holder {
     grant: Grant,
     #[serde(skip_serializing_if = "Option::is_none")]
     memory_used_bytes: Option<u64>,
+    /// How long the core limiter has held the container's kernel launches back, with a core
+    /// limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    throttled_seconds: Option<f64>,
 }
 
 pub fn main(args: GpuArgs) -> Result<i32> {
@@ -106,15 +110,21 @@ fn list(cfg: &Config) -> Result<Listing> {
         }
     }
     let dir = containers_dir(&cfg.state_dir);
-    let used: std::collections::HashMap<String, u64> = memory_gauges(&dir)
+    let usage: std::collections::HashMap<String, GpuUsage> = usage(&dir)
         .into_iter()
-        .map(|g| (g.container_id, g.used_bytes))
+        .map(|u| (u.container_id.clone(), u))
         .collect();
     let held: Vec<Holder> = grants(&dir)
         .into_iter()
-        .map(|grant| Holder {
-            memory_used_bytes: used.get(&grant.container_id).copied(),
-            grant,
+        .map(|grant| {
+            let u = usage.get(&grant.container_id);
+            Holder {
+                memory_used_bytes: u.filter(|u| u.limit_bytes.is_some()).map(|u| u.used_bytes),
+                throttled_seconds: grant
+                    .core_percent
+                    .map(|_| u.map_or(0.0, |u| u.throttled_us as f64 / 1e6)),
+                grant,
+            }
         })
         .collect();
     let gpus = inventory
@@ -165,6 +175,9 @@ fn holder(holder: &Holder) -> String {
     }
     if let Some(c) = h.core_percent {
         let _ = write!(s, ", cores {c}%");
+    }
+    if let Some(t) = holder.throttled_seconds {
+        let _ = write!(s, ", throttled {t:.1} s");
     }
     s.push(')');
     s

@@ -142,23 +142,27 @@ pub fn grants(containers_dir: &Path) -> Vec<Grant> {
 /// than (processes × GPUs) of any real container.
 const MAX_LEDGER_RECORDS: u64 = 16384;
 
-/// One GPU container's device memory: its limit over all its GPUs, and what its processes hold.
+/// One GPU container with a memory or core limit: its memory limit over all its GPUs, what its
+/// processes hold, and how long the core limiter has held their launches back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemoryGauge {
+pub struct GpuUsage {
     pub container_id: String,
-    pub limit_bytes: u64,
+    pub limit_bytes: Option<u64>,
     pub used_bytes: u64,
+    pub throttled_us: u64,
 }
 
-/// The device memory of every container with a GPU memory limit, from its grant and its
+/// The usage of every container with a GPU memory or core limit, from its grant and its
 /// accounting file (`shared/usage`). The file is the container's to write, so it is read only
-/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing. Only
-/// records of live processes count: a killed process's record stays until the interceptor in
-/// another of the container's processes reclaims it.
-pub fn memory_gauges(containers_dir: &Path) -> Vec<MemoryGauge> {
+/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing. Memory
+/// counts only in records of live processes: a killed process's record stays until the
+/// interceptor in another of the container's processes reclaims it. Throttled time counts in
+/// every process record, live or not: the interceptor moves a dead process's time to the
+/// container's totals record in the same write that frees the process's record.
+pub fn usage(containers_dir: &Path) -> Vec<GpuUsage> {
     let limited: Vec<Grant> = grants(containers_dir)
         .into_iter()
-        .filter(|g| g.memory_limit_bytes.is_some())
+        .filter(|g| g.memory_limit_bytes.is_some() || g.core_percent.is_some())
         .collect();
     if limited.is_empty() {
         return Vec::new();
@@ -166,15 +170,16 @@ pub fn memory_gauges(containers_dir: &Path) -> Vec<MemoryGauge> {
     let live = live_processes(Path::new("/proc"));
     limited
         .into_iter()
-        .filter_map(|g| {
-            let per_gpu = g.memory_limit_bytes?;
+        .map(|g| {
             let gpus = g.uuids.len().max(1) as u64;
             let ledger = containers_dir.join(&g.container_id).join("shared/usage");
-            Some(MemoryGauge {
-                used_bytes: ledger_used(&ledger, &live).unwrap_or(0),
-                limit_bytes: per_gpu.saturating_mul(gpus),
+            let (used_bytes, throttled_us) = read_ledger(&ledger, &live).unwrap_or((0, 0));
+            GpuUsage {
+                used_bytes,
+                throttled_us,
+                limit_bytes: g.memory_limit_bytes.map(|l| l.saturating_mul(gpus)),
                 container_id: g.container_id,
-            })
+            }
         })
         .collect()
 }
@@ -220,9 +225,13 @@ fn live_processes(proc_root: &Path) -> std::collections::HashSet<(u32, u64)> {
     live
 }
 
-/// Bytes the records of live processes in an accounting file hold, summed.
-fn ledger_used(path: &Path, live: &std::collections::HashSet<(u32, u64)>) -> io::Result<u64> {
-    use crishim_proto::vgpu::ledger::{Entry, RECORD};
+/// From an accounting file: the bytes the records of live processes hold, and the throttled
+/// time of every process record, each summed.
+fn read_ledger(
+    path: &Path,
+    live: &std::collections::HashSet<(u32, u64)>,
+) -> io::Result<(u64, u64)> {
+    use crishim_proto::vgpu::ledger::{Entry, PROCESS, RECORD};
     use std::io::Read as _;
     let mut raw = Vec::new();
     std::fs::File::open(path)?
@@ -231,8 +240,19 @@ fn ledger_used(path: &Path, live: &std::collections::HashSet<(u32, u64)>) -> io:
     Ok(raw
         .chunks(RECORD)
         .filter_map(Entry::decode)
-        .filter(|e| live.contains(&(e.pid, e.start)))
-        .fold(0u64, |sum, e| sum.saturating_add(e.used)))
+        .fold((0u64, 0u64), |(used, throttled), e| {
+            let used = if live.contains(&(e.pid, e.start)) {
+                used.saturating_add(e.used)
+            } else {
+                used
+            };
+            let throttled = if e.uuid == PROCESS {
+                throttled.saturating_add(e.throttled_us)
+            } else {
+                throttled
+            };
+            (used, throttled)
+        }))
 }
 
 #[cfg(test)]
@@ -241,10 +261,10 @@ mod tests {
 
     // No GPU here: the accounting file is written as the interceptor writes it.
     #[test]
-    fn memory_gauges_sum_valid_records_within_the_cap() {
-        use crishim_proto::vgpu::ledger::Entry;
+    fn usage_sums_valid_records_within_the_cap() {
+        use crishim_proto::vgpu::ledger::{Entry, PROCESS};
         let dir = tempfile::tempdir().unwrap();
-        let grant = |id: &str, limit: Option<u64>, gpus: usize| {
+        let grant = |id: &str, limit: Option<u64>, gpus: usize, cores: Option<u32>| {
             let d = ContainerDir::create(dir.path().join(id)).unwrap();
             d.write_grant(&Grant {
                 container_id: id.into(),
@@ -254,15 +274,16 @@ mod tests {
                 pod_uid: "u".into(),
                 uuids: (0..gpus).map(|i| format!("GPU-{i}")).collect(),
                 memory_limit_bytes: limit,
-                core_percent: None,
+                core_percent: cores,
                 capabilities: vec![],
                 driver_view: None,
             })
             .unwrap();
             d.create_accounting().unwrap()
         };
-        let shared = grant("limited", Some(1 << 30), 2);
-        grant("unlimited", None, 1);
+        let shared = grant("limited", Some(1 << 30), 2, None);
+        grant("unlimited", None, 1, None);
+        grant("cores", None, 1, Some(30));
         // Records of this test process (alive), and of one that is gone.
         let me = std::process::id();
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
@@ -291,8 +312,20 @@ mod tests {
             host_pid: 0,
             throttled_us: 0,
         };
+        // Throttled time counts from process records, live, dead or the totals.
+        let process = |pid, start, throttled_us| Entry {
+            pid,
+            start,
+            uuid: PROCESS,
+            used: 0,
+            host_pid: 77,
+            throttled_us,
+        };
         let mut file = Vec::new();
         file.extend(dead.encode());
+        file.extend(process(me, start, 1000).encode());
+        file.extend(process(me, start + 1, 20).encode());
+        file.extend(process(0, 0, 3).encode());
         file.extend(entry(100).encode());
         let mut torn = entry(1 << 40).encode();
         torn[40] ^= 1;
@@ -300,20 +333,28 @@ mod tests {
         file.extend([0u8; 64]);
         file.extend(entry(23).encode());
         std::fs::write(shared.join("usage"), &file).unwrap();
-        let g = memory_gauges(dir.path());
         assert_eq!(
-            g,
-            [MemoryGauge {
-                container_id: "limited".into(),
-                limit_bytes: 2 << 30,
-                used_bytes: 123,
-            }]
+            usage(dir.path()),
+            [
+                GpuUsage {
+                    container_id: "cores".into(),
+                    limit_bytes: None,
+                    used_bytes: 0,
+                    throttled_us: 0,
+                },
+                GpuUsage {
+                    container_id: "limited".into(),
+                    limit_bytes: Some(2 << 30),
+                    used_bytes: 123,
+                    throttled_us: 1023,
+                }
+            ]
         );
         // A file grown past the cap is read only up to it.
         let mut big = vec![0u8; (MAX_LEDGER_RECORDS as usize) * 64];
         big.extend(entry(5).encode());
         std::fs::write(shared.join("usage"), &big).unwrap();
-        assert_eq!(memory_gauges(dir.path())[0].used_bytes, 0);
+        assert_eq!(usage(dir.path())[1].used_bytes, 0);
     }
 
     #[test]

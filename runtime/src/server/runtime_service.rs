@@ -157,9 +157,8 @@ impl RuntimeService {
             };
             *g.containers.entry(name).or_default() += 1;
         }
-        g.gpu_memory = crate::gpu::container::memory_gauges(&crate::gpu::containers_dir(
-            &self.inner.config.state_dir,
-        ));
+        g.gpu =
+            crate::gpu::container::usage(&crate::gpu::containers_dir(&self.inner.config.state_dir));
         g
     }
 
