@@ -93,11 +93,12 @@ pub struct CUlaunchConfigHead {
     pub grid_dim_z: u32,
 }
 
-/// Parse `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (NVML's and crishim's form) into the raw bytes
-/// `cuDeviceGetUuid` returns.
+/// Parse `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (NVML's and crishim's form; `MIG-` for a MIG
+/// device) into the raw bytes `cuDeviceGetUuid` returns.
 pub fn parse_uuid(s: &str) -> Option<CUuuid> {
     let hex: String = s
-        .strip_prefix("GPU-")?
+        .strip_prefix("GPU-")
+        .or_else(|| s.strip_prefix("MIG-"))?
         .chars()
         .filter(|c| *c != '-')
         .collect();
@@ -136,6 +137,11 @@ mod tests {
         assert_eq!(u.bytes[15], 0x01);
         assert_eq!(format_uuid(&u), s);
         assert!(parse_uuid("c0ffee00-0000-4000-8000-000000000001").is_none());
+        assert_eq!(
+            parse_uuid("MIG-c0ffee00-0000-4000-8000-000000000001"),
+            Some(u),
+            "a MIG device's UUID has the same bytes"
+        );
         assert!(parse_uuid("GPU-zz").is_none());
     }
 }

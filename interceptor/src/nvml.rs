@@ -184,7 +184,17 @@ pub(crate) fn device(uuid: &CUuuid) -> Option<NvmlDevice> {
     }
     // SAFETY: nvml.h's signature.
     let by_uuid = unsafe { slots::GET_HANDLE_BY_UUID.get::<ByUuid>() }?;
-    let c = std::ffi::CString::new(format_uuid(uuid)).ok()?;
+    // As the config names it (a MIG device is `MIG-…`), else NVML's form of a GPU's.
+    let configured = match mode() {
+        Mode::Limited(l) => l
+            .config
+            .device_uuids
+            .iter()
+            .find(|u| parse_uuid(u).as_ref() == Some(uuid))
+            .cloned(),
+        _ => None,
+    };
+    let c = std::ffi::CString::new(configured.unwrap_or_else(|| format_uuid(uuid))).ok()?;
     let mut d: NvmlDevice = std::ptr::null_mut();
     // SAFETY: `c` and `d` outlive the call.
     (unsafe { by_uuid(c.as_ptr(), &mut d) } == NVML_SUCCESS).then_some(d)

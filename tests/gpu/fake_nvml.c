@@ -1,7 +1,9 @@
 /*
  * A fake NVML for crishim's GPU tests, built as libnvidia-ml.so.<version> (soname
  * libnvidia-ml.so.1). Devices are the /dev/nvidia<minor> nodes (major 195) under /dev or
- * $FAKE_NVIDIA_DEVICE_ROOT, with the same UUIDs and memory as fake_cuda.c. Processes and their
+ * $FAKE_NVIDIA_DEVICE_ROOT, with the same UUIDs and memory as fake_cuda.c. MIG devices are the
+ * lines "<GPU minor> <GPU instance> <compute instance>" of <device root>/fake-mig, each with
+ * half a GPU's memory and the UUID MIG-c0ffee00-0000-4000-9000-000000<minor><gi><ci> (hex). Processes and their
  * utilization are what fake_cuda.c publishes in its state directory (see there).
  */
 #include <dirent.h>
@@ -96,6 +98,30 @@ static void enumerate(void) {
 
 static int minor_of(nvmlDevice_t d) { return (int)(intptr_t)d - 1; }
 
+/* MIG handles are 0x1000 + 16 * (line of fake-mig) + 1; GPU handles are minor + 1 (< 0x1000). */
+#define MIG_BASE 0x1000
+struct mig { int minor, gi, ci; };
+
+static int migs(struct mig *out, int max) {
+    const char *root = getenv("FAKE_NVIDIA_DEVICE_ROOT");
+    char path[4096];
+    int n = 0;
+    snprintf(path, sizeof path, "%s/fake-mig", root && *root ? root : "/dev");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    while (n < max && fscanf(f, "%d %d %d", &out[n].minor, &out[n].gi, &out[n].ci) == 3) n++;
+    fclose(f);
+    return n;
+}
+
+static int mig_of(nvmlDevice_t d, struct mig *m) {
+    struct mig all[16];
+    long i = ((long)(intptr_t)d - MIG_BASE - 1) / 16;
+    if ((intptr_t)d <= MIG_BASE || i < 0 || i >= migs(all, 16)) return 0;
+    *m = all[i];
+    return 1;
+}
+
 static void uuid_string(int minor, char *buf, unsigned int len) {
     snprintf(buf, len, "GPU-c0ffee00-0000-4000-8000-0000000000%02x", minor);
 }
@@ -125,7 +151,50 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
     return NVML_ERROR_NOT_FOUND;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len) {
-    uuid_string(minor_of(d), uuid, len);
+    struct mig m;
+    if (mig_of(d, &m))
+        snprintf(uuid, len, "MIG-c0ffee00-0000-4000-9000-000000%02x%02x%02x", m.minor, m.gi, m.ci);
+    else
+        uuid_string(minor_of(d), uuid, len);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    struct mig all[16];
+    int n = migs(all, 16);
+    *current = *pending = 0;
+    for (int i = 0; i < n; i++)
+        if (all[i].minor == minor_of(d)) *current = *pending = 1;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    (void)d;
+    *count = 7;
+    return NVML_SUCCESS;
+}
+/* The index-th MIG device of GPU d: the index-th line of fake-mig naming d's minor. */
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *out) {
+    struct mig all[16];
+    int n = migs(all, 16);
+    unsigned int seen = 0;
+    for (int i = 0; i < n; i++) {
+        if (all[i].minor != minor_of(d)) continue;
+        if (seen++ == index) {
+            *out = (nvmlDevice_t)(intptr_t)(MIG_BASE + 16 * i + 1);
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    struct mig m;
+    if (!mig_of(d, &m)) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned int)m.gi;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    struct mig m;
+    if (!mig_of(d, &m)) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = (unsigned int)m.ci;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
@@ -133,10 +202,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
-    (void)d;
-    m->total = FAKE_MEMORY;
+    struct mig mg;
+    m->total = mig_of(d, &mg) ? FAKE_MEMORY / 2 : FAKE_MEMORY;
     m->used = 0;
-    m->free = FAKE_MEMORY;
+    m->free = m->total;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {

@@ -24,12 +24,20 @@ pub const DRIVER_VERSION: &str = "550.54.14";
 pub const FAKE_MEMORY: u64 = 1 << 30;
 /// The dynamic major the fake `nvidia-uvm` nodes get.
 pub const UVM_MAJOR: u64 = 237;
+/// The major the fake `nvidia-caps` nodes get (dynamic on real nodes too).
+pub const CAPS_MAJOR: u64 = 238;
 /// The LD_LIBRARY_PATH [`gpu_image`] sets in its config.
 pub const IMAGE_LD_LIBRARY_PATH: &str = "/opt/image/lib";
 
 /// The UUID of the fake GPU with minor `minor` (fake_cuda.c and fake_nvml.c derive the same).
 pub fn uuid(minor: u32) -> String {
     format!("GPU-c0ffee00-0000-4000-8000-0000000000{minor:02x}")
+}
+
+/// The UUID of the fake MIG device (GPU instance `gi`, compute instance `ci`) of GPU `minor`
+/// (fake_nvml.c derives the same).
+pub fn mig_uuid(minor: u32, gi: u32, ci: u32) -> String {
+    format!("MIG-c0ffee00-0000-4000-9000-000000{minor:02x}{gi:02x}{ci:02x}")
 }
 
 /// The PCI bus id of the fake GPU with minor `minor`.
@@ -250,6 +258,46 @@ impl FakeNode {
         crate::DaemonOptions::new()
             .extra_toml(&self.toml(inject))
             .env(&k, &v)
+    }
+
+    /// Turn MIG on for GPU `minor` with a MIG device (GPU instance `gi`, compute instance `ci`)
+    /// whose capability minors are `caps` (the GPU instance's, the compute instance's), in the
+    /// driver's `mig-minors`; with `nodes`, their `nvidia-caps` nodes are made too.
+    pub fn add_mig(&self, minor: u32, gi: u32, ci: u32, caps: (u32, u32), nodes: bool) {
+        use std::io::Write as _;
+        let append = |path: PathBuf, line: String| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(line.as_bytes()).unwrap();
+        };
+        append(
+            self.device_root().join("fake-mig"),
+            format!("{minor} {gi} {ci}\n"),
+        );
+        append(
+            self.proc_root().join("driver/nvidia-caps/mig-minors"),
+            format!(
+                "gpu{minor}/gi{gi}/access {}\ngpu{minor}/gi{gi}/ci{ci}/access {}\n",
+                caps.0, caps.1
+            ),
+        );
+        if nodes {
+            let dir = self.device_root().join("nvidia-caps");
+            std::fs::create_dir_all(&dir).unwrap();
+            for m in [caps.0, caps.1] {
+                nix::sys::stat::mknod(
+                    &dir.join(format!("nvidia-cap{m}")),
+                    nix::sys::stat::SFlag::S_IFCHR,
+                    nix::sys::stat::Mode::from_bits_truncate(0o444),
+                    nix::sys::stat::makedev(CAPS_MAJOR, u64::from(m)),
+                )
+                .unwrap();
+            }
+        }
     }
 
     /// Write a CDI spec file into the CDI dir.

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 
 use crishim_proto::cri;
 use crishim_tests::daemon::{metrics_address, metrics_toml, sample, scrape};
-use crishim_tests::gpu::{self, gpu_image_once, lines, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH};
+use crishim_tests::gpu::{
+    self, gpu_image_once, lines, mig_uuid, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH,
+};
 use crishim_tests::pods::{
     assert_no_leaks, container_config, marker, namespaces, set_pod_namespaces, sh, PodEnv,
     PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
@@ -1049,5 +1051,82 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
         holder["throttled_seconds"].as_f64().unwrap_or(0.0) > 1.0,
         "{listing}"
     );
+    finish(env, &pod, traces).await;
+}
+
+/// A MIG device is asked for by its UUID, as the device plugin's MIG strategies do: the
+/// container gets its GPU's node and the two `nvidia-caps` nodes that grant the MIG device, and
+/// its limits are checked against the MIG device's memory. A MIG device whose capability nodes
+/// are missing is not offered. No GPU here: the fake NVML reports MIG devices.
+#[tokio::test]
+async fn mig_devices_are_granted_by_uuid_with_their_capability_nodes() {
+    let node = FakeNode::new();
+    node.add_mig(1, 1, 0, (21, 22), true);
+    node.add_mig(1, 2, 0, (30, 31), false);
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("mig");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let mig = mig_uuid(1, 1, 0);
+
+    let c = config(&image, "mig", |c| {
+        set_env(c, "NVIDIA_VISIBLE_DEVICES", &mig);
+        annotate(c, "gpu.crishim.io/memory", "256Mi");
+    });
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+    let mut seen = nodes(&env, &id).await;
+    assert_eq!(seen.remove("/dev/nvidia-caps"), Some((0, 0)), "a directory");
+    assert_eq!(seen, expect_nodes(&[1]));
+    assert_eq!(
+        sh_ok(&env, &id, "stat -c '%n %t %T' /dev/nvidia-caps/*").await,
+        format!(
+            "/dev/nvidia-caps/nvidia-cap21 {CAPS:x} 15\n/dev/nvidia-caps/nvidia-cap22 {CAPS:x} 16\n",
+            CAPS = gpu::CAPS_MAJOR
+        )
+    );
+    assert_eq!(
+        env_of(&env, &id, "NVIDIA_VISIBLE_DEVICES").await.as_deref(),
+        Some(mig.as_str())
+    );
+    assert_eq!(
+        vgpu_config(&env, &id).await["device_uuids"],
+        serde_json::json!([mig])
+    );
+
+    // Past the MIG device's memory (half the fake GPU's), and a MIG device without its nodes.
+    for (name, asked, memory, needle) in [
+        ("too-big", mig.clone(), "600Mi", "is larger than"),
+        ("no-nodes", mig_uuid(1, 2, 0), "", "unknown MIG device"),
+        ("no-such", mig_uuid(0, 1, 0), "", "unknown MIG device"),
+    ] {
+        let c = config(&image, name, |c| {
+            set_env(c, "NVIDIA_VISIBLE_DEVICES", &asked);
+            if !memory.is_empty() {
+                annotate(c, "gpu.crishim.io/memory", memory);
+            }
+        });
+        let e = env.d.create_container(&pod, &c, &cfg).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{name}: {e:?}");
+        assert!(e.message().contains(needle), "{name}: {}", e.message());
+    }
+
+    // `crishim gpu list` shows the MIG device after its GPU, with the container holding it.
+    let (k, v) = node.env();
+    let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+        .args(["gpu", "list", "--json", "--config"])
+        .arg(env.d.config_path())
+        .env(k, v)
+        .output()
+        .unwrap();
+    let listing: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let gpus = listing["gpus"].as_array().unwrap();
+    let uuids: Vec<&str> = gpus.iter().map(|g| g["uuid"].as_str().unwrap()).collect();
+    assert_eq!(uuids, [uuid(0), uuid(1), mig.clone()], "{listing}");
+    assert_eq!(gpus[2]["mig"]["parent"], uuid(1));
+    assert_eq!(gpus[2]["mig"]["gpu_instance"], 1);
+    assert_eq!(gpus[2]["memory"], gpu::FAKE_MEMORY / 2);
+    assert_eq!(gpus[2]["containers"][0]["container_id"], id.as_str());
     finish(env, &pod, traces).await;
 }

@@ -103,12 +103,27 @@ fn list(cfg: &Config) -> Result<Listing> {
                 .into_iter()
                 .find(|f| f.soname.as_deref() == Some("libnvidia-ml.so.1"))
         });
+    let mut migs = Vec::new();
     if let (Some(nvml), false) = (nvml, inventory.gpus.is_empty()) {
-        let sizes = probe::memory_by_uuid(&nvml.source);
+        let probed = probe::run(&nvml.source);
+        let sizes = probe::memory_by_uuid(&probed);
+        migs = super::discover::migs(&inventory, &probed, &g.device_root, &g.proc_root);
         for gpu in &mut inventory.gpus {
             gpu.memory = sizes.get(&gpu.uuid).copied();
         }
     }
+    // Each MIG device right after its GPU.
+    let mut all = Vec::new();
+    for gpu in inventory.gpus {
+        let uuid = gpu.uuid.clone();
+        all.push(gpu);
+        all.extend(
+            migs.iter()
+                .filter(|m| m.mig.as_ref().is_some_and(|m| m.parent == uuid))
+                .cloned(),
+        );
+    }
+    inventory.gpus = all;
     let dir = containers_dir(&cfg.state_dir);
     let usage: std::collections::HashMap<String, GpuUsage> = usage(&dir)
         .into_iter()
@@ -197,7 +212,13 @@ fn table(l: &Listing, cfg: &Config) -> String {
         .map(|e| {
             let holders: Vec<String> = e.containers.iter().map(holder).collect();
             [
-                e.gpu.index.to_string(),
+                match &e.gpu.mig {
+                    Some(m) => format!(
+                        "{} gi{} ci{}",
+                        e.gpu.index, m.gpu_instance, m.compute_instance
+                    ),
+                    None => e.gpu.index.to_string(),
+                },
                 e.gpu.uuid.clone(),
                 e.gpu.minor.to_string(),
                 e.gpu.bus_id.clone(),

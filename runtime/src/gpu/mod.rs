@@ -84,8 +84,15 @@ pub struct Gpus {
     mirror: Result<Option<Mirror>, String>,
     interceptor: PathBuf,
     containers_dir: PathBuf,
-    /// Device memory by UUID, probed through NVML on first need (it can take seconds).
-    memory: std::sync::OnceLock<std::collections::HashMap<String, u64>>,
+    /// What NVML knows, probed on first need (it can take seconds).
+    probed: std::sync::OnceLock<Probed>,
+}
+
+/// From the NVML probe: device memory by UUID (GPUs' and MIG devices'), and the MIG devices.
+#[derive(Default)]
+struct Probed {
+    memory: std::collections::HashMap<String, u64>,
+    migs: Vec<Device>,
 }
 
 /// What the NVIDIA toolkit injects from the host where present: (path, a writable directory
@@ -132,30 +139,39 @@ impl Gpus {
             mirror,
             interceptor,
             containers_dir: containers_dir(state_dir),
-            memory: std::sync::OnceLock::new(),
+            probed: std::sync::OnceLock::new(),
         };
         gpus.collect_garbage();
         gpus
     }
 
-    /// A GPU's memory in bytes, if NVML (the mirror's) can tell.
-    fn memory_of(&self, gpu: &Device) -> Option<u64> {
-        gpu.memory.or_else(|| {
-            self.memory
-                .get_or_init(|| {
-                    let nvml = self
-                        .config
-                        .vdriver_dir
-                        .join("origin/lib64/libnvidia-ml.so.1");
-                    if matches!(self.mirror, Ok(Some(_))) && nvml.exists() {
-                        probe::memory_by_uuid(&nvml)
-                    } else {
-                        Default::default()
-                    }
-                })
-                .get(&gpu.uuid)
-                .copied()
+    /// What NVML (the mirror's) can tell, asked once.
+    fn probed(&self) -> &Probed {
+        self.probed.get_or_init(|| {
+            let nvml = self
+                .config
+                .vdriver_dir
+                .join("origin/lib64/libnvidia-ml.so.1");
+            if !(matches!(self.mirror, Ok(Some(_))) && nvml.exists()) {
+                return Probed::default();
+            }
+            let found = probe::run(&nvml);
+            Probed {
+                memory: probe::memory_by_uuid(&found),
+                migs: discover::migs(
+                    &self.inventory,
+                    &found,
+                    &self.config.device_root,
+                    &self.config.proc_root,
+                ),
+            }
         })
+    }
+
+    /// A GPU's (or MIG device's) memory in bytes, if NVML can tell.
+    fn memory_of(&self, gpu: &Device) -> Option<u64> {
+        gpu.memory
+            .or_else(|| self.probed().memory.get(&gpu.uuid).copied())
     }
 
     pub fn inventory(&self) -> &Inventory {
@@ -268,9 +284,13 @@ impl Gpus {
         let dir = ContainerDir::create(self.container_dir(t.container_id))?;
         dir.write_grant(&grant)?;
 
-        // Devices: the GPUs, and the control nodes whenever there is one.
+        // Devices: the GPUs (a MIG device's GPU, and the capability nodes that grant the MIG
+        // device), and the control nodes whenever there is one.
         for g in &granted {
             inject::add_device(spec, &self.inventory.node(g)?)?;
+            for cap in g.mig.iter().flat_map(|m| &m.caps) {
+                inject::add_device(spec, cap)?;
+            }
         }
         if !granted.is_empty() {
             for n in &self.inventory.control {
@@ -384,11 +404,19 @@ impl Gpus {
         for ident in &req.named {
             let g = match ident {
                 Ident::Index(i) => self.inventory.by_index(*i),
+                Ident::Uuid(u) if u.starts_with("MIG-") => self
+                    .probed()
+                    .migs
+                    .iter()
+                    .find(|m| m.uuid.eq_ignore_ascii_case(u)),
                 Ident::Uuid(u) => self.inventory.by_uuid(u),
             };
             out.push(g.ok_or_else(|| {
                 let what = match ident {
                     Ident::Index(i) => format!("GPU index {i}"),
+                    Ident::Uuid(u) if u.starts_with("MIG-") => {
+                        format!("MIG device {u:?} (MIG devices are listed by `crishim gpu list`)")
+                    }
                     Ident::Uuid(u) => format!("GPU UUID {u:?}"),
                 };
                 GpuError::Invalid(format!(

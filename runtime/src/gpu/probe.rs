@@ -1,6 +1,7 @@
-//! GPU memory sizes from NVML (the `information` files do not have them), to refuse limits
-//! larger than a device. The driver is loaded in a child process (`crishim gpu probe`), never
-//! in the daemon: a misbehaving driver library must not take the daemon down.
+//! What only NVML knows (the `information` files do not have it): each GPU's memory size, to
+//! refuse limits larger than a device, and its MIG devices. The driver is loaded in a child
+//! process (`crishim gpu probe`), never in the daemon: a misbehaving driver library must not
+//! take the daemon down.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -16,16 +17,40 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Probed {
     pub uuid: String,
     pub memory: u64,
+    /// Its MIG devices, where MIG mode is on.
+    #[serde(default)]
+    pub migs: Vec<ProbedMig>,
 }
 
-/// Run `crishim gpu probe NVML` and collect memory sizes by UUID; empty on any failure (logged).
-pub fn memory_by_uuid(nvml: &Path) -> HashMap<String, u64> {
+/// A MIG device: a compute instance of a GPU instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbedMig {
+    /// `MIG-…`.
+    pub uuid: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+    pub memory: u64,
+}
+
+/// Memory sizes by UUID, GPUs' and MIG devices', from [`run`].
+pub fn memory_by_uuid(probed: &[Probed]) -> HashMap<String, u64> {
+    probed
+        .iter()
+        .flat_map(|p| {
+            std::iter::once((p.uuid.clone(), p.memory))
+                .chain(p.migs.iter().map(|m| (m.uuid.clone(), m.memory)))
+        })
+        .collect()
+}
+
+/// Run `crishim gpu probe NVML`; empty on any failure (logged).
+pub fn run(nvml: &Path) -> Vec<Probed> {
     let Ok(exe) = std::env::current_exe() else {
-        return HashMap::new();
+        return Vec::new();
     };
     // Only the crishim binary has the probe subcommand (not, say, a test harness).
     if exe.file_name().is_none_or(|n| n != "crishim") {
-        return HashMap::new();
+        return Vec::new();
     }
     let child = std::process::Command::new(&exe)
         .args(["gpu", "probe"])
@@ -38,7 +63,7 @@ pub fn memory_by_uuid(nvml: &Path) -> HashMap<String, u64> {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "running the NVML probe");
-            return HashMap::new();
+            return Vec::new();
         }
     };
     let deadline = std::time::Instant::now() + TIMEOUT;
@@ -52,7 +77,7 @@ pub fn memory_by_uuid(nvml: &Path) -> HashMap<String, u64> {
                 let _ = child.kill();
                 let _ = child.wait();
                 tracing::warn!(nvml = %nvml.display(), "NVML probe timed out; GPU memory sizes unknown");
-                return HashMap::new();
+                return Vec::new();
             }
         }
     }
@@ -60,17 +85,19 @@ pub fn memory_by_uuid(nvml: &Path) -> HashMap<String, u64> {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!(error = %e, "reading the NVML probe");
-            return HashMap::new();
+            return Vec::new();
         }
     };
     if !out.status.success() {
         tracing::warn!(status = %out.status, stderr = %String::from_utf8_lossy(&out.stderr), "NVML probe failed; GPU memory sizes unknown");
-        return HashMap::new();
+        return Vec::new();
     }
-    serde_json::from_slice::<Vec<Probed>>(&out.stdout)
-        .map(|v| v.into_iter().map(|p| (p.uuid, p.memory)).collect())
-        .unwrap_or_default()
+    // The child's output is bounded by what it lists: a JSON document per GPU.
+    serde_json::from_slice::<Vec<Probed>>(&out.stdout).unwrap_or_default()
 }
+
+/// At most this many MIG devices per GPU are asked for (7 on today's GPUs).
+const MAX_MIGS: u32 = 64;
 
 type Ret = i32;
 type Dev = *mut c_void;
@@ -122,8 +149,9 @@ pub fn probe(lib: &Path) -> Result<Vec<Probed>, String> {
         check("nvmlInit_v2", init())?;
         let mut n = 0u32;
         check("nvmlDeviceGetCount_v2", count(&mut n))?;
+        let mig = MigFns::load(&sym);
         let mut out = Vec::new();
-        for i in 0..n {
+        for i in 0..n.min(MAX_GPUS) {
             let mut d: Dev = std::ptr::null_mut();
             check("nvmlDeviceGetHandleByIndex_v2", by_index(i, &mut d))?;
             let mut buf = [0 as c_char; 96];
@@ -133,12 +161,97 @@ pub fn probe(lib: &Path) -> Result<Vec<Probed>, String> {
             )?;
             let mut m = Memory::default();
             check("nvmlDeviceGetMemoryInfo", memory(d, &mut m))?;
+            let migs = match &mig {
+                Some(f) => f.list(d, |d| {
+                    let mut buf = [0 as c_char; 96];
+                    let mut m = Memory::default();
+                    (uuid(d, buf.as_mut_ptr(), buf.len() as u32) == 0 && memory(d, &mut m) == 0)
+                        .then(|| {
+                            (
+                                CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned(),
+                                m.total,
+                            )
+                        })
+                }),
+                None => Vec::new(),
+            };
             out.push(Probed {
                 uuid: CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned(),
                 memory: m.total,
+                migs,
             });
         }
         Ok(out)
+    }
+}
+
+/// At most this many GPUs are listed.
+const MAX_GPUS: u32 = 256;
+
+/// NVML's MIG entry points, where the library has them.
+struct MigFns {
+    mode: extern "C" fn(Dev, *mut u32, *mut u32) -> Ret,
+    max: extern "C" fn(Dev, *mut u32) -> Ret,
+    by_index: extern "C" fn(Dev, u32, *mut Dev) -> Ret,
+    gi: extern "C" fn(Dev, *mut u32) -> Ret,
+    ci: extern "C" fn(Dev, *mut u32) -> Ret,
+}
+
+impl MigFns {
+    fn load(sym: &impl Fn(&CStr) -> Result<*mut c_void, String>) -> Option<MigFns> {
+        // SAFETY: each symbol has the C signature from nvml.h it is transmuted to.
+        unsafe {
+            Some(MigFns {
+                mode: std::mem::transmute::<
+                    *mut c_void,
+                    extern "C" fn(Dev, *mut u32, *mut u32) -> Ret,
+                >(sym(c"nvmlDeviceGetMigMode").ok()?),
+                max: std::mem::transmute::<*mut c_void, extern "C" fn(Dev, *mut u32) -> Ret>(
+                    sym(c"nvmlDeviceGetMaxMigDeviceCount").ok()?,
+                ),
+                by_index: std::mem::transmute::<
+                    *mut c_void,
+                    extern "C" fn(Dev, u32, *mut Dev) -> Ret,
+                >(sym(c"nvmlDeviceGetMigDeviceHandleByIndex").ok()?),
+                gi: std::mem::transmute::<*mut c_void, extern "C" fn(Dev, *mut u32) -> Ret>(
+                    sym(c"nvmlDeviceGetGpuInstanceId").ok()?,
+                ),
+                ci: std::mem::transmute::<*mut c_void, extern "C" fn(Dev, *mut u32) -> Ret>(
+                    sym(c"nvmlDeviceGetComputeInstanceId").ok()?,
+                ),
+            })
+        }
+    }
+
+    /// The MIG devices of `gpu` where MIG mode is on; `describe` gives a device's (UUID,
+    /// memory). A device NVML cannot describe is left out.
+    fn list(&self, gpu: Dev, describe: impl Fn(Dev) -> Option<(String, u64)>) -> Vec<ProbedMig> {
+        let (mut current, mut pending, mut max) = (0u32, 0u32, 0u32);
+        if (self.mode)(gpu, &mut current, &mut pending) != 0 || current != 1 {
+            return Vec::new();
+        }
+        if (self.max)(gpu, &mut max) != 0 {
+            return Vec::new();
+        }
+        (0..max.min(MAX_MIGS))
+            .filter_map(|i| {
+                let mut d: Dev = std::ptr::null_mut();
+                if (self.by_index)(gpu, i, &mut d) != 0 {
+                    return None;
+                }
+                let (mut gi, mut ci) = (0u32, 0u32);
+                if (self.gi)(d, &mut gi) != 0 || (self.ci)(d, &mut ci) != 0 {
+                    return None;
+                }
+                let (uuid, memory) = describe(d)?;
+                uuid.starts_with("MIG-").then_some(ProbedMig {
+                    uuid,
+                    gpu_instance: gi,
+                    compute_instance: ci,
+                    memory,
+                })
+            })
+            .collect()
     }
 }
 

@@ -256,11 +256,11 @@ fn parse_visible(value: &str, req: &mut Request) -> Result<(), GpuError> {
             for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                 let ident = if let Ok(i) = item.parse::<u32>() {
                     Ident::Index(i)
-                } else if item.starts_with("GPU-") {
+                } else if item.starts_with("GPU-") || item.starts_with("MIG-") {
                     Ident::Uuid(item.to_string())
                 } else {
                     return Err(GpuError::Invalid(format!(
-                        "{ENV_VISIBLE_DEVICES}: {item:?} is neither a GPU index nor a GPU UUID"
+                        "{ENV_VISIBLE_DEVICES}: {item:?} is neither a GPU index nor a GPU or MIG UUID"
                     )));
                 };
                 req.named.push(ident);
@@ -383,8 +383,12 @@ pub(crate) mod tests {
             parse_env("1, GPU-abc").unwrap().named,
             vec![Ident::Index(1), Ident::Uuid("GPU-abc".into())]
         );
-        let e = parse_env("0,MIG-x").unwrap_err().to_string();
-        assert!(e.contains("\"MIG-x\""), "{e}");
+        assert_eq!(
+            parse_env("0,MIG-x").unwrap().named,
+            vec![Ident::Index(0), Ident::Uuid("MIG-x".into())]
+        );
+        let e = parse_env("0,gpu0").unwrap_err().to_string();
+        assert!(e.contains("\"gpu0\""), "{e}");
     }
 
     #[test]
