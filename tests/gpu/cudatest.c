@@ -30,7 +30,10 @@
  *   cudatest util                   NVML's utilization of device 0, the whole device's
  *   cudatest burn SECONDS BLOCKS    launch kernels of BLOCKS blocks without pause; prints the
  *                                   rate of the second half as a percent of the fake device's
- *                                   1,000,000 blocks a second
+ *                                   1,000,000 blocks a second. With $CUDATEST_PTX set (a real
+ *                                   GPU), each launch runs a kernel whose blocks spin that many
+ *                                   iterations and is waited for, and the rate is printed as
+ *                                   blocks a second instead
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -119,6 +122,15 @@ static void device0(Prop *prop) {
     prop->location.type = 1;
     prop->location.id = 0;
 }
+
+/* A kernel for a real GPU: each block counts to n, then stores the count (so the loop stays). */
+static const char SPIN_PTX[] =
+    ".version 7.0\n.target sm_50\n.address_size 64\n"
+    ".visible .entry spin(.param .u64 n, .param .u64 out)\n{\n"
+    "  .reg .pred p;\n  .reg .u64 i, lim, o;\n"
+    "  ld.param.u64 lim, [n];\n  ld.param.u64 o, [out];\n  mov.u64 i, 0;\n"
+    "LOOP:\n  add.u64 i, i, 1;\n  setp.lt.u64 p, i, lim;\n  @p bra LOOP;\n"
+    "  st.global.u64 [o], i;\n  ret;\n}\n";
 
 static volatile int stop_churn;
 
@@ -327,15 +339,39 @@ int main(int argc, char **argv) {
     } else if (strcmp(cmd, "burn") == 0 && argc == 4) {
         CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                            void **, void **) = sym("cuLaunchKernel");
+        const char *ptx = getenv("CUDATEST_PTX");
+        void *fn = NULL, **params = NULL;
+        unsigned long long n = ptx ? strtoull(ptx, NULL, 10) : 0;
+        CUdeviceptr out = 0;
+        void *args[2] = {&n, &out};
+        CUresult (*sync)(void) = sym("cuCtxSynchronize");
+        if (ptx) {
+            CUresult (*load)(void **, const void *) = sym("cuModuleLoadData");
+            CUresult (*get)(void **, void *, const char *) = sym("cuModuleGetFunction");
+            CUresult (*alloc_v2)(CUdeviceptr *, size_t) = sym("cuMemAlloc_v2");
+            void *module = NULL;
+            CUresult r = load(&module, SPIN_PTX);
+            if (r == 0) r = get(&fn, module, "spin");
+            if (r == 0) r = alloc_v2(&out, 8);
+            if (r != 0) {
+                printf("burn module %d\n", r);
+                return 15;
+            }
+            params = args;
+        }
         double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total;
         unsigned blocks = (unsigned)atoi(argv[3]);
         unsigned long long counted = 0;
         double now;
         while ((now = seconds()) < end) {
-            launch(NULL, blocks, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            if (ptx) sync();
             if (now >= half) counted += blocks;
         }
-        printf("burn %.0f\n", (double)counted / (end - half) / 1e6 * 100);
+        if (ptx)
+            printf("burn %.0f blocks/s\n", (double)counted / (end - half));
+        else
+            printf("burn %.0f\n", (double)counted / (end - half) / 1e6 * 100);
     } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
         CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
         pthread_t t;

@@ -1,0 +1,168 @@
+//! On a machine with a real NVIDIA GPU and driver only: `hack/gpu-check.sh` runs this with
+//! `--ignored --nocapture`. A real daemon serves the node's GPUs (`/dev`, `/proc`, the driver
+//! under `/`) and runs `cudatest` (`tests/gpu/cudatest.c`, which uses the driver API the way
+//! the CUDA runtime does) in busybox containers with limits. Every step prints what it saw;
+//! the assertions are the ones that hold on any GPU (a context's size, say, varies).
+
+use crishim_proto::cri;
+use crishim_tests::gpu::gpu_image_once;
+use crishim_tests::pods::{container_config, marker, sh, PodEnv, PodTraces, LOOP_UNTIL_TERM};
+use crishim_tests::DaemonOptions;
+
+const LIMIT_MIB: u64 = 2048;
+
+async fn step(env: &PodEnv, id: &str, what: &str, script: &str) -> String {
+    let r = env
+        .d
+        .exec_sync(id, &["/bin/sh", "-c", script], 120)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"));
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    println!(
+        "== {what}\n$ {script}\n{out}{}(exit {})\n",
+        String::from_utf8_lossy(&r.stderr),
+        r.exit_code
+    );
+    out
+}
+
+fn gpu_container(image: &str, name: &str, annotations: &[(&str, &str)]) -> cri::ContainerConfig {
+    let mut c = container_config(name, image, &[]);
+    c.command = sh(LOOP_UNTIL_TERM, &marker(name));
+    c.envs.push(cri::KeyValue {
+        key: "NVIDIA_VISIBLE_DEVICES".into(),
+        value: "0".into(),
+    });
+    for (k, v) in annotations {
+        c.annotations.insert(k.to_string(), v.to_string());
+    }
+    c
+}
+
+#[tokio::test]
+#[ignore = "needs a real NVIDIA GPU and driver: run hack/gpu-check.sh"]
+async fn a_real_gpu_under_memory_and_core_limits() {
+    let vdriver = tempfile::tempdir().unwrap();
+    let env = PodEnv::start_with(DaemonOptions::new().extra_toml(&format!(
+        "[gpu]\ninject = \"preload\"\nvdriver_dir = {:?}\n",
+        vdriver.path().to_string_lossy()
+    )))
+    .await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let cfg = env.pod_config("gpu-check");
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let limit = format!("{LIMIT_MIB}Mi");
+    let c = gpu_container(
+        &image,
+        "limited",
+        &[
+            ("gpu.crishim.io/memory", &limit),
+            ("gpu.crishim.io/cores", "30"),
+        ],
+    );
+    let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+    traces.add_container(&id);
+
+    step(
+        &env,
+        &id,
+        "nvidia-smi in a container with a 2 GiB limit",
+        "nvidia-smi",
+    )
+    .await;
+    let info = step(&env, &id, "what the driver API reports", "cudatest info").await;
+    assert!(
+        info.contains(&format!(" {}\n", LIMIT_MIB << 20)),
+        "the limit is the total: {info}"
+    );
+    let over = LIMIT_MIB + 1;
+    let out = step(
+        &env,
+        &id,
+        "past the limit through cuMemAlloc_v2, then 256 MiB through cuGetProcAddress",
+        &format!("cudatest alloc {over} 256"),
+    )
+    .await;
+    assert!(out.contains(&format!("alloc {over} direct 2")), "{out}");
+    assert!(out.contains("alloc 256 procaddr 0"), "{out}");
+    for (what, cmd) in [
+        (
+            "a pool: past the limit, then 256 MiB",
+            format!("cudatest pool {over} 256"),
+        ),
+        (
+            "arrays: past the limit, then 256 MiB",
+            format!("cudatest arrays {over} 256"),
+        ),
+        (
+            "a pool that keeps its memory, and cuMemAllocAsync",
+            "cudatest poolkeep 1024".into(),
+        ),
+        (
+            "NVML's process list: this container's only",
+            "cudatest procs".into(),
+        ),
+    ] {
+        step(&env, &id, what, &cmd).await;
+    }
+    let out = step(
+        &env,
+        &id,
+        "two processes share the limit; the one killed gives its share back",
+        "cudatest hold 1024 60 > /tmp/hold & H=$!; \
+         while ! grep -q hold /tmp/hold; do sleep 0.1; done; cat /tmp/hold; \
+         cudatest alloc 1024; kill -9 $H; wait $H; cudatest alloc 1024",
+    )
+    .await;
+    assert!(out.contains("hold 0"), "{out}");
+    assert!(out.ends_with("alloc 1024 direct 0\n"), "{out}");
+
+    // The core limit: alone, then beside a neighbour with no limit that keeps the GPU busy.
+    let spin = "CUDATEST_PTX=200000";
+    step(
+        &env,
+        &id,
+        "30% alone",
+        &format!("{spin} cudatest burn 10 512"),
+    )
+    .await;
+    let n = gpu_container(&image, "neighbour", &[]);
+    let neighbour = env.d.run_container(&pod, &n, &cfg).await.unwrap();
+    traces.add_container(&neighbour);
+    step(
+        &env,
+        &neighbour,
+        "the neighbour, unlimited, starts burning",
+        &format!("{spin} nohup cudatest burn 40 512 > /tmp/burn 2>&1 & sleep 3; nvidia-smi --query-gpu=utilization.gpu --format=csv"),
+    )
+    .await;
+    step(
+        &env,
+        &id,
+        "30% beside the busy neighbour",
+        &format!("{spin} cudatest burn 10 512"),
+    )
+    .await;
+    step(
+        &env,
+        &neighbour,
+        "the neighbour's own rate",
+        "sleep 30; cat /tmp/burn",
+    )
+    .await;
+    let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+        .args(["gpu", "list", "--config"])
+        .arg(env.d.config_path())
+        .output()
+        .unwrap();
+    println!(
+        "== crishim gpu list\n{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    traces.capture(&env.d).await;
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}
