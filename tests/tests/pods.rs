@@ -1968,3 +1968,87 @@ async fn metrics_count_calls_pod_starts_pulls_and_states() {
     assert_no_leaks(&env.d, &traces).await;
     env.stop();
 }
+
+/// A container joining its pod's pid namespace on a cgroup v1 node, whose pid in the pod is one
+/// no host process has: libcontainer would look that pid up in the host's /proc to mount the
+/// cgroup hierarchies ("failed to prepare rootfs"). crishim binds the container's own cgroups
+/// instead, and the container sees its own limits there. (On a cgroup v2 node there is nothing
+/// to check: the container mounts cgroup2 in its own cgroup namespace.)
+#[tokio::test]
+async fn a_container_joining_a_busy_pod_pid_namespace_gets_its_own_cgroups() {
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        eprintln!("cgroup v2 node: the v1 emulation is not used");
+        return;
+    }
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut cfg = env.pod_config("pid-busy");
+    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_POD, NS_POD));
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox pid POD");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    // The next pid in the pod's namespace: one above every host pid, so no host process has it.
+    let highest = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .max()
+        .unwrap();
+    let next = highest + 1000;
+    let infra = d.infra_pid(&pod).await.unwrap();
+    let o = std::process::Command::new("nsenter")
+        .args(["-t", &infra.to_string(), "-p", "--", "sh", "-c"])
+        .arg(format!("echo {} > /proc/sys/kernel/ns_last_pid", next - 1))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!Path::new(&format!("/proc/{next}")).exists());
+    let mut c = sh_container(&env, "busy", LOOP_UNTIL_TERM, &marker("busy"));
+    c.linux
+        .get_or_insert_with(Default::default)
+        .resources
+        .get_or_insert_with(Default::default)
+        .memory_limit_in_bytes = 64 << 20;
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("a container whose pod pid has no host process");
+    traces.add_container(&id);
+    let pid_in_pod = d
+        .exec_ok(
+            &id,
+            &["sh", "-c", "cat /proc/1/status | grep -c shim; echo $$"],
+        )
+        .await;
+    assert!(
+        pid_in_pod.starts_with("1\n"),
+        "the pod's infra is pid 1: {pid_in_pod}"
+    );
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"])
+            .await
+            .trim(),
+        (64u64 << 20).to_string(),
+        "the container's own memory cgroup"
+    );
+    let listing = d.exec_ok(&id, &["ls", "/sys/fs/cgroup"]).await;
+    for want in ["cpu", "cpuacct", "memory", "pids"] {
+        assert!(
+            listing.split_whitespace().any(|n| n == want),
+            "{want} in {listing}"
+        );
+    }
+    let r = d
+        .exec_sync(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "echo 1 > /sys/fs/cgroup/memory/memory.limit_in_bytes",
+            ],
+            30,
+        )
+        .await
+        .unwrap();
+    assert_ne!(r.exit_code, 0, "the cgroups are read-only");
+    env.finish_pod(&pod, traces).await;
+}

@@ -30,6 +30,9 @@ pub(super) struct HostFacts {
     /// The daemon's own hard RLIMIT_NOFILE: without CAP_SYS_RESOURCE a container cannot be given
     /// more, and asking for more makes container creation fail with EPERM.
     pub nofile_hard: Option<u64>,
+    /// On a cgroup v1 (or hybrid) node, the v1 hierarchies under /sys/fs/cgroup in which each
+    /// container gets a cgroup: (directory, the symlinks naming it, like `cpu` for `cpu,cpuacct`).
+    pub cgroup_v1_dirs: Vec<(String, Vec<String>)>,
 }
 
 impl HostFacts {
@@ -45,8 +48,66 @@ impl HostFacts {
                 .unwrap_or_default(),
             dev_root: PathBuf::from("/dev"),
             nofile_hard: nofile_ceiling(),
+            cgroup_v1_dirs: if cgroup_v2 {
+                Vec::new()
+            } else {
+                cgroup_v1_dirs(Path::new(CGROUP_ROOT))
+            },
         }
     }
+}
+
+/// The v1 controllers libcgroups makes a container's cgroup in (wherever they are mounted).
+const V1_CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "devices",
+    "hugetlb",
+    "memory",
+    "pids",
+    "perf_event",
+    "blkio",
+    "net_cls",
+    "net_prio",
+    "freezer",
+];
+
+/// The v1 hierarchies mounted in `root` whose controllers are all ones libcgroups manages (so
+/// a container's cgroup exists in each), with the symlinks that name them. `systemd`'s named
+/// hierarchy, `rdma`, `misc` and the v2 `unified` one are left out.
+pub(super) fn cgroup_v1_dirs(root: &Path) -> Vec<(String, Vec<String>)> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut dirs = Vec::new();
+    let mut links = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_symlink() {
+            if let Ok(target) = std::fs::read_link(e.path()) {
+                links.push((name, target.to_string_lossy().into_owned()));
+            }
+        } else if ft.is_dir()
+            && !name.is_empty()
+            && name.split(',').all(|c| V1_CONTROLLERS.contains(&c))
+        {
+            dirs.push(name);
+        }
+    }
+    dirs.sort();
+    dirs.into_iter()
+        .map(|d| {
+            let mut aliases: Vec<String> = links
+                .iter()
+                .filter(|(_, target)| target.trim_end_matches('/') == d)
+                .map(|(name, _)| name.clone())
+                .collect();
+            aliases.sort();
+            (d, aliases)
+        })
+        .collect()
 }
 
 /// The hard NOFILE limit when we may not raise it (no CAP_SYS_RESOURCE); None when we may.

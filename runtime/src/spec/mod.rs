@@ -153,7 +153,15 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
     let capabilities = security::capabilities(sc, privileged, host)?;
     let seccomp = security::seccomp(sc, privileged, &capabilities)?;
     let devices = devices::build(config, privileged && inputs.privileged_host_devices, host)?;
-    let mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
+    let mut mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
+    let joins_pid_ns = !inputs.namespaces.host_pid && inputs.namespaces.pid.is_some();
+    if !host.cgroup_v2 && joins_pid_ns && inputs.cgroups_path.starts_with('/') {
+        mounts::emulate_cgroup_v1(
+            &mut mounts.mounts,
+            &host.cgroup_v1_dirs,
+            &inputs.cgroups_path,
+        );
+    }
 
     let mut process = Process::default();
     process

@@ -1,7 +1,7 @@
 //! Mounts: containerd's default filesystems, the pod's files (/etc/hostname, /etc/hosts,
 //! /etc/resolv.conf, /dev/shm) and the CRI volume mounts, as containerd's `WithMounts`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crishim_proto::cri;
 use oci_spec::runtime::Mount;
@@ -276,6 +276,67 @@ fn default_mounts(privileged: bool, binds: &[Bind]) -> Vec<Mount> {
             mount
         })
         .collect()
+}
+
+/// Replace the `cgroup` mount at /sys/fs/cgroup by what libcontainer would emulate: a tmpfs,
+/// and in it a bind of the container's own cgroup of each v1 hierarchy (`dirs`, with their
+/// symlink names), read-only unless the cgroup mount was writable.
+///
+/// Used for a container that joins its pod's pid namespace on a cgroup v1 node. libcontainer
+/// 0.7 finds the cgroup root to strip by reading `/proc/<its pid>` of the *host's* /proc with
+/// its pid in the pod's namespace: that is another process, or none, and then the container
+/// fails with "failed to prepare rootfs". Binds sidestep that lookup.
+pub(super) fn emulate_cgroup_v1(
+    mounts: &mut Vec<Mount>,
+    dirs: &[(String, Vec<String>)],
+    cgroups_path: &str,
+) {
+    let Some(i) = mounts
+        .iter()
+        .position(|m| m.typ().as_deref() == Some("cgroup"))
+    else {
+        return;
+    };
+    let access = if mounts[i]
+        .options()
+        .as_ref()
+        .is_some_and(|o| o.iter().any(|o| o == "rw"))
+    {
+        "rw"
+    } else {
+        "ro"
+    };
+    let dest = mounts[i].destination().clone();
+    let mut tmpfs = Mount::default();
+    tmpfs
+        .set_destination(dest.clone())
+        .set_typ(Some("tmpfs".into()))
+        .set_source(Some("tmpfs".into()))
+        .set_options(Some(
+            ["nosuid", "noexec", "nodev", "mode=755", "size=1m"]
+                .map(String::from)
+                .to_vec(),
+        ));
+    let mut replacement = vec![tmpfs];
+    let own = clean(cgroups_path);
+    for (dir, aliases) in dirs {
+        let source = Path::new("/sys/fs/cgroup")
+            .join(dir)
+            .join(own.trim_start_matches('/'));
+        for name in std::iter::once(dir).chain(aliases) {
+            let mut bind = Mount::default();
+            bind.set_destination(dest.join(name))
+                .set_typ(Some("bind".into()))
+                .set_source(Some(source.clone()))
+                .set_options(Some(
+                    ["rbind", "nosuid", "noexec", "nodev", access]
+                        .map(String::from)
+                        .to_vec(),
+                ));
+            replacement.push(bind);
+        }
+    }
+    mounts.splice(i..=i, replacement);
 }
 
 /// Lexically cleans an absolute path, as Go's `filepath.Clean` (no symlinks involved).

@@ -101,6 +101,10 @@ impl Fixture {
                 hostname: "node-1".to_string(),
                 dev_root: PathBuf::from("/dev"),
                 nofile_hard: None,
+                cgroup_v1_dirs: vec![
+                    ("cpu,cpuacct".into(), vec!["cpu".into(), "cpuacct".into()]),
+                    ("memory".into(), vec![]),
+                ],
             },
         }
     }
@@ -913,6 +917,97 @@ fn pod_pid_namespace_is_joined() {
     assert_eq!(
         namespaces(&f.spec())[0],
         (LinuxNamespaceType::Pid, Some("/proc/100/ns/pid".into()))
+    );
+}
+
+#[test]
+fn joining_the_pods_pid_namespace_on_cgroup_v1_binds_the_containers_own_cgroups() {
+    let cgroup_mounts = |spec: &Spec| -> Vec<(String, String, String)> {
+        spec.mounts()
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|m| m.destination().starts_with("/sys/fs/cgroup"))
+            .map(|m| {
+                (
+                    m.destination().display().to_string(),
+                    m.typ().clone().unwrap_or_default(),
+                    m.source()
+                        .as_ref()
+                        .map(|s| s.display().to_string())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let mut f = Fixture::new();
+    let plain = vec![("/sys/fs/cgroup".into(), "cgroup".into(), "cgroup".into())];
+    assert_eq!(cgroup_mounts(&f.spec()), plain, "own pid namespace");
+    f.namespaces.pid = Some("/proc/100/ns/pid".into());
+    let own = "/kubepods/besteffort/poduid-1/c1";
+    let bind = |dest: &str, dir: &str| {
+        (
+            format!("/sys/fs/cgroup/{dest}"),
+            "bind".to_string(),
+            format!("/sys/fs/cgroup/{dir}{own}"),
+        )
+    };
+    let spec = f.spec();
+    assert_eq!(
+        cgroup_mounts(&spec),
+        vec![
+            ("/sys/fs/cgroup".into(), "tmpfs".into(), "tmpfs".into()),
+            bind("cpu,cpuacct", "cpu,cpuacct"),
+            bind("cpu", "cpu,cpuacct"),
+            bind("cpuacct", "cpu,cpuacct"),
+            bind("memory", "memory"),
+        ]
+    );
+    let opts = spec.mounts().as_ref().unwrap()[spec
+        .mounts()
+        .as_ref()
+        .unwrap()
+        .iter()
+        .position(|m| m.destination() == Path::new("/sys/fs/cgroup/memory"))
+        .unwrap()]
+    .options()
+    .clone()
+    .unwrap();
+    assert!(opts.contains(&"ro".to_string()), "{opts:?}");
+    f.host.cgroup_v2 = true;
+    assert_eq!(cgroup_mounts(&f.spec()), plain, "v2 mounts cgroup2 itself");
+}
+
+#[test]
+fn cgroup_v1_hierarchies_are_the_ones_libcgroups_makes_cgroups_in() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in [
+        "cpu,cpuacct",
+        "memory",
+        "systemd",
+        "unified",
+        "rdma",
+        "net_cls,net_prio",
+    ] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    for (link, to) in [
+        ("cpu", "cpu,cpuacct"),
+        ("cpuacct", "cpu,cpuacct"),
+        ("net_cls", "net_cls,net_prio"),
+    ] {
+        std::os::unix::fs::symlink(to, dir.path().join(link)).unwrap();
+    }
+    assert_eq!(
+        super::host::cgroup_v1_dirs(dir.path()),
+        vec![
+            (
+                "cpu,cpuacct".to_string(),
+                vec!["cpu".to_string(), "cpuacct".to_string()]
+            ),
+            ("memory".to_string(), vec![]),
+            ("net_cls,net_prio".to_string(), vec!["net_cls".to_string()]),
+        ]
     );
 }
 
