@@ -49,6 +49,15 @@ impl Mounter for LinuxMounter {
     }
 }
 
+/// How a pod with its own user namespace sees a root filesystem: its layers idmapped through
+/// `userns`, and its writable layer owned by `root`, the (uid, gid) of the pod's root on the
+/// host.
+#[derive(Debug)]
+pub struct Idmap {
+    pub userns: std::fs::File,
+    pub root: (u32, u32),
+}
+
 /// A root filesystem to mount, in containerd's `Mount` shape.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RootfsMount {
@@ -112,6 +121,57 @@ impl RootfsMount {
     /// Mount at `target` with the real kernel.
     pub fn mount(&self, target: &Path) -> Result<()> {
         self.mount_with(&LinuxMounter, target)
+    }
+
+    /// Mount at `target` as a pod with its own user namespace sees it (see [`Idmap`]): each
+    /// layer is an idmapped clone, handed to overlayfs as `/proc/self/fd/N`, and the upper and
+    /// work directories are chowned to the pod's root first. A read-only bind (one layer, no
+    /// upper) is attached as an idmapped clone itself.
+    pub fn mount_idmapped(&self, target: &Path, idmap: &Idmap) -> Result<()> {
+        let err = |source: std::io::Error| ImageError::Mount {
+            target: target.to_path_buf(),
+            source: nix::errno::Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)),
+        };
+        if self.fstype == "bind" {
+            let tree = crishim_proto::idmap::idmapped_clone(Path::new(&self.source), &idmap.userns)
+                .map_err(err)?;
+            return crishim_proto::idmap::attach(&tree, target).map_err(err);
+        }
+        for dir in self.upperdir.iter().chain(&self.workdir) {
+            std::os::unix::fs::chown(dir, Some(idmap.root.0), Some(idmap.root.1)).map_err(err)?;
+        }
+        let trees: Vec<OwnedFd> = self
+            .lowerdirs
+            .iter()
+            .map(|d| crishim_proto::idmap::idmapped_clone(d, &idmap.userns))
+            .collect::<std::io::Result<_>>()
+            .map_err(err)?;
+        let data = self
+            .overlay_options(
+                &trees
+                    .iter()
+                    .map(|f| format!("/proc/self/fd/{}", f.as_raw_fd()))
+                    .collect::<Vec<_>>(),
+            )
+            .join(",");
+        if data.len() >= page_size() {
+            return Err(ImageError::BadContent(format!(
+                "image has too many layers ({}) for one overlay mount",
+                self.lowerdirs.len()
+            )));
+        }
+        let flags = if self.readonly {
+            MsFlags::MS_RDONLY
+        } else {
+            MsFlags::empty()
+        };
+        // The clones are detached: overlayfs keeps its own references, and they go with `trees`.
+        LinuxMounter
+            .mount(&self.source, target, &self.fstype, flags, &data)
+            .map_err(|source| ImageError::Mount {
+                target: target.to_path_buf(),
+                source,
+            })
     }
 
     pub fn mount_with(&self, m: &dyn Mounter, target: &Path) -> Result<()> {

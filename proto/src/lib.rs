@@ -32,6 +32,7 @@ impl std::fmt::Debug for cri::AuthConfig {
 pub const CRI_API_VERSION: &str = "v0.36.3";
 pub mod cgroups_path;
 pub mod hostfs;
+pub mod idmap;
 pub mod net;
 pub mod random;
 pub mod record;

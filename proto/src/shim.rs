@@ -22,6 +22,17 @@ pub struct InfraSpec {
     /// joins it, so that the CNI ADD runs while the shim starts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<PathBuf>,
+    /// A new user namespace holding the other new ones, with these `uid_map` and `gid_map`
+    /// texts (a pod with `hostUsers: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<InfraUserns>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InfraUserns {
+    pub uid_map: String,
+    pub gid_map: String,
 }
 
 /// An external OCI runtime (runc, crun, runsc, youki) that a pod's shim drives through its CLI,

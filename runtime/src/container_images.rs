@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crishim_images::rootfs::Idmap;
 use crishim_images::{ImageError, ImageRecord, ImageStore};
 use oci_spec::image::ImageConfiguration;
 
@@ -15,11 +16,13 @@ pub trait ContainerImages: Send + Sync {
     fn config(&self, image: &ImageRecord) -> Result<ImageConfiguration, ImageError>;
 
     /// Create the container's writable layer over `image` and mount it at `rootfs`.
+    /// With `idmap`, as a pod with its own user namespace sees it.
     async fn mount_rootfs(
         &self,
         image: &ImageRecord,
         container_id: &str,
         rootfs: &Path,
+        idmap: Option<&Idmap>,
     ) -> Result<(), ImageError>;
 
     /// Mount `image`'s root filesystem read-only at `target`, as image volume `volume_id` (an
@@ -57,12 +60,15 @@ impl ContainerImages for ImageStore {
         image: &ImageRecord,
         container_id: &str,
         rootfs: &Path,
+        idmap: Option<&Idmap>,
     ) -> Result<(), ImageError> {
         // Always writable here: the runtime still creates mount points in the rootfs, and then
         // remounts it read-only itself when the spec says `root.readonly` (as runc does).
-        self.prepare(image, container_id, false)
-            .await?
-            .mount(rootfs)
+        let m = self.prepare(image, container_id, false).await?;
+        match idmap {
+            Some(idmap) => m.mount_idmapped(rootfs, idmap),
+            None => m.mount(rootfs),
+        }
     }
 
     async fn mount_volume(

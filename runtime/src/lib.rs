@@ -20,4 +20,5 @@ pub mod shim_client;
 pub mod spec;
 pub mod stats;
 pub mod store;
+pub mod userns;
 pub mod workflow;

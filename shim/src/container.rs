@@ -850,12 +850,30 @@ fn write_exec_process(
     let mut process = spec.process().clone().unwrap_or_default();
     process.set_args(Some(args));
     process.set_terminal(Some(tty));
-    let seccomp = spec
+    let profile = spec
         .linux()
         .as_ref()
         .and_then(|l| l.seccomp().clone())
-        .filter(|_| load_seccomp)
-        .map(|s| SeccompExecutor::prepare(&mut process, s));
+        .filter(|_| load_seccomp);
+    // The pod's user namespace, which libcontainer's exec path would not join.
+    let userns = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.namespaces().as_ref())
+        .and_then(|ns| {
+            ns.iter()
+                .find(|n| n.typ() == oci_spec::runtime::LinuxNamespaceType::User)
+        })
+        .and_then(|n| n.path().clone())
+        .filter(|_| load_seccomp);
+    let seccomp = match userns {
+        Some(path) => {
+            let join = crate::exec_userns::UsernsJoin::prepare(&path, &mut process)
+                .map_err(|e| internal("finding the pod's user namespace", e))?;
+            Some(SeccompExecutor::for_userns(&process, profile, join))
+        }
+        None => profile.map(|s| SeccompExecutor::prepare(&mut process, s)),
+    };
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     // It carries the container's environment: 0600 from the start.
     crishim_proto::hostfs::write_private(out, &json)

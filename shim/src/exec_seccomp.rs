@@ -21,7 +21,10 @@ const LOAD_CAPS: [Capability; 2] = [Capability::SysAdmin, Capability::Setpcap];
 
 #[derive(Clone)]
 pub struct SeccompExecutor {
-    seccomp: LinuxSeccomp,
+    /// `None` only for an exec'd process joining a user namespace in a container without one.
+    seccomp: Option<LinuxSeccomp>,
+    /// The pod's user namespace to join first (see `exec_userns`).
+    join: Option<crate::exec_userns::UsernsJoin>,
     /// The profile compiled once by this shim (`seccomp_program`); `None`: libcontainer builds
     /// it in the process (notify profiles).
     program: Option<std::sync::Arc<crate::seccomp_program::Program>>,
@@ -44,9 +47,32 @@ impl SeccompExecutor {
             None
         });
         Self {
-            seccomp,
+            seccomp: Some(seccomp),
+            join: None,
             program,
             restore,
+        }
+    }
+
+    /// An executor for an exec'd process of a container in the pod's user namespace `join`:
+    /// the process starts as the host's root (`join` took its user), joins, then loads
+    /// `seccomp` and drops to its own capabilities.
+    pub fn for_userns(
+        process: &Process,
+        seccomp: Option<LinuxSeccomp>,
+        join: crate::exec_userns::UsernsJoin,
+    ) -> Self {
+        let program = seccomp.as_ref().and_then(|s| {
+            crate::seccomp_program::cached(s).unwrap_or_else(|e| {
+                eprintln!("crishim-shim: compiling the seccomp profile ({e}); libcontainer will");
+                None
+            })
+        });
+        Self {
+            seccomp,
+            join: Some(join),
+            program,
+            restore: Some(process.capabilities().clone().unwrap_or_default()),
         }
     }
 }
@@ -63,7 +89,10 @@ impl SeccompExecutor {
     /// the drop, as runc does); for an exec'd process there is no other path.
     pub fn can_drop_back(&self) -> bool {
         self.restore.is_none()
-            || (surely_allows(&self.seccomp, "capset") && surely_allows(&self.seccomp, "prctl"))
+            || self
+                .seccomp
+                .as_ref()
+                .is_none_or(|s| surely_allows(s, "capset") && surely_allows(s, "prctl"))
     }
 }
 
@@ -113,14 +142,17 @@ fn widened(caps: &LinuxCapabilities) -> LinuxCapabilities {
 
 impl Executor for SeccompExecutor {
     fn exec(&self, spec: &Spec) -> Result<(), ExecutorError> {
+        if let Some(join) = &self.join {
+            join.enter().map_err(ExecutorError::Other)?;
+        }
         // A notify fd (SCMP_ACT_NOTIFY) has no listener for exec'd processes; closing it makes
         // those calls fail instead of hanging.
         if let Some(program) = &self.program {
             program
                 .load()
                 .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
-        } else {
-            let notify = libcontainer::seccomp::initialize_seccomp(&self.seccomp)
+        } else if let Some(seccomp) = &self.seccomp {
+            let notify = libcontainer::seccomp::initialize_seccomp(seccomp)
                 .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
             if let Some(fd) = notify {
                 let _ = nix::unistd::close(fd);

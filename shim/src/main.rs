@@ -16,6 +16,7 @@ mod bus;
 mod cleanup;
 mod container;
 mod exec_seccomp;
+mod exec_userns;
 mod foreground;
 mod infra;
 mod logs;

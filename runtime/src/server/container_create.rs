@@ -124,6 +124,23 @@ impl Inner {
     ) -> Result<(), Status> {
         // Refused before anything is recorded or mounted.
         let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
+        let userns = crate::userns::from_pod(&pod.config)
+            .map_err(|m| Status::invalid_argument(format!("CreateContainer: {m}")))?;
+        if userns.is_some() {
+            if security_context_privileged(&config) {
+                return Err(Status::invalid_argument(
+                    "CreateContainer: a privileged container cannot run in a pod with its own \
+                     user namespace (hostUsers: false)",
+                ));
+            }
+            if handler.binary().is_some() {
+                return Err(Status::invalid_argument(format!(
+                    "CreateContainer: runtime handler {:?} does not support user namespaces \
+                     (Status reports it without the feature)",
+                    pod.runtime_handler
+                )));
+            }
+        }
         if handler.binary().is_some() && config.mounts.iter().any(|m| m.recursive_read_only) {
             return Err(Status::invalid_argument(format!(
                 "CreateContainer: runtime handler {:?} does not support recursive read-only \
@@ -173,8 +190,33 @@ impl Inner {
         // root (the upper dir) has the mode the container sees.
         crishim_proto::hostfs::create_private_dir(&rootfs)
             .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
+        if let Some(maps) = &userns {
+            let containers = self.config.state_dir.join("containers");
+            crate::userns::open_path(
+                &[&self.config.state_dir, &containers],
+                &bundle,
+                maps.host_root().1,
+            )
+            .map_err(|e| {
+                Status::internal(format!(
+                    "opening {} to the pod's root: {e}",
+                    bundle.display()
+                ))
+            })?;
+        }
+        let idmap = match &userns {
+            Some(maps) => Some(crishim_images::rootfs::Idmap {
+                userns: crate::userns::open(pod.infra_pid as u32).map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "CreateContainer: the pod's user namespace: {e}"
+                    ))
+                })?,
+                root: maps.host_root(),
+            }),
+            None => None,
+        };
         self.images
-            .mount_rootfs(image, id, &rootfs)
+            .mount_rootfs(image, id, &rootfs, idmap.as_ref())
             .await
             .map_err(from_image_error)?;
 
@@ -252,6 +294,20 @@ impl Inner {
                 groups: u.additional_gids().clone().unwrap_or_default(),
             }
         });
+        // The bind mounts, idmapped for the pod's user namespace: staged until the shim has
+        // made the container, which keeps its own copies.
+        let staged = match &idmap {
+            Some(idmap) => Some(
+                crate::userns::stage_binds(
+                    &mut spec,
+                    &bundle.join("idmap"),
+                    &idmap.userns,
+                    idmap.root.1,
+                )
+                .map_err(|e| Status::failed_precondition(format!("CreateContainer: {e}")))?,
+            ),
+            None => None,
+        };
         // It holds the container's environment: 0600 from the start.
         let json = serde_json::to_vec(&spec)
             .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
@@ -267,10 +323,11 @@ impl Inner {
             tty: record.config.tty,
             start_error_at_start: true,
         };
-        match self
+        let created = self
             .shim_call(&pod.id, &req, self.cgroup_request_timeout())
-            .await?
-        {
+            .await;
+        drop(staged);
+        match created? {
             Response::State(s) => {
                 phases.done("shim create");
                 record.created_at = s.created_at;
@@ -359,7 +416,9 @@ impl Inner {
             None if pod.shared_pid => ns("pid"),
             _ => None,
         };
+        let has_userns = crate::userns::from_pod(&pod.config).is_ok_and(|u| u.is_some());
         Ok(PodNamespaces {
+            user: if has_userns { ns("user") } else { None },
             net: if pod.host_network { None } else { ns("net") },
             ipc: if pod.host_ipc { None } else { ns("ipc") },
             uts: if pod.host_network { None } else { ns("uts") },
@@ -382,6 +441,7 @@ impl Inner {
         }
         phases.done("shim delete");
         let bundle = self.bundle_dir(id);
+        crate::userns::release_staged(&bundle.join("idmap"));
         self.release_image_volumes(id, &bundle).await;
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
             warn!(container = %id, error = %e, "removing the rootfs");
@@ -392,6 +452,14 @@ impl Inner {
         self.store.delete_container(id);
         phases.done("bundle and record");
     }
+}
+
+fn security_context_privileged(config: &cri::ContainerConfig) -> bool {
+    config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .is_some_and(|sc| sc.privileged)
 }
 
 /// The Linux security modules this node's kernel has enabled.

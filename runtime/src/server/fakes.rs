@@ -253,6 +253,7 @@ impl ContainerImages for FakeHost {
         _image: &ImageRecord,
         container_id: &str,
         rootfs: &Path,
+        _idmap: Option<&crishim_images::rootfs::Idmap>,
     ) -> Result<(), ImageError> {
         std::fs::create_dir_all(rootfs.join("etc")).unwrap();
         std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
@@ -269,7 +270,7 @@ impl ContainerImages for FakeHost {
         volume_id: &str,
         target: &Path,
     ) -> Result<(), ImageError> {
-        self.mount_rootfs(image, volume_id, target).await
+        self.mount_rootfs(image, volume_id, target, None).await
     }
 
     async fn release_rootfs(&self, container_id: &str, _rootfs: &Path) -> Result<(), ImageError> {

@@ -55,6 +55,8 @@ impl RuntimeService {
             .and_then(|sc| sc.selinux_options.as_ref());
         check_selinux("RunPodSandbox", pod_selinux, Lsm::of_host())?;
         check_sysctls(&config)?;
+        crate::userns::from_pod(&config)
+            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
         inner.store.reserve_pod_name(&name, &id)?;
@@ -306,10 +308,18 @@ impl Inner {
             mount_shm(&state.join("shm"))?;
         }
         phases.done("files and shm");
+        let userns = crate::userns::from_pod(&record.config)
+            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         // With a CNI network, the daemon makes the pod's network namespace itself, so that the
         // CNI ADD runs while the shim and infra process start (the infra process joins it).
+        // A pod with its own user namespace is the exception: its network namespace must
+        // belong to that user namespace (or the pod could not mount sysfs), so the infra
+        // process makes it, and the CNI ADD runs after, on the namespace pinned from it.
+        let cni_after_infra = userns.is_some()
+            && !host_network
+            && !matches!(self.cni.network(), Err(crate::cni::CniError::NoConfig(_)));
         let netns = match self.cni.network() {
-            _ if host_network => None,
+            _ if host_network || userns.is_some() => None,
             Err(crate::cni::CniError::NoConfig(why)) => {
                 warn!(pod = %id, reason = %why, "no CNI network config: the pod gets loopback only");
                 None
@@ -332,6 +342,10 @@ impl Inner {
             uts: !host_network,
             pid: !host_pid,
             netns: netns.clone(),
+            userns: userns.as_ref().map(|u| {
+                let (uid_map, gid_map) = u.proc_maps();
+                crishim_proto::shim::InfraUserns { uid_map, gid_map }
+            }),
         };
         let network = async {
             match &netns {
@@ -347,6 +361,17 @@ impl Inner {
         phases.done("shim, infra and network");
         record.infra_pid = shim?;
         record.ips = network?;
+        if cni_after_infra {
+            let path = self.netns_path(id);
+            crate::cni::netns::pin(record.infra_pid as u32, &path).map_err(|e| {
+                Status::internal(format!(
+                    "pinning the pod's network namespace at {}: {e}",
+                    path.display()
+                ))
+            })?;
+            record.ips = self.setup_network(&record).await?;
+            phases.done("network");
+        }
         record.state = PodState::Ready;
         self.store.save_pod(&record)?;
         self.watch_pod(id);

@@ -53,8 +53,10 @@ impl RuntimeService {
                         // An external runtime's support is unknown (runc has it from 1.2).
                         recursive_read_only_mounts: handler.binary().is_none()
                             && has_mount_setattr(),
-                        // Not built yet (hostUsers: false pods are refused).
-                        user_namespaces: false,
+                        // hostUsers: false pods, where idmapped mounts work on the image
+                        // filesystem; not through an external runtime.
+                        user_namespaces: handler.binary().is_none()
+                            && idmap_works(self.inner.images.root()),
                     }),
                 })
                 .collect(),
@@ -64,6 +66,12 @@ impl RuntimeService {
             }),
         })
     }
+}
+
+/// Whether idmapped mounts work where images live, asked once.
+fn idmap_works(images: &std::path::Path) -> bool {
+    static WORKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WORKS.get_or_init(|| crate::userns::idmap_supported(images))
 }
 
 /// Whether the kernel has `mount_setattr(2)` (5.12 and later), which recursive read-only mounts

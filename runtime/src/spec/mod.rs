@@ -45,6 +45,8 @@ pub struct PodNamespaces {
     /// Pod-shared (`NamespaceMode::Pod`) or target (`NamespaceMode::Target`) pid namespace.
     pub pid: Option<PathBuf>,
     pub host_pid: bool,
+    /// The pod's user namespace (`hostUsers: false`), joined.
+    pub user: Option<PathBuf>,
 }
 
 /// Files and directories the pod provides to each of its containers.
@@ -155,7 +157,9 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
     let devices = devices::build(config, privileged && inputs.privileged_host_devices, host)?;
     let mut mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
     let joins_pid_ns = !inputs.namespaces.host_pid && inputs.namespaces.pid.is_some();
-    if !host.cgroup_v2 && joins_pid_ns && inputs.cgroups_path.starts_with('/') {
+    // In a user namespace, cgroup v1 cannot be mounted at all: the binds are the only way.
+    let in_userns = inputs.namespaces.user.is_some();
+    if !host.cgroup_v2 && (joins_pid_ns || in_userns) && inputs.cgroups_path.starts_with('/') {
         mounts::emulate_cgroup_v1(
             &mut mounts.mounts,
             &host.cgroup_v1_dirs,

@@ -17,6 +17,8 @@ pub(super) fn build(pod: &PodNamespaces, own_cgroup_ns: bool) -> Vec<LinuxNamesp
         Some(pod.pid.clone())
     };
     let entries = [
+        // First: the others belong to it.
+        (LinuxNamespaceType::User, pod.user.clone().map(Some)),
         (LinuxNamespaceType::Pid, pid),
         (LinuxNamespaceType::Ipc, pod.ipc.clone().map(Some)),
         (LinuxNamespaceType::Uts, pod.uts.clone().map(Some)),

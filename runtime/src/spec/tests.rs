@@ -88,6 +88,7 @@ impl Fixture {
                 uts: Some("/proc/100/ns/uts".into()),
                 pid: None,
                 host_pid: false,
+                user: None,
             },
             files: PodFiles::default(),
             cgroups_path: "/kubepods/besteffort/poduid-1/c1".to_string(),

@@ -50,8 +50,17 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
             flags |= f;
         }
     }
+    if spec.userns.is_some() {
+        flags |= CloneFlags::CLONE_NEWUSER;
+    }
     let net = spec.net;
     let uts = spec.uts;
+    // With a user namespace the child waits on `go` until its maps are written: before, it
+    // has no capabilities in its namespaces and no uid to run as.
+    let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| format!("pipe for the infra process: {e}"))?;
+    let go_fd = go_r.as_raw_fd();
+    let wait_for_maps = spec.userns.is_some();
     // Opened here, joined in the child (before it execs; the descriptor closes with exec).
     let netns = match &spec.netns {
         Some(path) => Some(std::fs::File::open(path).map_err(|e| {
@@ -64,6 +73,22 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     };
     let mut stack = vec![0u8; 64 * 1024];
     let child = Box::new(move || -> isize {
+        if wait_for_maps {
+            let mut b = [0u8; 1];
+            // SAFETY: a read on the pipe this child inherited.
+            if unsafe { libc::read(go_fd, b.as_mut_ptr().cast(), 1) } != 1 {
+                return 14;
+            }
+            // Become the namespace's root: as the host's root, unmapped there, an exec would
+            // drop every capability.
+            let root = (nix::unistd::Gid::from_raw(0), nix::unistd::Uid::from_raw(0));
+            if nix::unistd::setgroups(&[]).is_err()
+                || nix::unistd::setresgid(root.0, root.0, root.0).is_err()
+                || nix::unistd::setresuid(root.1, root.1, root.1).is_err()
+            {
+                return 15;
+            }
+        }
         if uts && !hostname.is_empty() && nix::unistd::sethostname(&hostname).is_err() {
             return 10;
         }
@@ -94,6 +119,26 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     let pid = unsafe { nix::sched::clone(child, &mut stack, flags, Some(Signal::SIGCHLD as i32)) }
         .map_err(|e| format!("clone infra process ({flags:?}): {e}"))?;
     drop(w);
+    drop(go_r);
+    if let Some(u) = &spec.userns {
+        let written = [("uid_map", &u.uid_map), ("gid_map", &u.gid_map)]
+            .iter()
+            .try_for_each(|(file, text)| {
+                std::fs::write(format!("/proc/{pid}/{file}"), text.as_bytes())
+                    .map_err(|e| format!("writing the infra process's {file}: {e}"))
+            })
+            .and_then(|()| {
+                nix::unistd::write(&go_w, b"g")
+                    .map(|_| ())
+                    .map_err(|e| format!("releasing the infra process: {e}"))
+            });
+        if let Err(e) = written {
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
+            return Err(e);
+        }
+    }
+    drop(go_w);
     let mut report = String::new();
     let _ = std::fs::File::from(r)
         .take(MAX_REPORT)

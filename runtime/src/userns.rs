@@ -1,0 +1,358 @@
+//! User namespaces for pods (`hostUsers: false`, KEP-127): the kubelet's mappings, checked, and
+//! the idmapped mounts that let a pod's root own its root filesystem and volumes without being
+//! root on the host.
+//!
+//! A pod with `userns_options.mode = POD` gets one user namespace, made with the infra process
+//! and holding all the pod's other namespaces, so the container's root has capabilities over
+//! them only. Containers join it. Their root filesystem is an overlay whose image layers are
+//! idmapped clones (a layer file owned by 0 is owned by the container's root) and whose upper
+//! directory belongs to the mapped host root; their bind mounts are idmapped too.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crishim_proto::idmap::{attach, idmapped_clone};
+use oci_spec::runtime::Spec;
+
+use crishim_proto::cri;
+
+/// The kernel reads at most 340 lines from `uid_map`.
+const MAX_RANGES: usize = 340;
+
+/// One range: container ids `container..container+len` are host ids `host..host+len`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub container: u32,
+    pub host: u32,
+    pub len: u32,
+}
+
+/// A pod's uid and gid mappings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdMaps {
+    pub uids: Vec<Range>,
+    pub gids: Vec<Range>,
+}
+
+impl IdMaps {
+    /// The `uid_map` and `gid_map` texts.
+    pub fn proc_maps(&self) -> (String, String) {
+        let text = |r: &[Range]| {
+            r.iter()
+                .map(|r| format!("{} {} {}\n", r.container, r.host, r.len))
+                .collect::<String>()
+        };
+        (text(&self.uids), text(&self.gids))
+    }
+
+    /// The host uid and gid of the container's root.
+    pub fn host_root(&self) -> (u32, u32) {
+        let root = |r: &[Range]| r.iter().find(|r| r.container == 0).map_or(0, |r| r.host);
+        (root(&self.uids), root(&self.gids))
+    }
+}
+
+fn ranges(what: &str, maps: &[cri::IdMapping]) -> Result<Vec<Range>, String> {
+    if maps.is_empty() {
+        return Err(format!("userns_options.{what} is empty"));
+    }
+    if maps.len() > MAX_RANGES {
+        return Err(format!(
+            "userns_options.{what} has {} ranges; the kernel takes at most {MAX_RANGES}",
+            maps.len()
+        ));
+    }
+    let mut out: Vec<Range> = Vec::with_capacity(maps.len());
+    for m in maps {
+        let r = Range {
+            container: m.container_id,
+            host: m.host_id,
+            len: m.length,
+        };
+        let end = |start: u32| start.checked_add(r.len).filter(|_| r.len > 0);
+        let (Some(container_end), Some(host_end)) = (end(r.container), end(r.host)) else {
+            return Err(format!(
+                "userns_options.{what}: range {}+{} of host {} is empty or overflows",
+                r.container, r.len, r.host
+            ));
+        };
+        if r.host == 0 {
+            return Err(format!(
+                "userns_options.{what} maps host id 0: the pod's root would be the host's"
+            ));
+        }
+        if out.iter().any(|o| {
+            r.container < o.container + o.len && o.container < container_end
+                || r.host < o.host + o.len && o.host < host_end
+        }) {
+            return Err(format!("userns_options.{what}: ranges overlap"));
+        }
+        out.push(r);
+    }
+    if !out.iter().any(|r| r.container == 0) {
+        return Err(format!(
+            "userns_options.{what} must map the container's id 0 (its root)"
+        ));
+    }
+    Ok(out)
+}
+
+/// The pod's user namespace mappings: `None` for the node's user namespace (mode `NODE`, or no
+/// options, as before). Mode `POD` needs mappings that leave host root out; `CONTAINER` and
+/// `TARGET` are refused, as are host namespaces alongside a user namespace.
+pub fn from_pod(config: &cri::PodSandboxConfig) -> Result<Option<IdMaps>, String> {
+    let Some(ns) = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.namespace_options.as_ref())
+    else {
+        return Ok(None);
+    };
+    let Some(opts) = ns.userns_options.as_ref() else {
+        return Ok(None);
+    };
+    match cri::NamespaceMode::try_from(opts.mode) {
+        Ok(cri::NamespaceMode::Node) => return Ok(None),
+        Ok(cri::NamespaceMode::Pod) => {}
+        Ok(other) => {
+            return Err(format!(
+                "userns_options.mode {} is not supported: a pod has its own user namespace (POD) \
+                 or the node's (NODE)",
+                other.as_str_name()
+            ))
+        }
+        Err(_) => return Err(format!("userns_options.mode {} is unknown", opts.mode)),
+    }
+    let node = cri::NamespaceMode::Node as i32;
+    for (what, mode) in [("network", ns.network), ("pid", ns.pid), ("ipc", ns.ipc)] {
+        if mode == node {
+            return Err(format!(
+                "a pod with its own user namespace cannot use the node's {what} namespace"
+            ));
+        }
+    }
+    Ok(Some(IdMaps {
+        uids: ranges("uids", &opts.uids)?,
+        gids: ranges("gids", &opts.gids)?,
+    }))
+}
+
+/// A user namespace to idmap mounts with: the one of a running process.
+pub fn open(pid: u32) -> io::Result<File> {
+    File::open(format!("/proc/{pid}/ns/user"))
+}
+
+/// Let the pod's root (host gid `gid`) reach `bundle`, where its root filesystem is mounted
+/// and its binds are staged: the state directories above it get search permission for others
+/// (0711, as containerd's have; nothing there can be listed), and the bundle search permission
+/// for `gid` alone (root:`gid`, 0710). Its files keep their own modes (config.json is 0600).
+pub fn open_path(ancestors: &[&Path], bundle: &Path, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for dir in ancestors {
+        let mode = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011))?;
+        }
+    }
+    private_to_group(bundle, gid)
+}
+
+/// root:`gid`, 0710.
+fn private_to_group(dir: &Path, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::os::unix::fs::chown(dir, Some(0), Some(gid))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+}
+
+/// Whether idmapped mounts work on the filesystem holding `dir`: tried once, with a throwaway
+/// user namespace (a `sleep` that unshared one, mapped by us).
+pub fn idmap_supported(dir: &Path) -> bool {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new("sleep");
+    cmd.arg("10")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: unshare is async-signal-safe; the child does nothing else before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let Ok(mut child) = cmd.spawn() else {
+        return false;
+    };
+    let pid = child.id();
+    let works = ["uid_map", "gid_map"]
+        .iter()
+        .all(|f| std::fs::write(format!("/proc/{pid}/{f}"), "0 65534 1\n").is_ok())
+        && open(pid).is_ok_and(|ns| idmapped_clone(dir, &ns).is_ok());
+    let _ = child.kill();
+    let _ = child.wait();
+    works
+}
+
+/// Bind mounts staged as idmapped clones under a directory; detached again on drop.
+#[must_use]
+pub struct Staged {
+    dir: PathBuf,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        release_staged(&self.dir);
+    }
+}
+
+fn is_bind(m: &oci_spec::runtime::Mount) -> bool {
+    m.typ().as_deref() == Some("bind")
+        || m.options()
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
+}
+
+/// Replace the source of every bind mount in `spec` by an idmapped clone of it attached under
+/// `dir` (reachable by the pod's root, host gid `gid`, only), so the pod's root owns what host root owns there. The container's cgroup
+/// binds are left as they are: cgroupfs cannot be idmapped, and they are read-only. A source on
+/// a filesystem that cannot be idmapped is an error naming it.
+pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Result<Staged, String> {
+    crishim_proto::hostfs::create_private_dir(dir)
+        .and_then(|()| private_to_group(dir, gid))
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let staged = Staged {
+        dir: dir.to_path_buf(),
+    };
+    let Some(mounts) = spec.mounts_mut() else {
+        return Ok(staged);
+    };
+    for (i, m) in mounts.iter_mut().enumerate() {
+        let Some(source) = m.source().clone() else {
+            continue;
+        };
+        if !is_bind(m) || source.starts_with("/sys/fs/cgroup") {
+            continue;
+        }
+        let meta = std::fs::metadata(&source)
+            .map_err(|e| format!("mount source {}: {e}", source.display()))?;
+        let target = dir.join(i.to_string());
+        let made = if meta.is_dir() {
+            std::fs::create_dir(&target)
+        } else {
+            File::create(&target).map(drop)
+        };
+        made.map_err(|e| format!("creating {}: {e}", target.display()))?;
+        let tree = idmapped_clone(&source, userns).map_err(|e| {
+            format!(
+                "idmapping {} for the pod's user namespace: {e} (its filesystem may not \
+                 support idmapped mounts)",
+                source.display()
+            )
+        })?;
+        attach(&tree, &target).map_err(|e| format!("attaching {}: {e}", target.display()))?;
+        m.set_source(Some(target));
+    }
+    Ok(staged)
+}
+
+/// Detach whatever is staged under `dir` and remove it. Idempotent.
+pub fn release_staged(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let _ = nix::mount::umount2(&e.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(mode: cri::NamespaceMode, uids: &[(u32, u32, u32)], net: i32) -> cri::PodSandboxConfig {
+        let m = |v: &[(u32, u32, u32)]| {
+            v.iter()
+                .map(|&(container_id, host_id, length)| cri::IdMapping {
+                    container_id,
+                    host_id,
+                    length,
+                })
+                .collect::<Vec<_>>()
+        };
+        cri::PodSandboxConfig {
+            linux: Some(cri::LinuxPodSandboxConfig {
+                security_context: Some(cri::LinuxSandboxSecurityContext {
+                    namespace_options: Some(cri::NamespaceOption {
+                        network: net,
+                        userns_options: Some(cri::UserNamespace {
+                            mode: mode as i32,
+                            uids: m(uids),
+                            gids: m(uids),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_kubelets_mapping_is_taken_and_bad_ones_are_refused_by_reason() {
+        let ok = from_pod(&pod(cri::NamespaceMode::Pod, &[(0, 65536, 65536)], 0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ok.host_root(), (65536, 65536));
+        assert_eq!(ok.proc_maps().0, "0 65536 65536\n");
+        assert_eq!(
+            from_pod(&pod(cri::NamespaceMode::Node, &[], 0)).unwrap(),
+            None
+        );
+        for (p, needle) in [
+            (
+                pod(cri::NamespaceMode::Target, &[(0, 65536, 1)], 0),
+                "TARGET",
+            ),
+            (
+                pod(cri::NamespaceMode::Container, &[(0, 65536, 1)], 0),
+                "CONTAINER",
+            ),
+            (pod(cri::NamespaceMode::Pod, &[], 0), "empty"),
+            (
+                pod(cri::NamespaceMode::Pod, &[(0, 0, 65536)], 0),
+                "host id 0",
+            ),
+            (pod(cri::NamespaceMode::Pod, &[(1, 65536, 10)], 0), "id 0"),
+            (
+                pod(cri::NamespaceMode::Pod, &[(0, u32::MAX, 2)], 0),
+                "overflows",
+            ),
+            (pod(cri::NamespaceMode::Pod, &[(0, 65536, 0)], 0), "empty"),
+            (
+                pod(
+                    cri::NamespaceMode::Pod,
+                    &[(0, 65536, 100), (50, 200000, 10)],
+                    0,
+                ),
+                "overlap",
+            ),
+            (
+                pod(
+                    cri::NamespaceMode::Pod,
+                    &[(0, 65536, 65536)],
+                    cri::NamespaceMode::Node as i32,
+                ),
+                "network",
+            ),
+        ] {
+            let e = from_pod(&p).unwrap_err();
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+}
