@@ -287,3 +287,70 @@ async fn host_network_pods_skip_cni_and_see_the_host() {
     assert_no_leaks(&env.d, &t).await;
     env.stop();
 }
+
+/// A pod with its own user namespace: the infra process makes the network namespace (inside
+/// the user namespace, so the pod can mount sysfs), and the CNI ADD runs on it afterwards. The
+/// pod gets its address, serves on port 80 as its (unprivileged on the host) root, and its
+/// address and veth are gone after the pod is removed.
+#[tokio::test]
+async fn a_pod_with_its_own_user_namespace_gets_its_network_from_cni() {
+    let env = PodEnv::start().await;
+    let net = Net::install(&env, 14);
+    let mut cfg = env.pod_config("userns-web");
+    let base = 65536 * 300;
+    let map = vec![cri::IdMapping {
+        container_id: 0,
+        host_id: base,
+        length: 65536,
+    }];
+    cfg.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(cri::UserNamespace {
+        mode: cri::NamespaceMode::Pod as i32,
+        uids: map.clone(),
+        gids: map,
+    });
+    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let web = env
+        .d
+        .run_container(&pod, &env.container_config("web", HTTPD), &cfg)
+        .await
+        .unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    traces.add_container(&web);
+    traces.capture(&env.d).await;
+    let ip = env.d.pod_status(&pod).await.unwrap().network.unwrap().ip;
+    assert!(ip.starts_with("10.98.14."), "{ip}");
+    assert_eq!(net.veths(), 1);
+    let mut body = String::new();
+    for _ in 0..50 {
+        body = http_get(&format!("{ip}:80"));
+        if body.contains("hello-from-pod") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(body.contains("hello-from-pod"), "{body}");
+    // The network namespace belongs to the pod's user namespace: its root may change it.
+    assert_eq!(
+        env.d
+            .exec_ok(
+                &web,
+                &["sh", "-c", "cat /proc/self/uid_map; ls /sys/class/net"]
+            )
+            .await
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["0", &base.to_string(), "65536", "eth0", "lo"]
+    );
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    assert!(net.reserved().is_empty(), "{:?}", net.reserved());
+    assert_eq!(net.veths(), 0);
+    crishim_tests::pods::assert_no_leaks(&env.d, &traces).await;
+    env.stop();
+}
