@@ -495,6 +495,14 @@ async fn image_fs_info_reports_the_store_and_nonzero_usage_after_a_pull() {
     // At least the busybox binary itself.
     assert!(used >= 1_000_000, "used_bytes = {used}");
     assert!(inodes > 0, "inodes_used = {inodes}");
+    // Writable layers are in the same store: the same filesystem, so no split image fs.
+    assert_eq!(
+        info.container_filesystems
+            .first()
+            .and_then(|c| c.fs_id.as_ref())
+            .map(|f| &f.mountpoint),
+        Some(mp)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,9 +32,11 @@ impl ImageService {
                 value: usage.inodes,
             }),
         };
+        // Writable layers live in the image store too: one filesystem, reported as both (so
+        // the kubelet sees no split image filesystem, KEP-4191).
         Ok(ImageFsInfoResponse {
-            image_filesystems: vec![fs],
-            container_filesystems: vec![],
+            image_filesystems: vec![fs.clone()],
+            container_filesystems: vec![fs],
         })
     }
 }

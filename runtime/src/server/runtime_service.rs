@@ -490,10 +490,10 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         &self,
         _r: GrpcRequest<cri::CheckpointContainerRequest>,
     ) -> Result<GrpcResponse<cri::CheckpointContainerResponse>, Status> {
-        Err(Status::unimplemented(concat!(
-            "CheckpointContainer",
-            " is not implemented yet"
-        )))
+        Err(Status::unimplemented(
+            "CheckpointContainer is not supported: checkpointing a container (KEP-2008) needs \
+             CRIU, which crishim does not drive",
+        ))
     }
     async fn list_metric_descriptors(
         &self,
