@@ -18,12 +18,14 @@ impl Processes for EvenPidsAlive {
     }
 }
 
-/// The file as another process of the container left it, then a reserve, a query and a release.
+/// The file as another process of the container left it, then a reserve, a query, the process
+/// record's host pid and throttled time (which a dead process's record hands to the totals), the
+/// container's host pids, and a release.
 pub fn vgpu_ledger(data: &[u8]) {
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(file.path(), data).expect("writing the ledger");
     let mut ledger = Ledger::with_processes(file.path().into(), Box::new(EvenPidsAlive));
-    let gpu = CUuuid { bytes: [0; 16] };
+    let gpu = CUuuid { bytes: [1; 16] };
     const LIMIT: u64 = 1 << 30;
     if let Ok(true) = ledger.reserve(&gpu, 1 << 20, LIMIT) {
         let used = ledger.used(&gpu).expect("reading the ledger back");
@@ -31,6 +33,11 @@ pub fn vgpu_ledger(data: &[u8]) {
             used <= LIMIT,
             "{used} bytes in use after a reserve within {LIMIT}"
         );
+    }
+    let _ = ledger.set_host_pid(77);
+    let _ = ledger.add_throttled(u64::MAX);
+    if let Ok(pids) = ledger.host_pids() {
+        assert!(pids.contains(&77), "this process's host pid: {pids:?}");
     }
     let _ = ledger.release(&gpu, 1 << 20);
 }
@@ -50,7 +57,7 @@ pub fn ledger_seed() -> Vec<u8> {
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     for (pid, gpu) in [(4242, 0), (4243, 0), (4244, 1)] {
         let mut l = Ledger::with_processes(file.path().into(), Box::new(Pid(pid)));
-        let uuid = CUuuid { bytes: [gpu; 16] };
+        let uuid = CUuuid { bytes: [gpu + 1; 16] };
         l.reserve(&uuid, u64::from(pid) << 10, u64::MAX)
             .expect("writing the seed ledger");
     }
