@@ -1011,6 +1011,7 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
         "util 0 100\n",
         "the neighbour kept the GPU busy"
     );
+    println!("core limit 30%: alone {alone}% of the GPU, beside a busy neighbour {beside}%");
     // Steering by the whole GPU's utilization would have held the container near nothing.
     for (what, pct) in [("alone", alone), ("beside a busy neighbour", beside)] {
         assert!(
