@@ -57,7 +57,9 @@ pub fn ledger_seed() -> Vec<u8> {
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     for (pid, gpu) in [(4242, 0), (4243, 0), (4244, 1)] {
         let mut l = Ledger::with_processes(file.path().into(), Box::new(Pid(pid)));
-        let uuid = CUuuid { bytes: [gpu + 1; 16] };
+        let uuid = CUuuid {
+            bytes: [gpu + 1; 16],
+        };
         l.reserve(&uuid, u64::from(pid) << 10, u64::MAX)
             .expect("writing the seed ledger");
     }

@@ -113,6 +113,28 @@ pub(crate) fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
     Ok(u)
 }
 
+/// Add `bytes` to this process's share of `uuid` within `limit`, or the error to return:
+/// `CUDA_ERROR_OUT_OF_MEMORY` past the limit, `CUDA_ERROR_NOT_PERMITTED` if accounting failed
+/// (never an allocation unaccounted).
+pub(crate) fn reserve(l: &Limited, uuid: &CUuuid, bytes: u64, limit: u64) -> Result<(), CUresult> {
+    match lock(&l.ledger).reserve(uuid, bytes, limit) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            crate::debug(format_args!(
+                "refusing {bytes} bytes on {}: over the {limit}-byte limit",
+                format_uuid(uuid)
+            ));
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+        Err(e) => {
+            crate::warn(format_args!(
+                "accounting failed, refusing the allocation: {e}"
+            ));
+            Err(CUDA_ERROR_NOT_PERMITTED)
+        }
+    }
+}
+
 /// Reserve `size` bytes on the device, make the allocation with `call`, and remember it under
 /// the key `key` returns (device pointer or handle) so its free gives the share back.
 fn allocate(
@@ -134,21 +156,8 @@ fn allocate(
         Ok(u) => u,
         Err(r) => return r,
     };
-    match lock(&l.ledger).reserve(&uuid, size, limit) {
-        Ok(true) => {}
-        Ok(false) => {
-            crate::debug(format_args!(
-                "refusing {size} bytes on {}: over the {limit}-byte limit",
-                format_uuid(&uuid)
-            ));
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        Err(e) => {
-            crate::warn(format_args!(
-                "accounting failed, refusing the allocation: {e}"
-            ));
-            return CUDA_ERROR_NOT_PERMITTED;
-        }
+    if let Err(r) = reserve(l, &uuid, size, limit) {
+        return r;
     }
     let r = call();
     if r == CUDA_SUCCESS {

@@ -586,27 +586,13 @@ mod tests {
         let raw: Vec<u8> = [entry(10), entry(99), entry(11)].concat();
         let mut out = [0u8; PROCESS_V2 * 2];
         let mut count = 1u32;
-        // SAFETY: `out` has room for 2 entries; `count` says 1.
-        let r = unsafe {
-            hand_out(
-                &raw,
-                PROCESS_V2,
-                &[10, 11],
-                &mut count,
-                out.as_mut_ptr().cast(),
-            )
+        let mut give = |count: &mut u32| {
+            // SAFETY: `out` has room for 2 entries; `count` says at most that.
+            unsafe { hand_out(&raw, PROCESS_V2, &[10, 11], count, out.as_mut_ptr().cast()) }
         };
+        let r = give(&mut count);
         assert_eq!((r, count), (NVML_ERROR_INSUFFICIENT_SIZE, 2));
-        // SAFETY: as above, now with the room said.
-        let r = unsafe {
-            hand_out(
-                &raw,
-                PROCESS_V2,
-                &[10, 11],
-                &mut count,
-                out.as_mut_ptr().cast(),
-            )
-        };
+        let r = give(&mut count);
         assert_eq!((r, count), (NVML_SUCCESS, 2));
         assert_eq!(out[..PROCESS_V2], entry(10));
         assert_eq!(out[PROCESS_V2..], entry(11));

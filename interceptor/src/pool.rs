@@ -165,24 +165,11 @@ pub(crate) fn allocate(
         })
     };
     let mut need = growth(pools);
-    if need > 0 && !matches!(lock(&l.ledger).reserve(&uuid, need, limit), Ok(true)) {
+    if need > 0 && crate::hooks::reserve(l, &uuid, need, limit).is_err() {
         resync_all(l, pools);
         need = growth(pools);
-        match lock(&l.ledger).reserve(&uuid, need, limit) {
-            Ok(true) => {}
-            Ok(false) => {
-                crate::debug(format_args!(
-                    "refusing {size} bytes from a pool on {}: over the {limit}-byte limit",
-                    format_uuid(&uuid)
-                ));
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            Err(e) => {
-                crate::warn(format_args!(
-                    "accounting failed, refusing the allocation: {e}"
-                ));
-                return CUDA_ERROR_NOT_PERMITTED;
-            }
+        if let Err(r) = crate::hooks::reserve(l, &uuid, need, limit) {
+            return r;
         }
     }
     let p = pools.entry(pool).or_insert_with(|| Pool::on(Some(uuid)));

@@ -316,6 +316,15 @@ async fn limited(
         .unwrap_or_else(|e| panic!("running {name}: {e:?}"))
 }
 
+/// A script: `cudatest hold MIB 60` in the background (pid in `$H`, output in /tmp/hold), once
+/// it holds, `then`.
+fn holding(mib: u32, then: &str) -> String {
+    format!(
+        "cudatest hold {mib} 60 > /tmp/hold & H=$!; \
+         while ! grep -q hold /tmp/hold; do sleep 0.1; done; {then}"
+    )
+}
+
 /// What both injection modes must deliver: the limit on every path into the driver, shared by
 /// the container's processes, with a killed process's share given back.
 async fn check_enforcement(env: &PodEnv, id: &str) {
@@ -373,9 +382,10 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
     let out = sh_ok(
         env,
         id,
-        "cudatest hold 200 60 > /tmp/hold & H=$!; \
-         while ! grep -q hold /tmp/hold; do sleep 0.1; done; cat /tmp/hold; \
-         cudatest alloc 100; kill -9 $H; wait $H; cudatest alloc 200",
+        &holding(
+            200,
+            "cat /tmp/hold; cudatest alloc 100; kill -9 $H; wait $H; cudatest alloc 200",
+        ),
     )
     .await;
     assert_eq!(
@@ -422,10 +432,13 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
     let out = sh_ok(
         env,
         id,
-        "mkdir -p /tmp/fake-nvidia; echo '1000 0 0' > /tmp/fake-nvidia/1-0; \
-         cudatest hold 10 60 > /tmp/procs-hold & H=$!; \
-         while ! grep -q hold /tmp/procs-hold; do sleep 0.1; done; \
-         cudatest procs; kill $H; wait $H; ls /tmp/fake-nvidia/1-0 && rm /tmp/fake-nvidia/1-0",
+        &format!(
+            "mkdir -p /tmp/fake-nvidia; echo '1000 0 0' > /tmp/fake-nvidia/1-0; {}",
+            holding(
+                10,
+                "cudatest procs; kill $H; wait $H; ls /tmp/fake-nvidia/1-0 && rm /tmp/fake-nvidia/1-0"
+            )
+        ),
     )
     .await;
     assert_eq!(
@@ -451,6 +464,19 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
     );
 }
 
+/// A daemon on `node` in preload mode serving metrics, and the GPU test image pulled: (env,
+/// metrics address, image).
+async fn with_metrics(node: &FakeNode) -> (PodEnv, String, String) {
+    let metrics = metrics_address();
+    let env = PodEnv::start_with(
+        node.daemon_options("preload")
+            .extra_toml(&metrics_toml(&metrics)),
+    )
+    .await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    (env, metrics, image)
+}
+
 async fn vgpu_config(env: &PodEnv, id: &str) -> serde_json::Value {
     let text = sh_ok(env, id, "cat /etc/crishim/vgpu/config.json").await;
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
@@ -459,13 +485,7 @@ async fn vgpu_config(env: &PodEnv, id: &str) -> serde_json::Value {
 #[tokio::test]
 async fn preload_mode_enforces_the_memory_limit_across_processes() {
     let node = FakeNode::new();
-    let metrics = metrics_address();
-    let env = PodEnv::start_with(
-        node.daemon_options("preload")
-            .extra_toml(&metrics_toml(&metrics)),
-    )
-    .await;
-    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let (env, metrics, image) = with_metrics(&node).await;
     let cfg = env.pod_config("vgpu");
     let pod = env.d.run_pod(&cfg).await.unwrap();
     let mut traces = PodTraces::new(&pod, &cfg);
@@ -946,13 +966,7 @@ async fn the_driver_daemons_sockets_and_mps_directory_reach_gpu_containers() {
 #[tokio::test]
 async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours() {
     let node = FakeNode::new();
-    let metrics = metrics_address();
-    let env = PodEnv::start_with(
-        node.daemon_options("preload")
-            .extra_toml(&metrics_toml(&metrics)),
-    )
-    .await;
-    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let (env, metrics, image) = with_metrics(&node).await;
     let mut cfg = env.pod_config("vgpu-cores");
     set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
     let pod = env.d.run_pod(&cfg).await.unwrap();

@@ -112,7 +112,8 @@ pub fn device_list_entry(container_path: &str) -> Option<&str> {
         .filter(|rest| !rest.is_empty() && !rest.contains('/'))
 }
 
-fn is_privileged(config: &cri::ContainerConfig) -> bool {
+/// Whether the container asks to be privileged.
+pub(crate) fn is_privileged(config: &cri::ContainerConfig) -> bool {
     config
         .linux
         .as_ref()

@@ -127,7 +127,7 @@ impl Inner {
         let userns = crate::userns::from_pod(&pod.config)
             .map_err(|m| Status::invalid_argument(format!("CreateContainer: {m}")))?;
         if userns.is_some() {
-            if security_context_privileged(&config) {
+            if crate::gpu::request::is_privileged(&config) {
                 return Err(Status::invalid_argument(
                     "CreateContainer: a privileged container cannot run in a pod with its own \
                      user namespace (hostUsers: false)",
@@ -452,14 +452,6 @@ impl Inner {
         self.store.delete_container(id);
         phases.done("bundle and record");
     }
-}
-
-fn security_context_privileged(config: &cri::ContainerConfig) -> bool {
-    config
-        .linux
-        .as_ref()
-        .and_then(|l| l.security_context.as_ref())
-        .is_some_and(|sc| sc.privileged)
 }
 
 /// The Linux security modules this node's kernel has enabled.
