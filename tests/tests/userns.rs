@@ -265,3 +265,36 @@ fn walk_for(dir: &Path, name: &str) -> std::path::PathBuf {
         .find(|p| p.file_name().is_some_and(|n| n == name))
         .unwrap_or_else(|| panic!("no {name} under {}", dir.display()))
 }
+
+/// With the default pid mode (each container its own pid namespace, made inside the pod's user
+/// namespace), the container runs and an exec'd process joins the user namespace too.
+#[tokio::test]
+async fn a_container_with_its_own_pid_namespace_runs_and_execs_in_the_pods_user_namespace() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let base = host_base();
+    let mut cfg = env.pod_config("userns-pid");
+    with_userns(&mut cfg, cri::NamespaceMode::Pod, base);
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let c = sh_container(&env, "c", LOOP_UNTIL_TERM, &marker("own-pid"));
+    let id = d.run_container(&pod, &c, &cfg).await.expect("a container");
+    traces.add_container(&id);
+    let out = d
+        .exec_ok(
+            &id,
+            &[
+                "sh",
+                "-c",
+                "cat /proc/self/uid_map; cat /proc/1/cmdline | tr '\\0' ' '",
+            ],
+        )
+        .await;
+    let words: Vec<&str> = out.split_whitespace().take(3).collect();
+    assert_eq!(words, ["0", &base.to_string(), "65536"], "{out}");
+    assert!(
+        out.contains("/bin/sh"),
+        "pid 1 is the container's own: {out}"
+    );
+    env.finish_pod(&pod, traces).await;
+}
