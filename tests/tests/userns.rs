@@ -296,5 +296,26 @@ async fn a_container_with_its_own_pid_namespace_runs_and_execs_in_the_pods_user_
         out.contains("/bin/sh"),
         "pid 1 is the container's own: {out}"
     );
+
+    // After a daemon restart: exec still joins, and a new container still gets the namespace.
+    let mut env = env;
+    env.d.restart().await.expect("restart");
+    let d = &env.d;
+    let again = d.exec_ok(&id, &["cat", "/proc/self/uid_map"]).await;
+    assert_eq!(
+        again.split_whitespace().nth(1),
+        Some(base.to_string().as_str())
+    );
+    let c2 = sh_container(&env, "c2", LOOP_UNTIL_TERM, &marker("after-restart"));
+    let id2 = d
+        .run_container(&pod, &c2, &cfg)
+        .await
+        .expect("a container after restart");
+    traces.add_container(&id2);
+    assert_eq!(
+        d.exec_ok(&id2, &["stat", "-c", "%u", "/"]).await,
+        "0\n",
+        "its root filesystem is its root's"
+    );
     env.finish_pod(&pod, traces).await;
 }
