@@ -138,7 +138,8 @@ fn cri_bind(m: &cri::Mount, image_volumes: &[ImageVolume]) -> Result<Bind, SpecE
     }
     if !m.uid_mappings.is_empty() || !m.gid_mappings.is_empty() {
         return Err(SpecError::Invalid(format!(
-            "mount at {}: id-mapped mounts are not supported",
+            "mount at {}: per-mount id mappings are not supported (in a pod with its own user \
+             namespace every bind mount is idmapped with the pod's mapping)",
             m.container_path
         )));
     }
