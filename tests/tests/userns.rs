@@ -210,6 +210,43 @@ async fn a_pod_with_its_own_user_namespace_owns_its_files_but_is_not_host_root()
         .unwrap();
     assert_ne!(r.exit_code, 0, "a host kernel knob written from the pod");
 
+    // A container running as a user other than root: an exec'd process is that user in the
+    // pod's namespace, with no capabilities left.
+    let mut user = sh_container(&env, "user", LOOP_UNTIL_TERM, &marker("user"));
+    user.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .run_as_user = Some(cri::Int64Value { value: 1000 });
+    let uid = d
+        .run_container(&pod, &user, &cfg)
+        .await
+        .expect("a non-root container");
+    traces.add_container(&uid);
+    let out = d
+        .exec_ok(
+            &uid,
+            &[
+                "sh",
+                "-c",
+                "id -u; grep CapEff /proc/self/status; head -1 /proc/self/uid_map",
+            ],
+        )
+        .await;
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(
+        words,
+        [
+            "1000",
+            "CapEff:",
+            "0000000000000000",
+            "0",
+            &base.to_string(),
+            "65536"
+        ],
+        "{out}"
+    );
+
     // What cannot work is refused by name, before anything runs.
     let mut privileged = sh_container(&env, "priv", LOOP_UNTIL_TERM, &marker("priv"));
     privileged
