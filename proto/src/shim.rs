@@ -26,6 +26,9 @@ pub struct InfraSpec {
     /// texts (a pod with `hostUsers: false`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<InfraUserns>,
+    /// The SELinux label the infra process runs under, where the node has SELinux.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selinux_label: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

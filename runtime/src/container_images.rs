@@ -16,13 +16,15 @@ pub trait ContainerImages: Send + Sync {
     fn config(&self, image: &ImageRecord) -> Result<ImageConfiguration, ImageError>;
 
     /// Create the container's writable layer over `image` and mount it at `rootfs`.
-    /// With `idmap`, as a pod with its own user namespace sees it.
+    /// With `idmap`, as a pod with its own user namespace sees it; with `context`, every file
+    /// labelled so for SELinux.
     async fn mount_rootfs(
         &self,
         image: &ImageRecord,
         container_id: &str,
         rootfs: &Path,
         idmap: Option<&Idmap>,
+        context: Option<&str>,
     ) -> Result<(), ImageError>;
 
     /// Mount `image`'s root filesystem read-only at `target`, as image volume `volume_id` (an
@@ -61,10 +63,14 @@ impl ContainerImages for ImageStore {
         container_id: &str,
         rootfs: &Path,
         idmap: Option<&Idmap>,
+        context: Option<&str>,
     ) -> Result<(), ImageError> {
         // Always writable here: the runtime still creates mount points in the rootfs, and then
         // remounts it read-only itself when the spec says `root.readonly` (as runc does).
-        let m = self.prepare(image, container_id, false).await?;
+        let mut m = self.prepare(image, container_id, false).await?;
+        if let Some(context) = context {
+            m.set_selinux_context(context);
+        }
         match idmap {
             Some(idmap) => m.mount_idmapped(rootfs, idmap),
             None => m.mount(rootfs),

@@ -15,6 +15,7 @@ pub mod host_files;
 pub mod metrics;
 pub mod records;
 pub mod runtimes;
+pub mod selinux;
 pub mod server;
 pub mod shim_client;
 pub mod spec;

@@ -317,11 +317,27 @@ impl Shim {
     ) -> Result<i32, String> {
         let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
         let mut bundle = bundle.to_path_buf();
-        if cached_seccomp {
-            if let Some((init_bundle, executor)) = init_with_cached_seccomp(&bundle)? {
+        let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
+            .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
+        // The SELinux process label, which libcontainer does not apply: the executor does.
+        let label = spec
+            .process()
+            .as_ref()
+            .and_then(|p| p.selinux_label().clone());
+        let cached = if cached_seccomp {
+            init_with_cached_seccomp(&bundle, spec)?
+        } else {
+            None
+        };
+        match (cached, label) {
+            (Some((init_bundle, executor)), label) => {
                 bundle = init_bundle;
-                builder = builder.with_executor(executor);
+                builder = builder.with_executor(executor.with_label(label));
             }
+            (None, Some(label)) => {
+                builder = builder.with_executor(SeccompExecutor::label_only(label));
+            }
+            (None, None) => {}
         }
         builder = with_stdio(builder, console, io);
         // libcontainer creates its root (and each container's directory in it, holding its
@@ -866,6 +882,7 @@ fn write_exec_process(
         })
         .and_then(|n| n.path().clone())
         .filter(|_| load_seccomp);
+    let label = process.selinux_label().clone();
     let seccomp = match userns {
         Some(path) => {
             let join = crate::exec_userns::UsernsJoin::prepare(&path, &mut process)
@@ -873,6 +890,12 @@ fn write_exec_process(
             Some(SeccompExecutor::for_userns(&process, profile, join))
         }
         None => profile.map(|s| SeccompExecutor::prepare(&mut process, s)),
+    };
+    // The SELinux process label, which libcontainer does not apply.
+    let seccomp = match (seccomp, label) {
+        (Some(e), label) => Some(e.with_label(label)),
+        (None, Some(label)) => Some(SeccompExecutor::label_only(label)),
+        (None, None) => None,
     };
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     // It carries the container's environment: 0600 from the start.
@@ -888,9 +911,10 @@ fn write_exec_process(
 /// exec'd process). `None` leaves the container to libcontainer: no profile, a notify profile, a
 /// profile that may refuse the `capset`/`prctl` the drop back needs (libcontainer loads such a
 /// filter before the drop, as runc does), or a relative mount source the copy would change.
-fn init_with_cached_seccomp(bundle: &Path) -> Result<Option<(PathBuf, SeccompExecutor)>, String> {
-    let mut spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
-        .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
+fn init_with_cached_seccomp(
+    bundle: &Path,
+    mut spec: oci_spec::runtime::Spec,
+) -> Result<Option<(PathBuf, SeccompExecutor)>, String> {
     let Some(seccomp) = spec.linux().as_ref().and_then(|l| l.seccomp().clone()) else {
         return Ok(None);
     };

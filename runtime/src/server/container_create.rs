@@ -215,8 +215,31 @@ impl Inner {
             }),
             None => None,
         };
+        let selinux = selinux_labels(pod, &record.config, Lsm::of_host());
+        if let Some(labels) = &selinux {
+            // Volumes that ask for it get the container's file label, as `chcon -R` would.
+            for m in record.config.mounts.iter().filter(|m| m.selinux_relabel) {
+                if m.host_path.is_empty() {
+                    continue;
+                }
+                let path = PathBuf::from(&m.host_path);
+                let file = labels.file.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::selinux::relabel(&path, &file, crate::selinux::set_file_label)
+                })
+                .await
+                .map_err(|e| Status::internal(format!("CreateContainer: relabelling: {e}")))?
+                .map_err(|m| Status::failed_precondition(format!("CreateContainer: {m}")))?;
+            }
+        }
         self.images
-            .mount_rootfs(image, id, &rootfs, idmap.as_ref())
+            .mount_rootfs(
+                image,
+                id,
+                &rootfs,
+                idmap.as_ref(),
+                selinux.as_ref().map(|l| l.file.as_str()),
+            )
             .await
             .map_err(from_image_error)?;
 
@@ -252,6 +275,16 @@ impl Inner {
             }
             if let Some(process) = spec.process_mut() {
                 process.set_apparmor_profile(Some(profile));
+            }
+        }
+        if let Some(labels) = &selinux {
+            // libcontainer puts the mount label on its tmpfs mounts; the shim's executor
+            // applies the process label (libcontainer applies none).
+            if let Some(process) = spec.process_mut() {
+                process.set_selinux_label(Some(labels.process.clone()));
+            }
+            if let Some(linux) = spec.linux_mut() {
+                linux.set_mount_label(Some(labels.file.clone()));
             }
         }
         if self.wants_init(pod, &record.config) {
@@ -528,27 +561,56 @@ pub(super) fn check_lsm_options(
     Ok(Some(name))
 }
 
-/// An SELinux label is refused, not ignored: crishim applies none, and on a node where SELinux is
-/// off there is nothing to apply it with.
+/// An SELinux label is taken where SELinux is enabled (its fields checked), and refused, never
+/// ignored, where it is not: there is nothing to apply it with.
 pub(super) fn check_selinux(
     rpc: &str,
     options: Option<&cri::SeLinuxOption>,
     lsm: Lsm,
 ) -> Result<(), Status> {
-    let asked = options.is_some_and(|o| {
-        !(o.user.is_empty() && o.role.is_empty() && o.r#type.is_empty() && o.level.is_empty())
-    });
-    if !asked {
+    if !crate::selinux::asked(options) {
         return Ok(());
     }
-    Err(Status::failed_precondition(if lsm.selinux {
-        format!("{rpc}: an SELinux label is asked for, and crishim does not apply SELinux labels")
-    } else {
-        format!(
-            "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
-             (no /sys/fs/selinux)"
-        )
-    }))
+    if lsm.selinux {
+        return options
+            .map_or(Ok(()), crate::selinux::check)
+            .map_err(|m| Status::invalid_argument(format!("{rpc}: {m}")));
+    }
+    Err(Status::failed_precondition(format!(
+        "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
+         (no /sys/fs/selinux)"
+    )))
+}
+
+/// The SELinux labels of a container of `pod`, where the node has SELinux enabled and the
+/// container is not privileged (privileged containers run unconfined, as with containerd).
+pub(super) fn selinux_labels(
+    pod: &PodRecord,
+    config: &cri::ContainerConfig,
+    lsm: Lsm,
+) -> Option<crate::selinux::Labels> {
+    if !lsm.selinux || crate::gpu::request::is_privileged(config) {
+        return None;
+    }
+    static DEFAULTS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let defaults = DEFAULTS.get_or_init(|| crate::selinux::policy_defaults(Path::new("/")));
+    let pod_opt = pod
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.selinux_options.as_ref());
+    let own = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.selinux_options.as_ref());
+    Some(crate::selinux::labels(
+        defaults,
+        pod_opt,
+        own,
+        &crate::selinux::pod_level(&pod.id),
+    ))
 }
 
 /// `SIGQUIT`, `QUIT` or `3`.
@@ -667,24 +729,71 @@ mod tests {
         let e = check_lsm_options(&huge, apparmor).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().len() < 512, "{} bytes", e.message().len());
-        // An SELinux label is refused with SELinux off, and on (none is applied); an empty one is none.
+        // An SELinux label is refused with SELinux off, taken with it on (its fields checked);
+        // an empty one is none.
         let label = with_security(|sc| {
             sc.selinux_options = Some(cri::SeLinuxOption {
                 r#type: "container_t".into(),
                 ..Default::default()
             })
         });
-        for lsm in [
-            none,
-            Lsm {
-                apparmor: false,
-                selinux: true,
-            },
-        ] {
-            let e = check_lsm_options(&label, lsm).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
-        }
+        let selinux = Lsm {
+            apparmor: false,
+            selinux: true,
+        };
+        let e = check_lsm_options(&label, none).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert_eq!(check_lsm_options(&label, selinux).unwrap(), None);
+        let bad = with_security(|sc| {
+            sc.selinux_options = Some(cri::SeLinuxOption {
+                r#type: "container_t:s0".into(),
+                ..Default::default()
+            })
+        });
+        let e = check_lsm_options(&bad, selinux).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
         let empty = with_security(|sc| sc.selinux_options = Some(cri::SeLinuxOption::default()));
         assert_eq!(check_lsm_options(&empty, none).unwrap(), None);
+    }
+
+    // No SELinux here: the decision is taken with a host that has it, and one that has not.
+    #[test]
+    fn selinux_labels_are_the_pods_own_level_and_none_when_privileged_or_off() {
+        let pod = PodRecord {
+            id: "pod-1".into(),
+            config: cri::PodSandboxConfig::default(),
+            runtime_handler: String::new(),
+            state: crate::records::PodState::Ready,
+            created_at: 0,
+            infra_pid: 1,
+            host_network: true,
+            host_pid: false,
+            host_ipc: true,
+            shared_pid: false,
+            shm: None,
+            cgroup_parent: "/crishim/pod-1".into(),
+            cgroup_driver: Default::default(),
+            owned_cgroups: Vec::new(),
+            ips: Vec::new(),
+        };
+        let plain = cri::ContainerConfig::default();
+        let on = Lsm {
+            apparmor: false,
+            selinux: true,
+        };
+        let l = selinux_labels(&pod, &plain, on).unwrap();
+        let level = crate::selinux::pod_level("pod-1");
+        assert_eq!(l.process, format!("system_u:system_r:container_t:{level}"));
+        assert_eq!(
+            l.file,
+            format!("system_u:object_r:container_file_t:{level}")
+        );
+        let privileged = with_security(|sc| sc.privileged = true);
+        assert_eq!(selinux_labels(&pod, &privileged, on), None);
+        let off = Lsm {
+            apparmor: false,
+            selinux: false,
+        };
+        assert_eq!(selinux_labels(&pod, &plain, off), None);
     }
 }

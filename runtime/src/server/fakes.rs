@@ -254,6 +254,7 @@ impl ContainerImages for FakeHost {
         container_id: &str,
         rootfs: &Path,
         _idmap: Option<&crishim_images::rootfs::Idmap>,
+        _context: Option<&str>,
     ) -> Result<(), ImageError> {
         std::fs::create_dir_all(rootfs.join("etc")).unwrap();
         std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
@@ -270,7 +271,8 @@ impl ContainerImages for FakeHost {
         volume_id: &str,
         target: &Path,
     ) -> Result<(), ImageError> {
-        self.mount_rootfs(image, volume_id, target, None).await
+        self.mount_rootfs(image, volume_id, target, None, None)
+            .await
     }
 
     async fn release_rootfs(&self, container_id: &str, _rootfs: &Path) -> Result<(), ImageError> {

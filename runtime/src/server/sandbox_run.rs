@@ -346,6 +346,13 @@ impl Inner {
                 let (uid_map, gid_map) = u.proc_maps();
                 crishim_proto::shim::InfraUserns { uid_map, gid_map }
             }),
+            // The pod's own label, as its containers get it (the infra asks for nothing more).
+            selinux_label: super::container_create::selinux_labels(
+                &record,
+                &cri::ContainerConfig::default(),
+                super::container_create::Lsm::of_host(),
+            )
+            .map(|l| l.process),
         };
         let network = async {
             match &netns {

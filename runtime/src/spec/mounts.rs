@@ -164,7 +164,7 @@ pub fn is_image_volume(m: &cri::Mount) -> bool {
     m.image.as_ref().is_some_and(|i| !i.image.is_empty())
 }
 
-/// `rbind`, the propagation, then `ro`/`rro`/`rw`. `selinux_relabel` is ignored (no SELinux).
+/// `rbind`, the propagation, then `ro`/`rro`/`rw`. `selinux_relabel` is done by `CreateContainer`, where SELinux is enabled.
 /// Returns the propagation option too, for `rootfsPropagation`.
 fn bind_mount(bind: &Bind) -> Result<(Mount, &'static str), SpecError> {
     use cri::MountPropagation as P;

@@ -55,6 +55,10 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     }
     let net = spec.net;
     let uts = spec.uts;
+    let label = match &spec.selinux_label {
+        Some(l) => Some(CString::new(l.as_bytes()).map_err(|e| e.to_string())?),
+        None => None,
+    };
     // With a user namespace the child waits on `go` until its maps are written: before, it
     // has no capabilities in its namespaces and no uid to run as.
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -111,6 +115,22 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
         };
         if inherited < 0 {
             return 12;
+        }
+        if let Some(label) = &label {
+            // The context the exec runs in (SELinux): failing it, the process must not run.
+            // SAFETY: open/write/close on a path and a buffer this child owns.
+            let set = unsafe {
+                let fd = libc::open(c"/proc/thread-self/attr/exec".as_ptr(), libc::O_WRONLY);
+                let len = label.as_bytes().len();
+                let ok = fd >= 0 && libc::write(fd, label.as_ptr().cast(), len) == len as isize;
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                ok
+            };
+            if !set {
+                return 16;
+            }
         }
         let _ = nix::unistd::execv(&exe, &argv);
         11
