@@ -50,6 +50,30 @@ pub struct PodRecord {
     pub ips: Vec<String>,
 }
 
+#[cfg(test)]
+impl PodRecord {
+    /// A ready host-network pod with default config, for handler tests.
+    pub(crate) fn for_test(id: &str) -> PodRecord {
+        PodRecord {
+            id: id.to_string(),
+            config: cri::PodSandboxConfig::default(),
+            runtime_handler: String::new(),
+            state: PodState::Ready,
+            created_at: 0,
+            infra_pid: 1,
+            host_network: true,
+            host_pid: false,
+            host_ipc: true,
+            shared_pid: false,
+            shm: None,
+            cgroup_parent: format!("/crishim/{id}"),
+            cgroup_driver: Default::default(),
+            owned_cgroups: Vec::new(),
+            ips: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ContainerRecord {
     pub id: String,

@@ -759,23 +759,7 @@ mod tests {
     // No SELinux here: the decision is taken with a host that has it, and one that has not.
     #[test]
     fn selinux_labels_are_the_pods_own_level_and_none_when_privileged_or_off() {
-        let pod = PodRecord {
-            id: "pod-1".into(),
-            config: cri::PodSandboxConfig::default(),
-            runtime_handler: String::new(),
-            state: crate::records::PodState::Ready,
-            created_at: 0,
-            infra_pid: 1,
-            host_network: true,
-            host_pid: false,
-            host_ipc: true,
-            shared_pid: false,
-            shm: None,
-            cgroup_parent: "/crishim/pod-1".into(),
-            cgroup_driver: Default::default(),
-            owned_cgroups: Vec::new(),
-            ips: Vec::new(),
-        };
+        let pod = PodRecord::for_test("pod-1");
         let plain = cri::ContainerConfig::default();
         let on = Lsm {
             apparmor: false,

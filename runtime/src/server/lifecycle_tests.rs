@@ -49,7 +49,6 @@ impl Node {
     fn pod(&self, name: &str) -> String {
         let id = crate::records::new_id().unwrap();
         let record = PodRecord {
-            id: id.clone(),
             config: cri::PodSandboxConfig {
                 metadata: Some(cri::PodSandboxMetadata {
                     name: name.into(),
@@ -59,19 +58,8 @@ impl Node {
                 }),
                 ..Default::default()
             },
-            runtime_handler: String::new(),
-            state: PodState::Ready,
             created_at: now_nanos(),
-            infra_pid: 1,
-            host_network: true,
-            host_pid: false,
-            host_ipc: true,
-            shared_pid: false,
-            shm: None,
-            cgroup_parent: format!("/crishim/{id}"),
-            cgroup_driver: Default::default(),
-            owned_cgroups: Vec::new(),
-            ips: Vec::new(),
+            ..PodRecord::for_test(&id)
         };
         // What RunPodSandbox writes for its containers.
         let files = self.svc.inner.pod_files_dir(&id);
