@@ -130,6 +130,39 @@ impl Gen {
         }
     }
 
+    /// User namespace options: as the kubelet sends them, or hostile (host root, overflowing,
+    /// overlapping, empty, too many ranges).
+    fn userns(&mut self) -> cri::UserNamespace {
+        let ranges = |f: &mut Self| -> Vec<cri::IdMapping> {
+            let n = match f.rng.below(8) {
+                0 => 400,
+                n => n % 3,
+            };
+            (0..n)
+                .map(|i| {
+                    if f.rng.chance(2) {
+                        cri::IdMapping {
+                            container_id: 65536 * i as u32,
+                            host_id: 65536 * (3 + f.rng.below(500) as u32),
+                            length: 65536,
+                        }
+                    } else {
+                        cri::IdMapping {
+                            container_id: f.int32() as u32,
+                            host_id: f.int32() as u32,
+                            length: f.int32() as u32,
+                        }
+                    }
+                })
+                .collect()
+        };
+        cri::UserNamespace {
+            mode: self.namespace(),
+            uids: ranges(self),
+            gids: ranges(self),
+        }
+    }
+
     fn namespace(&mut self) -> i32 {
         match self.rng.below(3) {
             0 => self.int32(),
@@ -212,7 +245,7 @@ impl Gen {
                         pid: self.namespace(),
                         ipc: self.namespace(),
                         target_id: self.string(),
-                        ..Default::default()
+                        userns_options: self.rng.chance(3).then(|| self.userns()),
                     }),
                     run_as_user: self
                         .rng
