@@ -1145,3 +1145,42 @@ async fn mig_devices_are_granted_by_uuid_with_their_capability_nodes() {
     assert_eq!(gpus[2]["containers"][0]["container_id"], id.as_str());
     finish(env, &pod, traces).await;
 }
+
+/// A GPU container in a pod with its own user namespace. No device node can be made there:
+/// libcontainer binds each from the same path on the host. The fake GPUs live in a temporary
+/// device root, not at /dev/nvidia0, so the container is refused by name, leaving nothing
+/// behind (on a real node the nodes are at /dev, and bound).
+#[tokio::test]
+async fn a_gpu_container_whose_device_is_elsewhere_on_the_host_is_refused_in_a_userns_pod() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(node.daemon_options("preload")).await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let mut cfg = env.pod_config("vgpu-userns");
+    let map = vec![cri::IdMapping {
+        container_id: 0,
+        host_id: 65536 * 301,
+        length: 65536,
+    }];
+    cfg.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(cri::UserNamespace {
+        mode: cri::NamespaceMode::Pod as i32,
+        uids: map.clone(),
+        gids: map,
+    });
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let traces = PodTraces::new(&pod, &cfg);
+    let c = config(&image, "gpu", |c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "0"));
+    let e = env.d.create_container(&pod, &c, &cfg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("/dev/nvidia0") && e.message().contains("user namespace"),
+        "{}",
+        e.message()
+    );
+    finish(env, &pod, traces).await;
+}
