@@ -239,6 +239,14 @@ pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Resu
         }
         let meta = std::fs::metadata(&source)
             .map_err(|e| format!("mount source {}: {e}", source.display()))?;
+        // Device nodes (see `stage_devices`) keep their own owners: no filesystem of devices
+        // can be idmapped.
+        {
+            use std::os::unix::fs::FileTypeExt as _;
+            if meta.file_type().is_char_device() || meta.file_type().is_block_device() {
+                continue;
+            }
+        }
         let target = dir.join(i.to_string());
         let made = if meta.is_dir() {
             std::fs::create_dir(&target)
@@ -257,6 +265,99 @@ pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Resu
         m.set_source(Some(target));
     }
     Ok(staged)
+}
+
+/// Device nodes made for a container of a user-namespace pod, on a tmpfs of their own;
+/// detached again on drop.
+#[must_use]
+pub struct StagedDevices {
+    dir: PathBuf,
+}
+
+impl Drop for StagedDevices {
+    fn drop(&mut self) {
+        release_staged_devices(&self.dir);
+    }
+}
+
+/// No device node can be made in a user namespace, and libcontainer would bind each device
+/// from the host path that is its path in the container, which may hold another node or none.
+/// So each of `spec`'s devices is made here (by the host's root) on a tmpfs at `dir` (without
+/// `nodev`, unlike `/run`), owned by its owner's id in the namespace (`root`: the host ids of
+/// the pod's root), and bound at its path; the device cgroup rules stay as they are.
+pub fn stage_devices(
+    spec: &mut Spec,
+    dir: &Path,
+    root: (u32, u32),
+) -> Result<StagedDevices, String> {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let devices = spec
+        .linux()
+        .as_ref()
+        .and_then(|l| l.devices().clone())
+        .unwrap_or_default();
+    crishim_proto::hostfs::create_private_dir(dir)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NOEXEC,
+        Some("mode=755,size=64k"),
+    )
+    .map_err(|e| format!("mounting a tmpfs for devices at {}: {e}", dir.display()))?;
+    let staged = StagedDevices {
+        dir: dir.to_path_buf(),
+    };
+    let mut binds = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        let node = dir.join(i.to_string());
+        let kind = match d.typ() {
+            oci_spec::runtime::LinuxDeviceType::B => SFlag::S_IFBLK,
+            oci_spec::runtime::LinuxDeviceType::C | oci_spec::runtime::LinuxDeviceType::U => {
+                SFlag::S_IFCHR
+            }
+            other => {
+                return Err(format!(
+                    "device {}: type {other:?} cannot be bound",
+                    d.path().display()
+                ))
+            }
+        };
+        let mode = Mode::from_bits_truncate(d.file_mode().unwrap_or(0o666) & 0o777);
+        mknod(
+            &node,
+            kind,
+            mode,
+            makedev(d.major() as u64, d.minor() as u64),
+        )
+        .map_err(|e| format!("making device {}: {e}", d.path().display()))?;
+        let owner = (
+            root.0.saturating_add(d.uid().unwrap_or(0)),
+            root.1.saturating_add(d.gid().unwrap_or(0)),
+        );
+        std::os::unix::fs::chown(&node, Some(owner.0), Some(owner.1))
+            .map_err(|e| format!("owning device {}: {e}", d.path().display()))?;
+        let mut m = oci_spec::runtime::Mount::default();
+        m.set_destination(d.path().clone())
+            .set_typ(Some("bind".into()))
+            .set_source(Some(node))
+            .set_options(Some(vec!["bind".into(), "nosuid".into(), "noexec".into()]));
+        binds.push(m);
+    }
+    if let Some(linux) = spec.linux_mut() {
+        linux.set_devices(None);
+    }
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.extend(binds);
+    spec.set_mounts(Some(mounts));
+    Ok(staged)
+}
+
+/// Detach the devices' tmpfs at `dir` and remove it. Idempotent.
+pub fn release_staged_devices(dir: &Path) {
+    let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Detach whatever is staged under `dir` and remove it. Idempotent.

@@ -1146,19 +1146,20 @@ async fn mig_devices_are_granted_by_uuid_with_their_capability_nodes() {
     finish(env, &pod, traces).await;
 }
 
-/// A GPU container in a pod with its own user namespace. No device node can be made there:
-/// libcontainer binds each from the same path on the host. The fake GPUs live in a temporary
-/// device root, not at /dev/nvidia0, so the container is refused by name, leaving nothing
-/// behind (on a real node the nodes are at /dev, and bound).
+/// A GPU container in a pod with its own user namespace. No device node can be made there, so
+/// crishim makes its nodes (the fake GPUs live in a temporary device root, not at /dev) on a
+/// tmpfs of their own and binds them in; the driver's mounts are idmapped, and the interceptor
+/// enforces the limit there too.
 #[tokio::test]
-async fn a_gpu_container_whose_device_is_elsewhere_on_the_host_is_refused_in_a_userns_pod() {
+async fn a_gpu_container_in_a_pod_with_its_own_user_namespace_is_limited() {
     let node = FakeNode::new();
     let env = PodEnv::start_with(node.daemon_options("preload")).await;
     let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
     let mut cfg = env.pod_config("vgpu-userns");
+    let base = 65536 * 301;
     let map = vec![cri::IdMapping {
         container_id: 0,
-        host_id: 65536 * 301,
+        host_id: base,
         length: 65536,
     }];
     cfg.linux
@@ -1173,14 +1174,22 @@ async fn a_gpu_container_whose_device_is_elsewhere_on_the_host_is_refused_in_a_u
         gids: map,
     });
     let pod = env.d.run_pod(&cfg).await.unwrap();
-    let traces = PodTraces::new(&pod, &cfg);
-    let c = config(&image, "gpu", |c| set_env(c, "NVIDIA_VISIBLE_DEVICES", "0"));
-    let e = env.d.create_container(&pod, &c, &cfg).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-    assert!(
-        e.message().contains("/dev/nvidia0") && e.message().contains("user namespace"),
-        "{}",
-        e.message()
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let id = limited(&env, &pod, &cfg, &image, "limited").await;
+    traces.add_container(&id);
+    assert_eq!(
+        sh_ok(&env, &id, "head -1 /proc/self/uid_map")
+            .await
+            .split_whitespace()
+            .nth(1),
+        Some(base.to_string().as_str())
+    );
+    assert_eq!(nodes(&env, &id).await, expect_nodes(&[0]));
+    let out = sh_ok(&env, &id, "cudatest alloc 200 100").await;
+    assert_eq!(
+        lines(&out, "alloc"),
+        ["alloc 200 direct 0", "alloc 100 procaddr 2"],
+        "{out}"
     );
     finish(env, &pod, traces).await;
 }

@@ -327,9 +327,13 @@ impl Inner {
                 groups: u.additional_gids().clone().unwrap_or_default(),
             }
         });
-        if userns.is_some() {
-            check_devices_bindable(&spec)?;
-        }
+        let devices = match &idmap {
+            Some(idmap) => Some(
+                crate::userns::stage_devices(&mut spec, &bundle.join("devs"), idmap.root)
+                    .map_err(|e| Status::internal(format!("CreateContainer: {e}")))?,
+            ),
+            None => None,
+        };
         // The bind mounts, idmapped for the pod's user namespace: staged until the shim has
         // made the container, which keeps its own copies.
         let staged = match &idmap {
@@ -363,6 +367,7 @@ impl Inner {
             .shim_call(&pod.id, &req, self.cgroup_request_timeout())
             .await;
         drop(staged);
+        drop(devices);
         match created? {
             Response::State(s) => {
                 phases.done("shim create");
@@ -478,6 +483,7 @@ impl Inner {
         phases.done("shim delete");
         let bundle = self.bundle_dir(id);
         crate::userns::release_staged(&bundle.join("idmap"));
+        crate::userns::release_staged_devices(&bundle.join("devs"));
         self.release_image_volumes(id, &bundle).await;
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
             warn!(container = %id, error = %e, "removing the rootfs");
@@ -583,38 +589,6 @@ pub(super) fn check_selinux(
         "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
          (no /sys/fs/selinux)"
     )))
-}
-
-/// In a user namespace no device node can be made: libcontainer binds each one from the host
-/// path that is its path in the container. A device whose node is not there on the host (a
-/// `host_path` other than its container path) would fail the create without a word of why, or
-/// bind whatever else is at that path: refused by name instead.
-fn check_devices_bindable(spec: &oci_spec::runtime::Spec) -> Result<(), Status> {
-    use std::os::unix::fs::FileTypeExt as _;
-    use std::os::unix::fs::MetadataExt as _;
-    let devices = spec
-        .linux()
-        .as_ref()
-        .and_then(|l| l.devices().clone())
-        .unwrap_or_default();
-    for d in devices {
-        let same = std::fs::metadata(d.path()).is_ok_and(|m| {
-            let kind = m.file_type().is_char_device() || m.file_type().is_block_device();
-            kind && nix::sys::stat::major(m.rdev()) == d.major() as u64
-                && nix::sys::stat::minor(m.rdev()) == d.minor() as u64
-        });
-        if !same {
-            return Err(Status::invalid_argument(format!(
-                "CreateContainer: device {} ({}:{}): in a pod with its own user namespace a \
-                 device is bound from the same path on the host, and {} on the host is not it",
-                d.path().display(),
-                d.major(),
-                d.minor(),
-                d.path().display()
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The SELinux labels of a container of `pod`, where the node has SELinux enabled and the
