@@ -11,7 +11,7 @@
  * host whose fake nodes live in a temporary directory).
  *
  * What the fake NVML reports about processes comes from here: each process with a context
- * keeps a file <state>/<pid>-<minor> ("<bytes held> <SM percent> <updated, ms>"), where <state>
+ * keeps a file <state>/<pid>-<minor> ("<bytes held> <SM percent> <updated, ms> <start time>"), where <state>
  * is $FAKE_NVIDIA_STATE or /tmp/fake-nvidia. Processes in different containers see each other
  * only if that directory is shared, and their pids mean the same only in one pid namespace
  * (tests give such pods the host's). A context takes $FAKE_CUDA_CONTEXT_MIB MiB (default 0),
@@ -86,6 +86,22 @@ static const char *state_dir(void) {
     return d && *d ? d : "/tmp/fake-nvidia";
 }
 
+/* A process's start time (field 22 of /proc/<pid>/stat): with its pid, it names the process,
+ * so a file left by a process that is gone does not pass for a new one with its pid. */
+static unsigned long long start_time(int pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long v = 0;
+    if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &v);
+    return v;
+}
+
 /* Publish this process's use of device `dev` for the fake NVML (nothing without a context). */
 static void publish(int dev) {
     char path[4096], line[128];
@@ -98,7 +114,7 @@ static void publish(int dev) {
     mkdir(state_dir(), 0777);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) return;
-    int n = snprintf(line, sizeof line, "%llu %llu %llu\n", used[dev], sm[dev], now_ms());
+    int n = snprintf(line, sizeof line, "%llu %llu %llu %llu\n", used[dev], sm[dev], now_ms(), start_time(getpid()));
     if (write(fd, line, (size_t)n) < 0) {}
     close(fd);
 }

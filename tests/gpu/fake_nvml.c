@@ -51,6 +51,21 @@ static unsigned long long now_ms(void) {
     return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
 }
 
+/* As fake_cuda.c's: field 22 of /proc/<pid>/stat. */
+static unsigned long long start_time(int pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long long v = 0;
+    if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &v);
+    return v;
+}
+
 /* The live processes fake_cuda.c says have a context on device `minor`; a process that has not
  * launched for 300 ms is idle. */
 static int processes(int minor, struct proc *out) {
@@ -68,7 +83,11 @@ static int processes(int minor, struct proc *out) {
         snprintf(path, sizeof path, "%s/%s", state_dir(), e->d_name);
         FILE *f = fopen(path, "r");
         if (!f) continue;
-        if (fscanf(f, "%llu %llu %llu", &used, &sm, &at) == 3) {
+        unsigned long long started = 0;
+        int got = fscanf(f, "%llu %llu %llu %llu", &used, &sm, &at, &started);
+        /* A file of a process that is gone, whose pid another one has now: not listed. */
+        if (got == 4 && started != start_time((int)pid)) got = 0;
+        if (got >= 3) {
             out[n].pid = pid;
             out[n].used = used;
             out[n].sm = now_ms() - at > 300 ? 0 : sm;

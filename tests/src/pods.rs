@@ -55,6 +55,27 @@ pub fn namespaces(network: i32, pid: i32, ipc: i32) -> cri::NamespaceOption {
 
 /// Set the pod's namespace modes (creating `linux.security_context` as needed).
 /// A pod on the node's network gets no hostname, as the kubelet sends none.
+/// Give the pod a user namespace (`mode`) mapping container ids 0..65536 to host ids from
+/// `host_base`, uids and gids alike, as the kubelet does for `hostUsers: false`.
+pub fn set_pod_userns(cfg: &mut cri::PodSandboxConfig, mode: cri::NamespaceMode, host_base: u32) {
+    let map = vec![cri::IdMapping {
+        container_id: 0,
+        host_id: host_base,
+        length: 65536,
+    }];
+    cfg.linux
+        .get_or_insert_with(Default::default)
+        .security_context
+        .get_or_insert_with(Default::default)
+        .namespace_options
+        .get_or_insert_with(Default::default)
+        .userns_options = Some(cri::UserNamespace {
+        mode: mode as i32,
+        uids: map.clone(),
+        gids: map,
+    });
+}
+
 pub fn set_pod_namespaces(cfg: &mut cri::PodSandboxConfig, ns: cri::NamespaceOption) {
     if ns.network == NS_NODE {
         cfg.hostname.clear();

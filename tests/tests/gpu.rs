@@ -11,8 +11,8 @@ use crishim_tests::gpu::{
     self, gpu_image_once, lines, mig_uuid, uuid, FakeNode, IMAGE_LD_LIBRARY_PATH,
 };
 use crishim_tests::pods::{
-    assert_no_leaks, container_config, marker, namespaces, set_pod_namespaces, sh, PodEnv,
-    PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
+    assert_no_leaks, container_config, marker, namespaces, set_pod_namespaces, set_pod_userns, sh,
+    PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
 };
 
 /// ExecSync: (exit code, stdout, stderr).
@@ -1157,22 +1157,7 @@ async fn a_gpu_container_in_a_pod_with_its_own_user_namespace_is_limited() {
     let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
     let mut cfg = env.pod_config("vgpu-userns");
     let base = 65536 * 301;
-    let map = vec![cri::IdMapping {
-        container_id: 0,
-        host_id: base,
-        length: 65536,
-    }];
-    cfg.linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default)
-        .userns_options = Some(cri::UserNamespace {
-        mode: cri::NamespaceMode::Pod as i32,
-        uids: map.clone(),
-        gids: map,
-    });
+    set_pod_userns(&mut cfg, cri::NamespaceMode::Pod, base);
     let pod = env.d.run_pod(&cfg).await.unwrap();
     let mut traces = PodTraces::new(&pod, &cfg);
     let id = limited(&env, &pod, &cfg, &image, "limited").await;

@@ -298,22 +298,7 @@ async fn a_pod_with_its_own_user_namespace_gets_its_network_from_cni() {
     let net = Net::install(&env, 14);
     let mut cfg = env.pod_config("userns-web");
     let base = 65536 * 300;
-    let map = vec![cri::IdMapping {
-        container_id: 0,
-        host_id: base,
-        length: 65536,
-    }];
-    cfg.linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default)
-        .userns_options = Some(cri::UserNamespace {
-        mode: cri::NamespaceMode::Pod as i32,
-        uids: map.clone(),
-        gids: map,
-    });
+    crishim_tests::pods::set_pod_userns(&mut cfg, cri::NamespaceMode::Pod, base);
     let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
     let web = env
         .d

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use crishim_proto::cri;
 use crishim_tests::pods::{
-    marker, namespaces, processes_with_command, set_pod_namespaces, sh_container, PodEnv,
-    PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
+    marker, namespaces, processes_with_command, set_pod_namespaces, set_pod_userns, sh_container,
+    PodEnv, PodTraces, LOOP_UNTIL_TERM, NS_NODE, NS_POD,
 };
 use crishim_tests::random_hex;
 use tonic::Code;
@@ -19,25 +19,7 @@ fn host_base() -> u32 {
 }
 
 fn with_userns(cfg: &mut cri::PodSandboxConfig, mode: cri::NamespaceMode, base: u32) {
-    let map = || {
-        vec![cri::IdMapping {
-            container_id: 0,
-            host_id: base,
-            length: 65536,
-        }]
-    };
-    let ns = cfg
-        .linux
-        .get_or_insert_with(Default::default)
-        .security_context
-        .get_or_insert_with(Default::default)
-        .namespace_options
-        .get_or_insert_with(Default::default);
-    ns.userns_options = Some(cri::UserNamespace {
-        mode: mode as i32,
-        uids: map(),
-        gids: map(),
-    });
+    set_pod_userns(cfg, mode, base);
 }
 
 #[tokio::test]
