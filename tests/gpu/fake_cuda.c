@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fake_common.h"
+
 #define EXPORT __attribute__((visibility("default")))
 
 typedef int CUresult;
@@ -84,22 +86,6 @@ static unsigned long long now_ms(void) {
 static const char *state_dir(void) {
     const char *d = getenv("FAKE_NVIDIA_STATE");
     return d && *d ? d : "/tmp/fake-nvidia";
-}
-
-/* A process's start time (field 22 of /proc/<pid>/stat): with its pid, it names the process,
- * so a file left by a process that is gone does not pass for a new one with its pid. */
-static unsigned long long start_time(int pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long long v = 0;
-    if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &v);
-    return v;
 }
 
 /* Publish this process's use of device `dev` for the fake NVML (nothing without a context). */

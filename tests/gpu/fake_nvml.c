@@ -18,6 +18,8 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "fake_common.h"
+
 #define EXPORT __attribute__((visibility("default")))
 #define FAKE_MEMORY (1ull << 30)
 #define MAX_DEVICES 16
@@ -49,21 +51,6 @@ static unsigned long long now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
-}
-
-/* As fake_cuda.c's: field 22 of /proc/<pid>/stat. */
-static unsigned long long start_time(int pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')');
-    unsigned long long v = 0;
-    if (p) sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &v);
-    return v;
 }
 
 /* The live processes fake_cuda.c says have a context on device `minor`; a process that has not
