@@ -154,15 +154,12 @@ fn settle(
             .fold(0u64, |sum, (_, size)| sum.saturating_add(*size)),
     );
     let want = charge_for(held, tracked);
-    let had = contexts.charged.insert(*uuid, want).unwrap_or(0);
-    let mut ledger = lock(&l.ledger);
-    let done = if want >= had {
-        ledger.charge(uuid, want - had)
-    } else {
-        ledger.release(uuid, had - want)
-    };
-    if let Err(e) = done {
-        crate::warn(format_args!("accounting failed: {e}"));
+    let had = contexts.charged.get(uuid).copied().unwrap_or(0);
+    match lock(&l.ledger).rebase(uuid, had, want) {
+        Ok(()) => {
+            contexts.charged.insert(*uuid, want);
+        }
+        Err(e) => crate::warn(format_args!("accounting failed: {e}")),
     }
     crate::debug(format_args!(
         "context charge on {}: {want} bytes",

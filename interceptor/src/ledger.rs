@@ -103,10 +103,19 @@ impl Ledger {
         self.update(|me, table| table.adjust(me, uuid, |u| u.saturating_sub(bytes)))
     }
 
-    /// Add `bytes` to this process's share of `uuid` whatever the limit: for memory the driver
-    /// has already taken (a context, a pool's cache), which the container must still see.
-    pub fn charge(&mut self, uuid: &CUuuid, bytes: u64) -> io::Result<()> {
-        self.update(|me, table| table.adjust(me, uuid, |u| u.saturating_add(bytes)))
+    /// Move this process's share of `uuid` by what something it charged there went from, `from`
+    /// bytes, to `to`, whatever the limit: for memory the driver has already taken (a context,
+    /// a pool's cache), which the container must still see.
+    pub fn rebase(&mut self, uuid: &CUuuid, from: u64, to: u64) -> io::Result<()> {
+        self.update(|me, table| {
+            table.adjust(me, uuid, |u| {
+                if to >= from {
+                    u.saturating_add(to - from)
+                } else {
+                    u.saturating_sub(from - to)
+                }
+            })
+        })
     }
 
     /// The whole container's usage of `uuid`.
@@ -431,7 +440,7 @@ mod tests {
         l.set_host_pid(5011).unwrap();
         l.add_throttled(40).unwrap();
         // A charge is taken past the limit; a reservation is not.
-        l.charge(&GPU0, 600 * MIB).unwrap();
+        l.rebase(&GPU0, 0, 600 * MIB).unwrap();
         assert!(!l.reserve(&GPU0, MIB, 512 * MIB).unwrap());
         assert_eq!(
             l.used(&GPU0).unwrap(),

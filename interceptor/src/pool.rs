@@ -95,13 +95,7 @@ fn wanted(handle: usize, p: &Pool) -> u64 {
 fn resync(l: &Limited, handle: usize, p: &mut Pool) {
     let Some(uuid) = p.uuid else { return };
     let want = wanted(handle, p);
-    let mut ledger = lock(&l.ledger);
-    let done = if want >= p.charged {
-        ledger.charge(&uuid, want - p.charged)
-    } else {
-        ledger.release(&uuid, p.charged - want)
-    };
-    match done {
+    match lock(&l.ledger).rebase(&uuid, p.charged, want) {
         Ok(()) => p.charged = want,
         Err(e) => crate::warn(format_args!("accounting failed: {e}")),
     }

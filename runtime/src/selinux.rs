@@ -148,21 +148,25 @@ const SYSTEM_PATHS: &[&str] = &[
 /// Most entries relabelled under one volume.
 const MAX_RELABEL: usize = 1_000_000;
 
-/// Label everything under `path` (a volume's host path, `Mount.selinux_relabel`) with `label`,
-/// through `set` (`lsetxattr("security.selinux")`; links are labelled, not followed). A system
-/// directory is refused, and so is a tree of more than a million entries.
+/// Label everything under `path` (a volume's host path, `Mount.selinux_relabel`, resolved) with
+/// `label`, through `set` (`lsetxattr("security.selinux")`; links inside are labelled, not
+/// followed). A system directory is refused, also when named through a link, and so is a tree
+/// of more than a million entries.
 pub fn relabel(
     path: &std::path::Path,
     label: &str,
     mut set: impl FnMut(&std::path::Path, &str) -> std::io::Result<()>,
 ) -> Result<(), String> {
-    let clean = crate::spec::clean_path(&path.to_string_lossy());
-    if SYSTEM_PATHS.contains(&clean.as_str()) {
+    // What a link names is what would be relabelled: checked as that.
+    let real = std::fs::canonicalize(path)
+        .map_err(|e| format!("resolving {} to relabel it: {e}", path.display()))?;
+    if SYSTEM_PATHS.iter().any(|p| real == std::path::Path::new(p)) {
         return Err(format!(
-            "relabelling {clean} for SELinux would take it from the host: refused"
+            "relabelling {} for SELinux would take it from the host: refused",
+            real.display()
         ));
     }
-    let mut stack = vec![path.to_path_buf()];
+    let mut stack = vec![real];
     let mut seen = 0usize;
     while let Some(p) = stack.pop() {
         seen += 1;
@@ -277,6 +281,9 @@ mod tests {
             let e = relabel(std::path::Path::new(sys), "l", |_, _| Ok(())).unwrap_err();
             assert!(e.contains("refused"), "{sys}: {e}");
         }
+        // A volume that is a link to a system directory is that directory.
+        let e = relabel(&dir.path().join("link"), "l", |_, _| Ok(())).unwrap_err();
+        assert!(e.contains("/etc") && e.contains("refused"), "{e}");
     }
 
     #[test]

@@ -46,10 +46,20 @@ impl IdMaps {
         (text(&self.uids), text(&self.gids))
     }
 
-    /// The host uid and gid of the container's root.
+    /// The host uid and gid of the container's `uid` and `gid`, where mapped.
+    pub fn to_host(&self, uid: u32, gid: u32) -> (Option<u32>, Option<u32>) {
+        let map = |r: &[Range], id: u32| {
+            r.iter()
+                .find(|r| id >= r.container && id - r.container < r.len)
+                .map(|r| r.host + (id - r.container))
+        };
+        (map(&self.uids, uid), map(&self.gids, gid))
+    }
+
+    /// The host uid and gid of the container's root (always mapped: [`from_pod`] checks it).
     pub fn host_root(&self) -> (u32, u32) {
-        let root = |r: &[Range]| r.iter().find(|r| r.container == 0).map_or(0, |r| r.host);
-        (root(&self.uids), root(&self.gids))
+        let (uid, gid) = self.to_host(0, 0);
+        (uid.unwrap_or(0), gid.unwrap_or(0))
     }
 }
 
@@ -197,15 +207,17 @@ pub fn idmap_supported(dir: &Path) -> bool {
     works
 }
 
-/// Bind mounts staged as idmapped clones under a directory; detached again on drop.
+/// Mounts staged for a container's create under a directory (idmapped binds, or the devices'
+/// tmpfs); detached again on drop.
 #[must_use]
 pub struct Staged {
     dir: PathBuf,
+    release: fn(&Path),
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        release_staged(&self.dir);
+        (self.release)(&self.dir);
     }
 }
 
@@ -217,15 +229,17 @@ fn is_bind(m: &oci_spec::runtime::Mount) -> bool {
 }
 
 /// Replace the source of every bind mount in `spec` by an idmapped clone of it attached under
-/// `dir` (reachable by the pod's root, host gid `gid`, only), so the pod's root owns what host root owns there. The container's cgroup
-/// binds are left as they are: cgroupfs cannot be idmapped, and they are read-only. A source on
-/// a filesystem that cannot be idmapped is an error naming it.
+/// `dir` (reachable by the pod's root, host gid `gid`, only), so the pod's root owns what host
+/// root owns there. The container's cgroup binds are left as they are: cgroupfs cannot be
+/// idmapped, and they are read-only. A source on a filesystem that cannot be idmapped is an
+/// error naming it.
 pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Result<Staged, String> {
     crishim_proto::hostfs::create_private_dir(dir)
         .and_then(|()| private_to_group(dir, gid))
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let staged = Staged {
         dir: dir.to_path_buf(),
+        release: release_staged,
     };
     let Some(mounts) = spec.mounts_mut() else {
         return Ok(staged);
@@ -267,29 +281,12 @@ pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Resu
     Ok(staged)
 }
 
-/// Device nodes made for a container of a user-namespace pod, on a tmpfs of their own;
-/// detached again on drop.
-#[must_use]
-pub struct StagedDevices {
-    dir: PathBuf,
-}
-
-impl Drop for StagedDevices {
-    fn drop(&mut self) {
-        release_staged_devices(&self.dir);
-    }
-}
-
 /// No device node can be made in a user namespace, and libcontainer would bind each device
 /// from the host path that is its path in the container, which may hold another node or none.
 /// So each of `spec`'s devices is made here (by the host's root) on a tmpfs at `dir` (without
-/// `nodev`, unlike `/run`), owned by its owner's id in the namespace (`root`: the host ids of
-/// the pod's root), and bound at its path; the device cgroup rules stay as they are.
-pub fn stage_devices(
-    spec: &mut Spec,
-    dir: &Path,
-    root: (u32, u32),
-) -> Result<StagedDevices, String> {
+/// `nodev`, unlike `/run`), owned by its owner's host ids under `maps`, and bound at its path;
+/// the device cgroup rules stay as they are.
+pub fn stage_devices(spec: &mut Spec, dir: &Path, maps: &IdMaps) -> Result<Staged, String> {
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     let devices = spec
         .linux()
@@ -306,8 +303,9 @@ pub fn stage_devices(
         Some("mode=755,size=64k"),
     )
     .map_err(|e| format!("mounting a tmpfs for devices at {}: {e}", dir.display()))?;
-    let staged = StagedDevices {
+    let staged = Staged {
         dir: dir.to_path_buf(),
+        release: release_staged_devices,
     };
     let mut binds = Vec::new();
     for (i, d) in devices.iter().enumerate() {
@@ -332,11 +330,14 @@ pub fn stage_devices(
             makedev(d.major() as u64, d.minor() as u64),
         )
         .map_err(|e| format!("making device {}: {e}", d.path().display()))?;
-        let owner = (
-            root.0.saturating_add(d.uid().unwrap_or(0)),
-            root.1.saturating_add(d.gid().unwrap_or(0)),
-        );
-        std::os::unix::fs::chown(&node, Some(owner.0), Some(owner.1))
+        let (uid, gid) = (d.uid().unwrap_or(0), d.gid().unwrap_or(0));
+        let (Some(host_uid), Some(host_gid)) = maps.to_host(uid, gid) else {
+            return Err(format!(
+                "device {}: owner {uid}:{gid} is not mapped in the pod's user namespace",
+                d.path().display()
+            ));
+        };
+        std::os::unix::fs::chown(&node, Some(host_uid), Some(host_gid))
             .map_err(|e| format!("owning device {}: {e}", d.path().display()))?;
         let mut m = oci_spec::runtime::Mount::default();
         m.set_destination(d.path().clone())
@@ -410,6 +411,8 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(ok.host_root(), (65536, 65536));
+        assert_eq!(ok.to_host(1000, 65535), (Some(66536), Some(131071)));
+        assert_eq!(ok.to_host(65536, 0), (None, Some(65536)), "past the range");
         assert_eq!(ok.proc_maps().0, "0 65536 65536\n");
         assert_eq!(
             from_pod(&pod(cri::NamespaceMode::Node, &[], 0)).unwrap(),

@@ -253,7 +253,7 @@ impl Inner {
             sandbox: &pod.config,
             image: &image_config,
             rootfs: rootfs.clone(),
-            namespaces: self.namespaces(pod, &record.config)?,
+            namespaces: self.namespaces(pod, &record.config, userns.is_some())?,
             files: PodFiles {
                 hostname: Some(self.pod_files_dir(&pod.id).join("hostname")),
                 resolv_conf: Some(self.pod_files_dir(&pod.id).join("resolv.conf")),
@@ -327,9 +327,9 @@ impl Inner {
                 groups: u.additional_gids().clone().unwrap_or_default(),
             }
         });
-        let devices = match &idmap {
-            Some(idmap) => Some(
-                crate::userns::stage_devices(&mut spec, &bundle.join("devs"), idmap.root)
+        let devices = match &userns {
+            Some(maps) => Some(
+                crate::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
                     .map_err(|e| Status::internal(format!("CreateContainer: {e}")))?,
             ),
             None => None,
@@ -425,10 +425,12 @@ impl Inner {
         Ok(())
     }
 
+    /// The namespaces a container of `pod` joins (the pod's user namespace with `userns`).
     fn namespaces(
         &self,
         pod: &PodRecord,
         config: &cri::ContainerConfig,
+        userns: bool,
     ) -> Result<PodNamespaces, Status> {
         let ns = |kind: &str| Some(PathBuf::from(format!("/proc/{}/ns/{kind}", pod.infra_pid)));
         let opts = config
@@ -457,9 +459,8 @@ impl Inner {
             None if pod.shared_pid => ns("pid"),
             _ => None,
         };
-        let has_userns = crate::userns::from_pod(&pod.config).is_ok_and(|u| u.is_some());
         Ok(PodNamespaces {
-            user: if has_userns { ns("user") } else { None },
+            user: if userns { ns("user") } else { None },
             net: if pod.host_network { None } else { ns("net") },
             ipc: if pod.host_ipc { None } else { ns("ipc") },
             uts: if pod.host_network { None } else { ns("uts") },

@@ -55,13 +55,16 @@ impl RuntimeService {
             .and_then(|sc| sc.selinux_options.as_ref());
         check_selinux("RunPodSandbox", pod_selinux, Lsm::of_host())?;
         check_sysctls(&config)?;
-        crate::userns::from_pod(&config)
+        let userns = crate::userns::from_pod(&config)
             .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
         inner.store.reserve_pod_name(&name, &id)?;
         let _guard = inner.store.lock(&id).await;
-        match inner.create_pod(&id, config, req.runtime_handler).await {
+        match inner
+            .create_pod(&id, config, userns, req.runtime_handler)
+            .await
+        {
             Ok(()) => {
                 inner.emit_pod(&id, cri::ContainerEventType::ContainerCreatedEvent);
                 inner.emit_pod(&id, cri::ContainerEventType::ContainerStartedEvent);
@@ -238,10 +241,12 @@ fn mode(
 }
 
 impl Inner {
+    /// Make the pod `config` describes, with `userns` its checked user namespace mappings.
     async fn create_pod(
         &self,
         id: &str,
         config: cri::PodSandboxConfig,
+        userns: Option<crate::userns::IdMaps>,
         runtime_handler: String,
     ) -> Result<(), Status> {
         let linux = config.linux.clone().unwrap_or_default();
@@ -308,8 +313,6 @@ impl Inner {
             mount_shm(&state.join("shm"))?;
         }
         phases.done("files and shm");
-        let userns = crate::userns::from_pod(&record.config)
-            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         // With a CNI network, the daemon makes the pod's network namespace itself, so that the
         // CNI ADD runs while the shim and infra process start (the infra process joins it).
         // A pod with its own user namespace is the exception: its network namespace must

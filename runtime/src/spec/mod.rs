@@ -140,11 +140,6 @@ pub fn resources(
     Ok(out)
 }
 
-/// Lexically cleans an absolute path, as Go's `filepath.Clean` (no symlinks involved).
-pub fn clean_path(path: &str) -> String {
-    mounts::clean(path)
-}
-
 pub fn build(inputs: &SpecInputs<'_>) -> Result<Spec, SpecError> {
     build_with(inputs, &HostFacts::detect())
 }
