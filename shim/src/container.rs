@@ -329,15 +329,12 @@ impl Shim {
         } else {
             None
         };
-        match (cached, label) {
-            (Some((init_bundle, executor)), label) => {
-                bundle = init_bundle;
-                builder = builder.with_executor(executor.with_label(label));
-            }
-            (None, Some(label)) => {
-                builder = builder.with_executor(SeccompExecutor::label_only(label));
-            }
-            (None, None) => {}
+        let executor = cached.map(|(init_bundle, executor)| {
+            bundle = init_bundle;
+            executor
+        });
+        if let Some(executor) = labelled(executor, label) {
+            builder = builder.with_executor(executor);
         }
         builder = with_stdio(builder, console, io);
         // libcontainer creates its root (and each container's directory in it, holding its
@@ -852,6 +849,16 @@ pub async fn exec(shim: &Shared, id: &str, args: Vec<String>, timeout: u64) -> R
     }
 }
 
+/// `executor`, applying the SELinux process `label` too (libcontainer applies none); an
+/// executor of its own when there is a label and no other.
+fn labelled(executor: Option<SeccompExecutor>, label: Option<String>) -> Option<SeccompExecutor> {
+    match (executor, label) {
+        (Some(e), label) => Some(e.with_label(label)),
+        (None, Some(label)) => Some(SeccompExecutor::label_only(label)),
+        (None, None) => None,
+    }
+}
+
 /// Write the exec'd process's spec (the container's, with `args`) to `out`, and return the
 /// executor that gives it the container's seccomp filter, if the container has one.
 fn write_exec_process(
@@ -891,12 +898,7 @@ fn write_exec_process(
         }
         None => profile.map(|s| SeccompExecutor::prepare(&mut process, s)),
     };
-    // The SELinux process label, which libcontainer does not apply.
-    let seccomp = match (seccomp, label) {
-        (Some(e), label) => Some(e.with_label(label)),
-        (None, Some(label)) => Some(SeccompExecutor::label_only(label)),
-        (None, None) => None,
-    };
+    let seccomp = labelled(seccomp, label);
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     // It carries the container's environment: 0600 from the start.
     crishim_proto::hostfs::write_private(out, &json)

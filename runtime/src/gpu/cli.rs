@@ -105,12 +105,11 @@ fn list(cfg: &Config) -> Result<Listing> {
         });
     let mut migs = Vec::new();
     if let (Some(nvml), false) = (nvml, inventory.gpus.is_empty()) {
-        let probed = probe::run(&nvml.source);
-        let sizes = probe::memory_by_uuid(&probed);
-        migs = super::discover::migs(&inventory, &probed, &g.device_root, &g.proc_root);
+        let view = probe::NvmlView::of(&nvml.source, &inventory, &g.device_root, &g.proc_root);
         for gpu in &mut inventory.gpus {
-            gpu.memory = sizes.get(&gpu.uuid).copied();
+            gpu.memory = view.memory.get(&gpu.uuid).copied();
         }
+        migs = view.migs;
     }
     // Each MIG device right after its GPU.
     let mut all = Vec::new();

@@ -85,14 +85,7 @@ pub struct Gpus {
     interceptor: PathBuf,
     containers_dir: PathBuf,
     /// What NVML knows, probed on first need (it can take seconds).
-    probed: std::sync::OnceLock<Probed>,
-}
-
-/// From the NVML probe: device memory by UUID (GPUs' and MIG devices'), and the MIG devices.
-#[derive(Default)]
-struct Probed {
-    memory: std::collections::HashMap<String, u64>,
-    migs: Vec<Device>,
+    probed: std::sync::OnceLock<probe::NvmlView>,
 }
 
 /// What the NVIDIA toolkit injects from the host where present: (path, a writable directory
@@ -146,25 +139,21 @@ impl Gpus {
     }
 
     /// What NVML (the mirror's) can tell, asked once.
-    fn probed(&self) -> &Probed {
+    fn probed(&self) -> &probe::NvmlView {
         self.probed.get_or_init(|| {
             let nvml = self
                 .config
                 .vdriver_dir
                 .join("origin/lib64/libnvidia-ml.so.1");
             if !(matches!(self.mirror, Ok(Some(_))) && nvml.exists()) {
-                return Probed::default();
+                return probe::NvmlView::default();
             }
-            let found = probe::run(&nvml);
-            Probed {
-                memory: probe::memory_by_uuid(&found),
-                migs: discover::migs(
-                    &self.inventory,
-                    &found,
-                    &self.config.device_root,
-                    &self.config.proc_root,
-                ),
-            }
+            probe::NvmlView::of(
+                &nvml,
+                &self.inventory,
+                &self.config.device_root,
+                &self.config.proc_root,
+            )
         })
     }
 

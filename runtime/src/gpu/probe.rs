@@ -32,8 +32,32 @@ pub struct ProbedMig {
     pub memory: u64,
 }
 
+/// What the probe tells of a node: device memory by UUID (GPUs' and MIG devices'), and the MIG
+/// devices, each on its GPU of `inventory` with its capability nodes.
+#[derive(Debug, Default)]
+pub struct NvmlView {
+    pub memory: HashMap<String, u64>,
+    pub migs: Vec<super::discover::Gpu>,
+}
+
+impl NvmlView {
+    /// Probe through the NVML library `nvml` (in a child process).
+    pub fn of(
+        nvml: &Path,
+        inventory: &super::discover::Inventory,
+        device_root: &Path,
+        proc_root: &Path,
+    ) -> NvmlView {
+        let found = run(nvml);
+        NvmlView {
+            memory: memory_by_uuid(&found),
+            migs: super::discover::migs(inventory, &found, device_root, proc_root),
+        }
+    }
+}
+
 /// Memory sizes by UUID, GPUs' and MIG devices', from [`run`].
-pub fn memory_by_uuid(probed: &[Probed]) -> HashMap<String, u64> {
+fn memory_by_uuid(probed: &[Probed]) -> HashMap<String, u64> {
     probed
         .iter()
         .flat_map(|p| {
