@@ -87,19 +87,96 @@ impl CgroupDriver {
     }
 }
 
-/// Mount points of every cgroup hierarchy (each v1 controller, and the v2 unified one).
-pub fn roots() -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
+/// One mounted cgroup hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hierarchy {
+    pub mount_point: PathBuf,
+    /// The unified (v2) hierarchy.
+    pub v2: bool,
+    /// A v1 hierarchy's super options: its controllers (`cpu`, `name=systemd`) among others.
+    options: Vec<String>,
+}
+
+/// Every mounted cgroup hierarchy (each v1 controller, and the v2 unified one), read once per
+/// process: a node's hierarchies do not move, while `/proc/self/mountinfo` grows with every pod
+/// (its overlay, `/dev/shm` and network namespace), so reading it per pod made pod start and stop
+/// slower as pods accumulated.
+pub fn roots() -> &'static [Hierarchy] {
+    static ROOTS: std::sync::OnceLock<Vec<Hierarchy>> = std::sync::OnceLock::new();
+    ROOTS.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|info| parse_roots(&info))
+            .unwrap_or_default()
+    })
+}
+
+fn parse_roots(mountinfo: &str) -> Vec<Hierarchy> {
+    mountinfo
+        .lines()
         .filter_map(|l| {
             let (pre, post) = l.split_once(" - ")?;
-            let fstype = post.split(' ').next()?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let options = post.nth(1).unwrap_or_default();
             let mountpoint = pre.split(' ').nth(4)?;
-            (fstype == "cgroup" || fstype == "cgroup2").then(|| PathBuf::from(mountpoint))
+            (fstype == "cgroup" || fstype == "cgroup2").then(|| Hierarchy {
+                mount_point: PathBuf::from(mountpoint),
+                v2: fstype == "cgroup2",
+                options: options.split(',').map(str::to_string).collect(),
+            })
         })
         .collect()
+}
+
+/// The cgroup directory of this process in one mounted hierarchy, from `/proc/self/cgroup`.
+fn own_cgroup(proc_cgroup: &str, roots: &[Hierarchy]) -> Option<PathBuf> {
+    proc_cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let h = roots.iter().find(|h| {
+            if controllers.is_empty() {
+                h.v2
+            } else {
+                !h.v2
+                    && controllers
+                        .split(',')
+                        .all(|c| h.options.iter().any(|o| o == c))
+            }
+        })?;
+        let rel = Path::new(path).strip_prefix("/").ok()?;
+        // A path with `..` (a cgroup namespace's view of an outside cgroup) names no directory here.
+        rel.components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+            .then(|| h.mount_point.join(rel))
+    })
+}
+
+/// Start a cgroup migration's wait now, off the request's path.
+///
+/// Moving a process between cgroups takes the kernel's `cgroup_threadgroup_rwsem` for writing.
+/// The first writer after a quiet spell waits for an RCU grace period (5 to 15 ms on this
+/// repository's machines; none where a hierarchy is mounted with `favordynmods`); writers that
+/// come while it waits, or within a grace period after, share that wait. Each container's create
+/// and each exec moves its first process into the container's cgroup a few milliseconds after the
+/// request arrives, so CreateContainer and ExecSync call this first, in the background: the daemon
+/// moves itself into the cgroup it is already in (a no-op move that takes the same lock), and the
+/// container's move finds the grace period over or under way. At most one runs at a time.
+pub fn warm_migration() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
+    if IN_FLIGHT.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| own_cgroup(&c, roots()));
+    if let Some(dir) = own {
+        // "0": the writing process; into the cgroup it is in, so nothing moves.
+        if let Err(e) = std::fs::write(dir.join("cgroup.procs"), "0") {
+            tracing::debug!(cgroup = %dir.display(), error = %e, "warming the cgroup migration lock");
+        }
+    }
+    IN_FLIGHT.store(false, Ordering::Release);
 }
 
 /// The prefixes of `parent` (`/a`, `/a/b`, …) that exist in no hierarchy yet: the ones we will own.
@@ -113,7 +190,10 @@ pub fn missing_prefixes(parent: &str) -> Vec<String> {
     {
         prefix.push('/');
         prefix.push_str(comp);
-        if !roots.iter().any(|r| r.join(&prefix[1..]).exists()) {
+        if !roots
+            .iter()
+            .any(|r| r.mount_point.join(&prefix[1..]).exists())
+        {
             missing.push(prefix.clone());
         }
     }
@@ -127,8 +207,8 @@ pub fn remove(owned: &[String]) {
     let mut owned: Vec<&String> = owned.iter().collect();
     owned.sort_by_key(|p| std::cmp::Reverse(p.matches('/').count()));
     for prefix in owned {
-        for root in &roots {
-            let dir = root.join(prefix.trim_start_matches('/'));
+        for root in roots {
+            let dir = root.mount_point.join(prefix.trim_start_matches('/'));
             match std::fs::remove_dir(&dir) {
                 Ok(()) => {}
                 Err(e)
@@ -182,6 +262,61 @@ mod tests {
         assert_eq!(
             sd.container_path("kubepods-pod1.slice", "c1"),
             "kubepods-pod1.slice:crishim:c1"
+        );
+    }
+
+    #[test]
+    fn roots_are_the_cgroup_mounts() {
+        let info = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n\
+                    32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
+                    90 23 0:50 / /run/x rw - overlay overlay rw\n\
+                    junk\n";
+        let roots = parse_roots(info);
+        let points: Vec<_> = roots.iter().map(|h| h.mount_point.clone()).collect();
+        assert_eq!(
+            points,
+            [
+                PathBuf::from("/sys/fs/cgroup/cpu"),
+                PathBuf::from("/sys/fs/cgroup/unified")
+            ]
+        );
+        assert_eq!(
+            (roots[0].v2, roots[1].v2),
+            (false, true),
+            "the unified hierarchy is told apart"
+        );
+    }
+
+    #[test]
+    fn own_cgroup_is_found_in_the_matching_hierarchy_only() {
+        let info = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                    33 31 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+                    41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
+        let roots = parse_roots(info);
+        // A hierarchy not mounted here (pids) is skipped; co-mounted controllers match theirs.
+        assert_eq!(
+            own_cgroup("9:pids:/a\n4:cpu,cpuacct:/system.slice/x\n", &roots),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/system.slice/x"))
+        );
+        assert_eq!(
+            own_cgroup("0::/user.slice\n", &roots),
+            Some(PathBuf::from("/sys/fs/cgroup/unified/user.slice"))
+        );
+        // `cpu` alone must not match a line naming `cpu,blkio`.
+        assert_eq!(own_cgroup("5:cpu,blkio:/a\n", &roots), None);
+        // Outside our cgroup namespace: no directory of ours to name.
+        assert_eq!(own_cgroup("6:memory:/../../other\n", &roots), None);
+        assert_eq!(own_cgroup("junk\n7:memory\n", &roots), None);
+    }
+
+    #[test]
+    fn warming_leaves_the_process_where_it_was() {
+        let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        warm_migration();
+        assert_eq!(
+            std::fs::read_to_string("/proc/self/cgroup").unwrap(),
+            before
         );
     }
 

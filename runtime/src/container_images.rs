@@ -104,11 +104,49 @@ impl ContainerImages for ImageStore {
     }
 }
 
-/// Whether `path` is a mount point of this process's mount namespace.
+/// Whether `path` is a mount point of this process's mount namespace: statx's mount-root
+/// attribute, not a scan of `/proc/self/mountinfo`, which grows with every pod. Kernels before
+/// 5.8 lack the attribute and get the scan.
 pub fn is_mountpoint(path: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: statx writes only into `stx`, a plain C struct for which zero is valid.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut stx,
+        )
+    };
+    if rc != 0 {
+        return false;
+    }
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & root != 0 {
+        return stx.stx_attributes & root != 0;
+    }
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
     let p = path.to_string_lossy();
     info.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mountpoint;
+    use std::path::Path;
+
+    #[test]
+    fn mount_points_are_told_from_plain_directories() {
+        assert!(is_mountpoint(Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mountpoint(dir.path()));
+        assert!(!is_mountpoint(&dir.path().join("missing")));
+    }
 }

@@ -17,6 +17,8 @@ use crishim_proto::shown::shown;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
+
+use crate::lean_ns::{self, LeanNs};
 use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
@@ -70,6 +72,8 @@ pub struct Shim {
     /// Connections watching for exits (`Request::Watch`).
     pub watchers: Vec<tokio::sync::mpsc::UnboundedSender<ContainerState>>,
     exec_counter: u64,
+    /// Built at the first exec, kill or delete; `None` inside: it could not be built.
+    lean: std::cell::OnceCell<Option<LeanNs>>,
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
@@ -148,6 +152,37 @@ impl Shim {
             exited: Rc::new(tokio::sync::Notify::new()),
             watchers: Vec::new(),
             exec_counter: 0,
+            lean: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Run a libcontainer call that needs none of the pods' mounts (exec, kill, delete) in the
+    /// lean mount namespace (`lean_ns`), where its cgroup lookups do not read every pod's mounts.
+    /// Where that namespace cannot be built, the call runs in the shim's own.
+    fn in_lean_ns<T>(&self, f: impl FnOnce() -> T) -> T {
+        let lean = self.lean.get_or_init(|| {
+            let must_see = [
+                self.dir.as_path(),
+                Path::new("/proc/self"),
+                Path::new("/sys/fs/cgroup"),
+            ];
+            match LeanNs::build(
+                &lean_ns::drop_roots(&self.dir),
+                &self.dir.join("lean"),
+                &must_see,
+            ) {
+                Ok(ns) => Some(ns),
+                Err(e) => {
+                    eprintln!(
+                        "crishim-shim: {e}; exec, kill and delete stay in the shim's namespace"
+                    );
+                    None
+                }
+            }
+        });
+        match lean {
+            Some(ns) => ns.enter(f),
+            None => f(),
         }
     }
 
@@ -465,9 +500,13 @@ impl Shim {
                 return Response::error(ErrorKind::InvalidArgument, format!("signal {signal}: {e}"))
             }
         };
-        let killed = closing_leaked_connections(|| {
-            Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.kill(sig, all))
-        });
+        let kill = || {
+            closing_leaked_connections(|| {
+                Container::load(self.lc_root.join(id)).and_then(|mut lc| lc.kill(sig, all))
+            })
+        };
+        // Only a kill of all processes looks up the cgroups.
+        let killed = if all { self.in_lean_ns(kill) } else { kill() };
         match killed {
             Ok(()) => Response::Ok,
             // Exited between our check and the kill: nothing left to signal.
@@ -502,21 +541,23 @@ impl Shim {
             oom_score_adj: None,
             freezer_state: None,
         };
-        let applied = closing_leaked_connections(|| match create_cgroup_manager(config) {
-            Ok(m) => m.apply(&opt).map_err(|e| {
-                let kind = match &e {
-                    AnyManagerError::Systemd(e) => systemd_error_kind(e),
-                    _ => ErrorKind::InvalidArgument,
-                };
-                (kind, e.to_string())
-            }),
-            Err(e) => Err((
-                match &e {
-                    CreateCgroupSetupError::Systemd(e) => systemd_error_kind(e),
-                    _ => ErrorKind::InvalidArgument,
-                },
-                e.to_string(),
-            )),
+        let applied = self.in_lean_ns(|| {
+            closing_leaked_connections(|| match create_cgroup_manager(config) {
+                Ok(m) => m.apply(&opt).map_err(|e| {
+                    let kind = match &e {
+                        AnyManagerError::Systemd(e) => systemd_error_kind(e),
+                        _ => ErrorKind::InvalidArgument,
+                    };
+                    (kind, e.to_string())
+                }),
+                Err(e) => Err((
+                    match &e {
+                        CreateCgroupSetupError::Systemd(e) => systemd_error_kind(e),
+                        _ => ErrorKind::InvalidArgument,
+                    },
+                    e.to_string(),
+                )),
+            })
         });
         match applied {
             Ok(()) => Response::Ok,
@@ -590,9 +631,19 @@ pub async fn delete(shim: &Shared, id: &str) -> Response {
     }
     let root = shim.borrow().lc_root.join(id);
     if root.exists() {
-        let deleted = closing_leaked_connections(|| {
-            Container::load(root.clone()).and_then(|mut lc| lc.delete(true))
-        });
+        let delete = || {
+            closing_leaked_connections(|| {
+                Container::load(root.clone()).and_then(|mut lc| lc.delete(true))
+            })
+        };
+        // Poststop hooks run with the shim's own view of the mounts.
+        let hooks = libcontainer::config::YoukiConfig::load(&root)
+            .map_or(true, |c| c.hooks.is_some_and(|h| h.poststop().is_some()));
+        let deleted = if hooks {
+            delete()
+        } else {
+            shim.borrow().in_lean_ns(delete)
+        };
         if let Err(e) = deleted {
             eprintln!("crishim-shim: libcontainer delete {id}: {e}");
             let _ = std::fs::remove_dir_all(&root);
@@ -709,14 +760,16 @@ pub fn spawn_exec(
                 let address = console.as_ref().map(|c| c.address.as_path());
                 oci.exec(id, &process_file, address, call_io)
             }
-            None => exec_with_libcontainer(
-                id,
-                &lc_root,
-                &process_file,
-                seccomp,
-                console.as_ref(),
-                call_io,
-            ),
+            None => s.in_lean_ns(|| {
+                exec_with_libcontainer(
+                    id,
+                    &lc_root,
+                    &process_file,
+                    seccomp,
+                    console.as_ref(),
+                    call_io,
+                )
+            }),
         }
     };
     let _ = std::fs::remove_file(&process_file);

@@ -19,6 +19,7 @@ mod exec_seccomp;
 mod exec_userns;
 mod foreground;
 mod infra;
+mod lean_ns;
 mod logs;
 mod oci_runtime;
 mod reaper;

@@ -1662,6 +1662,93 @@ async fn container_processes_start_with_sigpipe_at_its_default() {
     env.stop();
 }
 
+/// Exec, kill and delete run in the shim's lean mount namespace: the system's mounts without the
+/// pods' (their overlays, `/dev/shm`, network namespaces), which libcgroups' lookups would
+/// otherwise read on every call. The exec still works, and the node's namespace is unchanged.
+#[tokio::test]
+async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let state = d.state_dir();
+    let mut pods = Vec::new();
+    for name in ["lean-a", "lean-b"] {
+        let cfg = env.pod_config(name);
+        let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+        let c = env.container_config("main", &["sleep", "1000"]);
+        let id = d
+            .run_container(&pod, &c, &cfg)
+            .await
+            .expect("run container");
+        pods.push((pod, id));
+    }
+    let under_state = |info: &str| {
+        info.lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|mp| Path::new(mp).starts_with(&state))
+            .count()
+    };
+    let host_info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        under_state(&host_info) >= 4,
+        "two pods' overlays and shm should be mounted on the node"
+    );
+    assert_eq!(d.exec_ok(&pods[0].1, &["echo", "lean"]).await, "lean\n");
+
+    // The shim of the first pod now holds the lean namespace open.
+    let own = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let held: Vec<(i32, std::path::PathBuf)> = shims(d)
+        .iter()
+        .flat_map(|s| {
+            let mine = own(s.pid);
+            std::fs::read_dir(format!("/proc/{}/fd", s.pid))
+                .unwrap()
+                .flatten()
+                .filter(move |fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("mnt:[") && l != mine)
+                })
+                .map(move |fd| (s.pid, fd.path()))
+        })
+        .collect();
+    assert_eq!(
+        held.len(),
+        1,
+        "one shim (the exec's) holds a second mount namespace: {held:?}"
+    );
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--mount={}", held[0].1.display()))
+        .args(["cat", "/proc/self/mountinfo"])
+        .output()
+        .expect("nsenter");
+    assert!(out.status.success(), "{out:?}");
+    let lean_info = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        under_state(&lean_info),
+        0,
+        "pods' mounts in the lean namespace:\n{lean_info}"
+    );
+    assert!(
+        lean_info.lines().any(|l| l.contains(" - cgroup")),
+        "the cgroup hierarchies are kept:\n{lean_info}"
+    );
+    assert!(
+        lean_info.lines().any(|l| l.contains(" /proc ")),
+        "{lean_info}"
+    );
+    let after = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !after
+            .lines()
+            .any(|l| l.split(' ').nth(4).is_some_and(|mp| mp.ends_with("/lean"))),
+        "building it mounted nothing on the node:\n{after}"
+    );
+    for (pod, _) in &pods {
+        d.stop_pod(pod).await.unwrap();
+        d.remove_pod(pod).await.unwrap();
+    }
+    env.stop();
+}
+
 /// A pod on the node's network shares its UTS namespace, so a hostname of its own is refused (as
 /// containerd refuses it), and pods and containers are found by the 13-character ids `crictl ps`
 /// prints, over every RPC that takes an id.

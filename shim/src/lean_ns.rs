@@ -1,0 +1,304 @@
+//! A mount namespace without the pods' mounts, for the libcontainer calls that need none of them:
+//! exec, kill and delete.
+//!
+//! libcgroups 0.7 finds each of its twelve cgroup v1 controllers with a scan of
+//! `/proc/self/mountinfo` that stops at the first match, so for a controller that is not mounted
+//! it reads the whole file: every pod's overlay, `/dev/shm` and network namespace, and the
+//! kubelet's volumes. It does so in every exec, kill and delete, so those got slower as pods
+//! accumulated. This namespace is a private copy of the shim's, built once (at the first such
+//! call), holding every mount except those below crishim's state directory and the kubelet's pod
+//! volumes, and those of other runtimes' containers (overlays, pinned namespaces). A call made in
+//! it sees the same files (the state directory's own files are there, its submounts are not), the
+//! same cgroup hierarchies and `/proc`.
+//!
+//! Create and start stay in the shim's own namespace: a container's rootfs and volumes are mounts
+//! made after the copy, and start's hooks run with the host's view.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+
+/// Mounts of these file system types are containers' roots and pinned namespaces, never needed by
+/// the calls made in the lean namespace.
+const DROPPED_TYPES: &[&str] = &["overlay", "nsfs"];
+
+/// The kubelet's pod volumes (tmpfs for projected volumes, subpath binds).
+const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
+
+/// One line of mountinfo, the fields the plan needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct MountLine {
+    mount_point: PathBuf,
+    fs_type: String,
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                let v = oct.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
+                if let Ok(v) = u8::try_from(v) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+fn parse(mountinfo: &str) -> Vec<MountLine> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mount_point = unescape(pre.split(' ').nth(4)?);
+            let fs_type = post.split(' ').next()?.to_string();
+            mount_point.is_absolute().then_some(MountLine {
+                mount_point,
+                fs_type,
+            })
+        })
+        .collect()
+}
+
+/// The mount points to bind into the lean root, parents before children: every mount but `/`
+/// (the root is bound first) and those dropped: strictly below a `drop_below` directory, of a
+/// dropped type, or at or below a dropped mount.
+fn plan(mounts: &[MountLine], drop_below: &[PathBuf]) -> Vec<PathBuf> {
+    let mut ordered: Vec<&MountLine> = mounts.iter().collect();
+    // Stable: mounts stacked on one point keep their order.
+    ordered.sort_by_key(|m| m.mount_point.components().count());
+    let mut dropped: Vec<&Path> = Vec::new();
+    let mut keep = Vec::new();
+    for m in ordered {
+        let mp = m.mount_point.as_path();
+        if mp == Path::new("/") {
+            continue;
+        }
+        let drop = drop_below
+            .iter()
+            .any(|d| mp != d.as_path() && mp.starts_with(d))
+            || DROPPED_TYPES.contains(&m.fs_type.as_str())
+            || dropped.iter().any(|d| mp.starts_with(d));
+        if drop {
+            dropped.push(mp);
+        } else {
+            keep.push(m.mount_point.clone());
+        }
+    }
+    keep
+}
+
+/// The directories a lean namespace leaves out: crishim's state directory (the parent of the
+/// pods' directories, `<state_dir>/pods/<id>`) and the kubelet's pod volumes.
+pub fn drop_roots(pod_dir: &Path) -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from(KUBELET_PODS)];
+    if let Some(state) = pod_dir
+        .parent()
+        .filter(|p| p.file_name().is_some_and(|n| n == "pods"))
+        .and_then(Path::parent)
+    {
+        roots.push(state.to_path_buf());
+    }
+    roots
+}
+
+pub struct LeanNs {
+    host: File,
+    lean: File,
+}
+
+impl LeanNs {
+    /// Build the namespace, using `work` (an empty directory the shim owns) as the new root's
+    /// mount point inside it; the host's namespace is left untouched. `must_see` are paths the
+    /// calls made in it need; a namespace without one of them is refused.
+    pub fn build(drop_below: &[PathBuf], work: &Path, must_see: &[&Path]) -> Result<Self, String> {
+        let host = File::open("/proc/thread-self/ns/mnt")
+            .map_err(|e| format!("opening the shim's mount namespace: {e}"))?;
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading mountinfo: {e}"))?;
+        let binds = plan(&parse(&mountinfo), drop_below);
+        crishim_proto::hostfs::create_private_dir(work)
+            .map_err(|e| format!("creating {}: {e}", work.display()))?;
+        unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
+        let built = populate(work, &binds, must_see)
+            .and_then(|()| File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string()));
+        return_to(&host);
+        Ok(LeanNs {
+            lean: built.map_err(|e| format!("building the lean mount namespace: {e}"))?,
+            host,
+        })
+    }
+
+    /// Run `f` in the lean namespace. `f` must not yield to the event loop: the whole process
+    /// (one thread) is in the lean namespace until it returns.
+    pub fn enter<T>(&self, f: impl FnOnce() -> T) -> T {
+        if let Err(e) = setns(self.lean.as_fd(), CloneFlags::CLONE_NEWNS) {
+            eprintln!(
+                "crishim-shim: entering the lean mount namespace ({e}); staying in the shim's"
+            );
+            return f();
+        }
+        let out = f();
+        return_to(&self.host);
+        out
+    }
+}
+
+/// Back to the shim's own namespace. A shim that cannot return would create containers without
+/// their rootfs: it stops instead, and the daemon's recovery takes over.
+fn return_to(host: &File) {
+    if let Err(e) = setns(host.as_fd(), CloneFlags::CLONE_NEWNS) {
+        eprintln!("crishim-shim: returning to the shim's mount namespace: {e}");
+        std::process::abort();
+    }
+}
+
+/// In the freshly unshared namespace: bind `/` and then each kept mount (without their
+/// submounts) under `work`, pivot into it and drop the old tree in one detach.
+fn populate(work: &Path, binds: &[PathBuf], must_see: &[&Path]) -> Result<(), String> {
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(|e| format!("making the copy private: {e}"))?;
+    mount(Some("/"), work, none, MsFlags::MS_BIND, none)
+        .map_err(|e| format!("binding / to {}: {e}", work.display()))?;
+    for mp in binds {
+        let target = work.join(mp.strip_prefix("/").unwrap_or(mp));
+        // A mount that cannot be bound (its point hidden, say) is left out; `must_see` below
+        // catches one that mattered.
+        let _ = mount(Some(mp.as_path()), &target, none, MsFlags::MS_BIND, none);
+    }
+    nix::unistd::chdir(work).map_err(|e| format!("chdir: {e}"))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the old root: {e}"))?;
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))?;
+    match must_see.iter().find(|p| !p.exists()) {
+        Some(p) => Err(format!("{} is not visible in it", p.display())),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INFO: &str = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+23 22 0:5 / /proc rw - proc proc rw
+31 22 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw
+32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu
+40 22 0:40 / /run rw - tmpfs tmpfs rw
+41 40 0:41 / /run/crishim/pods/p1/shm rw - tmpfs shm rw
+42 40 0:42 / /run/crishim/containers/c1/rootfs rw - overlay overlay rw
+43 42 0:43 / /run/crishim/containers/c1/rootfs/proc rw - proc proc rw
+44 40 0:4 net:[4026532] /run/crishim/netns/p1 rw - nsfs nsfs rw
+45 40 0:4 net:[4026533] /run/netns/cni-1 rw - nsfs nsfs rw
+46 22 0:46 / /var/lib/kubelet/pods/u1/volumes/token rw - tmpfs tmpfs rw
+47 22 0:47 / /var/lib/containerd/x/rootfs rw - overlay overlay rw
+48 47 0:48 / /var/lib/containerd/x/rootfs/dev rw - tmpfs tmpfs rw
+49 22 0:49 / /mnt/with\\040space rw - tmpfs tmpfs rw
+50 22 0:50 / /var/lib/kubelet/pods rw - tmpfs tmpfs rw
+garbage line
+";
+
+    #[test]
+    fn the_plan_keeps_the_system_and_drops_the_pods() {
+        let drop = drop_roots(Path::new("/run/crishim/pods/p1"));
+        assert_eq!(
+            drop,
+            [PathBuf::from(KUBELET_PODS), PathBuf::from("/run/crishim")]
+        );
+        let kept = plan(&parse(INFO), &drop);
+        assert_eq!(
+            kept,
+            [
+                "/proc",
+                "/run",
+                "/mnt/with space",
+                "/sys/fs/cgroup",
+                "/sys/fs/cgroup/cpu",
+                "/var/lib/kubelet/pods",
+            ]
+            .map(PathBuf::from)
+        );
+    }
+
+    #[test]
+    fn a_bundle_dir_outside_the_state_layout_drops_only_the_kubelets() {
+        assert_eq!(
+            drop_roots(Path::new("/tmp/bundle-shim")),
+            [PathBuf::from(KUBELET_PODS)]
+        );
+    }
+
+    /// In a forked child (unshare needs a single-threaded process), in a private namespace of
+    /// its own so the host sees nothing: a tmpfs below the dropped directory is gone inside the
+    /// lean namespace, and back on return; a kept directory's files stay visible.
+    #[test]
+    fn the_lean_namespace_hides_the_pods_mounts() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let state = tempfile::tempdir().unwrap();
+        let pod = state.path().join("pods/p1");
+        std::fs::create_dir_all(&pod).unwrap();
+        let shm = pod.join("shm");
+        std::fs::create_dir(&shm).unwrap();
+        std::fs::write(pod.join("state.json"), "{}").unwrap();
+        let mounted = |p: &Path| {
+            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            parse(&info).iter().any(|m| m.mount_point == p)
+        };
+        // SAFETY: the child only runs this test's steps and exits.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = (|| {
+                    let none: Option<&str> = None;
+                    unshare(CloneFlags::CLONE_NEWNS).ok()?;
+                    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).ok()?;
+                    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::empty(), none).ok()?;
+                    let lean = LeanNs::build(
+                        &drop_roots(&pod),
+                        &pod.join("lean"),
+                        &[&pod.join("state.json"), Path::new("/proc/self")],
+                    )
+                    .ok()?;
+                    let inside = lean.enter(|| (mounted(&shm), pod.join("state.json").exists()));
+                    Some(if inside == (false, true) && mounted(&shm) {
+                        0
+                    } else {
+                        1
+                    })
+                })()
+                .unwrap_or(2);
+                unsafe { libc::_exit(code) };
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(status, nix::sys::wait::WaitStatus::Exited(child, 0));
+                assert!(!mounted(&shm), "the child's mounts stayed in its namespace");
+            }
+        }
+    }
+
+    #[test]
+    fn escapes_are_decoded_and_junk_is_safe() {
+        assert_eq!(unescape("/a\\040b\\134c"), PathBuf::from("/a b\\c"));
+        assert_eq!(unescape("/end\\04"), PathBuf::from("/end\\04"));
+        assert_eq!(unescape("/x\\777"), PathBuf::from("/x\\777"));
+        assert!(parse("1 2 3 4 relative rw - tmpfs t rw\n- -\n").is_empty());
+    }
+}
