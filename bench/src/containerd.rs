@@ -66,7 +66,7 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
       [{cri}.containerd.runtimes.runc.options]
         BinaryName = {runc}
-        # runc's state, which would otherwise go to /run/containerd/runc.
+        # runc's state, which would otherwise go to /run/containerd/runc (a tmpfs, as state/ is).
         Root = {runc_root}
         SystemdCgroup = false
   [{cri}.cni]
@@ -84,7 +84,7 @@ disabled_plugins = [
             ttrpc = p("containerd.sock.ttrpc"),
             sandbox = serde_json::to_string(self.sandbox_image).expect("string to json"),
             runc = q(Path::new(RUNC)),
-            runc_root = p("runc"),
+            runc_root = p("state/runc"),
             cni_bin = q(self.cni_bin_dir),
             cni_conf = q(self.cni_conf_dir),
         )

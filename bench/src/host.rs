@@ -138,6 +138,29 @@ pub struct Sweeper {
     pub empty_dirs: Vec<PathBuf>,
 }
 
+/// A tmpfs mounted on a runtime's state directory, as `/run` is on a node; unmounted on drop.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path) -> Result<Tmpfs> {
+        std::fs::create_dir_all(dir)?;
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some("mode=0711"),
+        )?;
+        Ok(Tmpfs(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 impl Sweeper {
     pub fn sweep(&self) -> Vec<String> {
         let mut did = Vec::new();

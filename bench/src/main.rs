@@ -363,6 +363,7 @@ async fn run_crishim(env: &Env) -> Result<Results> {
     say("starting crishim serve");
     let mirror = env.registry.url();
     let opts = DaemonOptions::new()
+        .state_on_tmpfs()
         .mirror("docker.io", &[&mirror])
         .mirror("registry.k8s.io", &[&mirror])
         .extra_toml(&format!(
@@ -433,6 +434,8 @@ async fn run_containerd(env: &Env) -> Result<Results> {
         containerd_address: Some(cfg.socket().to_string_lossy().into_owned()),
         empty_dirs,
     };
+    // On a node containerd's state is /run/containerd, a tmpfs; crishim's gets one too.
+    let state_tmpfs = host::Tmpfs::mount(&dir.path().join("state"))?;
     let ctd = containerd::Containerd::start(&cfg).await?;
     let result = async {
         let cri = Cri::connect(&ctd.socket).await?;
@@ -456,6 +459,7 @@ async fn run_containerd(env: &Env) -> Result<Results> {
         let _ = std::fs::copy(dir.path().join("containerd.log"), d.join("containerd.log"));
     }
     drop(ctd);
+    drop(state_tmpfs);
     drop(sweeper);
     drop(dir);
     result.map_err(|e| e.context(format!("containerd's log ends:\n{log}")))

@@ -151,32 +151,57 @@ fn own_cgroup(proc_cgroup: &str, roots: &[Hierarchy]) -> Option<PathBuf> {
     })
 }
 
-/// Start a cgroup migration's wait now, off the request's path.
+/// Keep the cgroup migration lock's fast path open for `window`, in the background.
 ///
 /// Moving a process between cgroups takes the kernel's `cgroup_threadgroup_rwsem` for writing.
 /// The first writer after a quiet spell waits for an RCU grace period (5 to 15 ms on this
-/// repository's machines; none where a hierarchy is mounted with `favordynmods`); writers that
-/// come while it waits, or within a grace period after, share that wait. Each container's create
-/// and each exec moves its first process into the container's cgroup a few milliseconds after the
-/// request arrives, so CreateContainer and ExecSync call this first, in the background: the daemon
-/// moves itself into the cgroup it is already in (a no-op move that takes the same lock), and the
-/// container's move finds the grace period over or under way. At most one runs at a time.
-pub fn warm_migration() {
+/// repository's machines); writers that come while it waits, or within a grace period after the
+/// last one, do not wait. (A hierarchy mounted with `favordynmods` keeps that fast path open for
+/// good, at the price of a slower fork and exit on the node.) Each container's create and each
+/// exec moves its first process into the container's cgroup some milliseconds after the request
+/// arrives, so CreateContainer and ExecSync call this first: a thread of the daemon moves the
+/// daemon into the cgroup it is already in (a no-op move that takes the same lock) every 2 ms
+/// until the window closes, and the container's move finds the grace period passed.
+pub fn warm_migration(window: std::time::Duration) {
     use std::sync::atomic::{AtomicBool, Ordering};
-    static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
-    if IN_FLIGHT.swap(true, Ordering::AcqRel) {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static UNTIL: Mutex<Option<Instant>> = Mutex::new(None);
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+    let until = Instant::now() + window.min(std::time::Duration::from_secs(1));
+    {
+        let mut u = UNTIL.lock().unwrap_or_else(|e| e.into_inner());
+        *u = Some(u.map_or(until, |t| t.max(until)));
+    }
+    if RUNNING.swap(true, Ordering::AcqRel) {
         return;
     }
-    let own = std::fs::read_to_string("/proc/self/cgroup")
+    let Some(procs) = std::fs::read_to_string("/proc/self/cgroup")
         .ok()
-        .and_then(|c| own_cgroup(&c, roots()));
-    if let Some(dir) = own {
-        // "0": the writing process; into the cgroup it is in, so nothing moves.
-        if let Err(e) = std::fs::write(dir.join("cgroup.procs"), "0") {
-            tracing::debug!(cgroup = %dir.display(), error = %e, "warming the cgroup migration lock");
-        }
+        .and_then(|c| own_cgroup(&c, roots()))
+        .map(|dir| dir.join("cgroup.procs"))
+    else {
+        RUNNING.store(false, Ordering::Release);
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("cgroup-warm".into())
+        .spawn(move || loop {
+            // "0": the writing process; into the cgroup it is in, so nothing moves.
+            if let Err(e) = std::fs::write(&procs, "0") {
+                tracing::debug!(cgroup = %procs.display(), error = %e, "warming the cgroup lock");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            let u = UNTIL.lock().unwrap_or_else(|e| e.into_inner());
+            if u.is_none_or(|t| Instant::now() >= t) {
+                // Under the lock: a caller that extends the window now sees RUNNING false.
+                RUNNING.store(false, Ordering::Release);
+                return;
+            }
+        });
+    if spawned.is_err() {
+        RUNNING.store(false, Ordering::Release);
     }
-    IN_FLIGHT.store(false, Ordering::Release);
 }
 
 /// The prefixes of `parent` (`/a`, `/a/b`, …) that exist in no hierarchy yet: the ones we will own.
@@ -313,7 +338,8 @@ mod tests {
     #[test]
     fn warming_leaves_the_process_where_it_was() {
         let before = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        warm_migration();
+        warm_migration(std::time::Duration::from_millis(10));
+        std::thread::sleep(std::time::Duration::from_millis(30));
         assert_eq!(
             std::fs::read_to_string("/proc/self/cgroup").unwrap(),
             before

@@ -70,6 +70,9 @@ pub struct DaemonOptions {
     /// A command the daemon runs under (`nsenter … --`); it then gets its own process group, and
     /// stopping signals the whole group, since such a wrapper does not pass signals on.
     pub wrapper: Vec<String>,
+    /// The state directory on a tmpfs of its own, as `/run/crishim` is on a node (the benchmark
+    /// measures that; elsewhere it is a plain directory of the temporary one).
+    pub state_on_tmpfs: bool,
 }
 
 impl DaemonOptions {
@@ -112,6 +115,11 @@ impl DaemonOptions {
 
     pub fn arg(mut self, a: &str) -> Self {
         self.args.push(a.to_string());
+        self
+    }
+
+    pub fn state_on_tmpfs(mut self) -> Self {
+        self.state_on_tmpfs = true;
         self
     }
 
@@ -260,6 +268,18 @@ impl Daemon {
             .tempdir()?;
         let config = dir.path().join("config.toml");
         fs::write(&config, opts.config_toml(dir.path()))?;
+        if opts.state_on_tmpfs {
+            let state = dir.path().join("state");
+            fs::create_dir(&state)?;
+            nix::mount::mount(
+                Some("tmpfs"),
+                &state,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some("mode=0711"),
+            )
+            .with_context(|| format!("mounting a tmpfs on {}", state.display()))?;
+        }
         let socket = dir.path().join("crishim.sock");
         let log = dir.path().join("daemon.log");
         let mut d = Daemon {
@@ -447,6 +467,9 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.terminate();
+        if self.opts.state_on_tmpfs {
+            let _ = nix::mount::umount2(&self.state_dir(), nix::mount::MntFlags::MNT_DETACH);
+        }
         if std::thread::panicking() && std::env::var_os("CRISHIM_TEST_QUIET").is_none() {
             eprintln!(
                 "---- crishim log ({}) ----\n{}",

@@ -50,8 +50,8 @@ impl RuntimeService {
         }
         crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
         let pod = inner.store.pod(&req.pod_sandbox_id)?;
-        // The container's first process joins its cgroup in a few ms: start that lock's wait now.
-        tokio::task::spawn_blocking(crate::cgroups::warm_migration);
+        // The container's first process joins its cgroup in a few ms: keep that lock fast until then.
+        crate::cgroups::warm_migration(std::time::Duration::from_millis(300));
         let log_path = log_path(&pod, &config.log_path)?;
         let _pod_guard = inner.store.lock(&pod.id).await;
         let pod = inner.store.pod(&pod.id)?;

@@ -21,8 +21,8 @@ impl RuntimeService {
         if req.cmd.is_empty() {
             return Err(Status::invalid_argument("ExecSync: cmd is empty"));
         }
-        // The exec'd process joins the container's cgroup in a few ms: start that lock's wait now.
-        tokio::task::spawn_blocking(crate::cgroups::warm_migration);
+        // The exec'd process joins the container's cgroup in a few ms: keep that lock fast until then.
+        crate::cgroups::warm_migration(std::time::Duration::from_millis(100));
         let timeout = request_secs(req.timeout).as_secs();
         // The shim enforces the command's timeout; ours only guards against a stuck shim.
         let guard = if timeout == 0 {
