@@ -351,9 +351,11 @@ impl Shim {
         cached_seccomp: bool,
     ) -> Result<i32, String> {
         let mut builder = ContainerBuilder::new(id.to_string(), SyscallType::Linux);
+        let own_bundle = bundle.to_path_buf();
         let mut bundle = bundle.to_path_buf();
         let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
             .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
+        let propagates_back = shares_mounts_with_the_node(&spec);
         // The SELinux process label, which libcontainer does not apply: the executor does.
         let label = spec
             .process()
@@ -376,15 +378,38 @@ impl Shim {
         // state and notify socket) with 0755; the root is made first, root's alone.
         crishim_proto::hostfs::create_private_dir(&self.lc_root)
             .map_err(|e| format!("creating {}: {e}", self.lc_root.display()))?;
-        let built = builder
-            .with_root_path(&self.lc_root)
-            .and_then(|b| b.validate_id())
-            .and_then(|b| {
-                b.as_init(&bundle)
-                    .with_systemd(systemd)
-                    .with_detach(true)
-                    .build()
-            });
+        let build = || {
+            builder
+                .with_root_path(&self.lc_root)
+                .and_then(|b| b.validate_id())
+                .and_then(|b| {
+                    b.as_init(&bundle)
+                        .with_systemd(systemd)
+                        .with_detach(true)
+                        .build()
+                })
+        };
+        // A container whose mounts propagate back to the node needs the node's own namespace
+        // (the view's mounts are slaves); so does a shim outside the daemon's state layout.
+        let state_dir = lean_ns::state_dir(&self.dir).filter(|_| !propagates_back);
+        let built = match (state_dir, self.dir.file_name()) {
+            (Some(state), Some(pod)) => {
+                let keep = [
+                    own_bundle.clone(),
+                    self.dir.clone(),
+                    state.join("netns").join(pod),
+                ];
+                let must_see = [own_bundle.as_path(), self.lc_root.as_path()];
+                lean_ns::with_create_view(
+                    &state,
+                    &keep,
+                    &self.dir.join("create-view"),
+                    &must_see,
+                    build,
+                )
+            }
+            _ => build(),
+        };
         match built {
             Ok(c) => {
                 // Its state and config (hooks with their env) become root's alone.
@@ -957,6 +982,21 @@ fn write_exec_process(
     crishim_proto::hostfs::write_private(out, &json)
         .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
+}
+
+/// Whether a container's mounts propagate back to the node (a Bidirectional volume, or a shared
+/// root propagation): those must be peers of the node's mounts.
+fn shares_mounts_with_the_node(spec: &oci_spec::runtime::Spec) -> bool {
+    let shared = |o: &str| o == "shared" || o == "rshared";
+    spec.mounts()
+        .iter()
+        .flatten()
+        .any(|m| m.options().iter().flatten().any(|o| shared(o)))
+        || spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.rootfs_propagation().as_deref())
+            .is_some_and(shared)
 }
 
 /// Where a container's init loads its seccomp program compiled once (`seccomp_program`) rather

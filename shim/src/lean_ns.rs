@@ -74,10 +74,20 @@ fn parse(mountinfo: &str) -> Vec<MountLine> {
         .collect()
 }
 
-/// The mount points to bind into the lean root, parents before children: every mount but `/`
-/// (the root is bound first) and those dropped: strictly below a `drop_below` directory, of a
-/// dropped type, or at or below a dropped mount.
-fn plan(mounts: &[MountLine], drop_below: &[PathBuf]) -> Vec<PathBuf> {
+/// What a pruned view of the mounts leaves out.
+struct Prune<'a> {
+    /// Mounts strictly below these directories go…
+    drop_below: &'a [PathBuf],
+    /// …except those at or below these.
+    keep: &'a [PathBuf],
+    /// Mounts of [`DROPPED_TYPES`] anywhere go too (other runtimes' containers).
+    drop_types: bool,
+}
+
+/// The mount points to bind into the pruned root, parents before children: every mount but `/`
+/// (the root is bound first) and those dropped (see [`Prune`]), with what lies at or below a
+/// dropped one. Also how many were dropped.
+fn plan(mounts: &[MountLine], prune: &Prune) -> (Vec<PathBuf>, usize) {
     let mut ordered: Vec<&MountLine> = mounts.iter().collect();
     // Stable: mounts stacked on one point keep their order.
     ordered.sort_by_key(|m| m.mount_point.components().count());
@@ -88,10 +98,13 @@ fn plan(mounts: &[MountLine], drop_below: &[PathBuf]) -> Vec<PathBuf> {
         if mp == Path::new("/") {
             continue;
         }
-        let drop = drop_below
-            .iter()
-            .any(|d| mp != d.as_path() && mp.starts_with(d))
-            || DROPPED_TYPES.contains(&m.fs_type.as_str())
+        let kept = prune.keep.iter().any(|k| mp.starts_with(k));
+        let drop = !kept
+            && (prune
+                .drop_below
+                .iter()
+                .any(|d| mp != d.as_path() && mp.starts_with(d))
+                || (prune.drop_types && DROPPED_TYPES.contains(&m.fs_type.as_str())))
             || dropped.iter().any(|d| mp.starts_with(d));
         if drop {
             dropped.push(mp);
@@ -99,20 +112,24 @@ fn plan(mounts: &[MountLine], drop_below: &[PathBuf]) -> Vec<PathBuf> {
             keep.push(m.mount_point.clone());
         }
     }
-    keep
+    (keep, dropped.len())
 }
 
-/// The directories a lean namespace leaves out: crishim's state directory (the parent of the
-/// pods' directories, `<state_dir>/pods/<id>`) and the kubelet's pod volumes.
-pub fn drop_roots(pod_dir: &Path) -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from(KUBELET_PODS)];
-    if let Some(state) = pod_dir
+/// crishim's state directory, the parent of the pods' directories (`<state_dir>/pods/<id>`);
+/// `None` for a shim outside that layout (`crishim bundle`).
+pub fn state_dir(pod_dir: &Path) -> Option<PathBuf> {
+    pod_dir
         .parent()
         .filter(|p| p.file_name().is_some_and(|n| n == "pods"))
         .and_then(Path::parent)
-    {
-        roots.push(state.to_path_buf());
-    }
+        .map(Path::to_path_buf)
+}
+
+/// The directories a lean namespace leaves out: crishim's state directory and the kubelet's pod
+/// volumes.
+pub fn drop_roots(pod_dir: &Path) -> Vec<PathBuf> {
+    let mut roots = vec![PathBuf::from(KUBELET_PODS)];
+    roots.extend(state_dir(pod_dir));
     roots
 }
 
@@ -130,11 +147,16 @@ impl LeanNs {
             .map_err(|e| format!("opening the shim's mount namespace: {e}"))?;
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("reading mountinfo: {e}"))?;
-        let binds = plan(&parse(&mountinfo), drop_below);
+        let prune = Prune {
+            drop_below,
+            keep: &[],
+            drop_types: true,
+        };
+        let (binds, _) = plan(&parse(&mountinfo), &prune);
         crishim_proto::hostfs::create_private_dir(work)
             .map_err(|e| format!("creating {}: {e}", work.display()))?;
         unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
-        let built = populate(work, &binds, must_see)
+        let built = populate(work, &binds, must_see, MsFlags::MS_PRIVATE)
             .and_then(|()| File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string()));
         return_to(&host);
         Ok(LeanNs {
@@ -158,6 +180,60 @@ impl LeanNs {
     }
 }
 
+/// Below this many dropped mounts a create keeps the shim's namespace: building the view costs
+/// about what the saved scans would.
+const CREATE_VIEW_MIN_DROPPED: usize = 32;
+
+/// Run `f`, a container's create, in a fresh view of the node's mounts without the other pods'
+/// (those strictly below `state_dir` but not at or below `keep`: this pod's and this container's
+/// directories), built in `work` and dropped once `f` returns. libcontainer's create reads
+/// `/proc/self/mountinfo` about fifteen times (its cgroup lookups and rootfs checks), copies the
+/// namespace into the container's and detaches the copy at `pivot_root`, all in proportion to
+/// the mounts it sees; the node's other mounts (volumes, devices, driver libraries) stay, and stay
+/// slaves of the node's, so mounts made on the node later still reach the container. Where the
+/// view cannot be built, or would drop few mounts, `f` runs in the shim's namespace.
+pub fn with_create_view<T>(
+    state_dir: &Path,
+    keep: &[PathBuf],
+    work: &Path,
+    must_see: &[&Path],
+    f: impl FnOnce() -> T,
+) -> T {
+    let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
+        return f();
+    };
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return f();
+    };
+    let drop_below = [state_dir.to_path_buf()];
+    let prune = Prune {
+        drop_below: &drop_below,
+        keep,
+        drop_types: false,
+    };
+    let (binds, dropped) = plan(&parse(&mountinfo), &prune);
+    if dropped < CREATE_VIEW_MIN_DROPPED {
+        return f();
+    }
+    if let Err(e) = crishim_proto::hostfs::create_private_dir(work) {
+        eprintln!("crishim-shim: creating {}: {e}", work.display());
+        return f();
+    }
+    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
+        eprintln!("crishim-shim: unshare for a create: {e}");
+        return f();
+    }
+    let built = populate(work, &binds, must_see, MsFlags::MS_SLAVE);
+    if let Err(e) = built {
+        eprintln!("crishim-shim: building a create's mount view ({e}); creating in the shim's");
+        return_to(&host);
+        return f();
+    }
+    let out = f();
+    return_to(&host);
+    out
+}
+
 /// Back to the shim's own namespace. A shim that cannot return would create containers without
 /// their rootfs: it stops instead, and the daemon's recovery takes over.
 fn return_to(host: &File) {
@@ -168,10 +244,16 @@ fn return_to(host: &File) {
 }
 
 /// In the freshly unshared namespace: bind `/` and then each kept mount (without their
-/// submounts) under `work`, pivot into it and drop the old tree in one detach.
-fn populate(work: &Path, binds: &[PathBuf], must_see: &[&Path]) -> Result<(), String> {
+/// submounts) under `work`, pivot into it and drop the old tree in one detach. `propagation`
+/// (private or slave) is applied to the whole copy first: nothing done here reaches the node.
+fn populate(
+    work: &Path,
+    binds: &[PathBuf],
+    must_see: &[&Path],
+    propagation: MsFlags,
+) -> Result<(), String> {
     let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+    mount(none, "/", none, MsFlags::MS_REC | propagation, none)
         .map_err(|e| format!("making the copy private: {e}"))?;
     mount(Some("/"), work, none, MsFlags::MS_BIND, none)
         .map_err(|e| format!("binding / to {}: {e}", work.display()))?;
@@ -221,7 +303,13 @@ garbage line
             drop,
             [PathBuf::from(KUBELET_PODS), PathBuf::from("/run/crishim")]
         );
-        let kept = plan(&parse(INFO), &drop);
+        let prune = Prune {
+            drop_below: &drop,
+            keep: &[],
+            drop_types: true,
+        };
+        let (kept, dropped) = plan(&parse(INFO), &prune);
+        assert_eq!(dropped, 8);
         assert_eq!(
             kept,
             [
@@ -234,6 +322,38 @@ garbage line
             ]
             .map(PathBuf::from)
         );
+    }
+
+    /// A create's view keeps everything but the other pods' mounts: this pod's and this
+    /// container's stay, and so do other runtimes' and the kubelet's (a volume may be one).
+    #[test]
+    fn a_create_view_keeps_its_own_pod_and_the_nodes_mounts() {
+        let drop = [PathBuf::from("/run/crishim")];
+        let keep = [
+            PathBuf::from("/run/crishim/containers/c1"),
+            PathBuf::from("/run/crishim/pods/p1"),
+        ];
+        let prune = Prune {
+            drop_below: &drop,
+            keep: &keep,
+            drop_types: false,
+        };
+        let (kept, dropped) = plan(&parse(INFO), &prune);
+        assert_eq!(
+            dropped, 1,
+            "only the other pod's network namespace: {kept:?}"
+        );
+        for p in [
+            "/run/crishim/pods/p1/shm",
+            "/run/crishim/containers/c1/rootfs",
+            "/run/crishim/containers/c1/rootfs/proc",
+            "/run/netns/cni-1",
+            "/var/lib/kubelet/pods/u1/volumes/token",
+            "/var/lib/containerd/x/rootfs",
+        ] {
+            assert!(kept.contains(&PathBuf::from(p)), "{p} dropped: {kept:?}");
+        }
+        assert!(!kept.contains(&PathBuf::from("/run/crishim/netns/p1")));
     }
 
     #[test]

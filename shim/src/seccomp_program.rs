@@ -62,8 +62,9 @@ impl Program {
 }
 
 thread_local! {
-    /// The shim is single-threaded: one cache, keyed by the profile's JSON.
-    static PROGRAMS: RefCell<HashMap<String, Arc<Program>>> = RefCell::new(HashMap::new());
+    /// The shim is single-threaded: one cache, keyed by a SHA-256 of the profile's JSON (not the
+    /// JSON itself: RuntimeDefault's is some 10 KiB, kept by every pod's shim).
+    static PROGRAMS: RefCell<HashMap<[u8; 32], Arc<Program>>> = RefCell::new(HashMap::new());
     /// Where compiled programs are kept for other shims (`--seccomp-cache`); none: memory only.
     static DISK: RefCell<Option<std::path::PathBuf>> = const { RefCell::new(None) };
 }
@@ -158,7 +159,11 @@ pub fn cached(profile: &LinuxSeccomp) -> Result<Option<Arc<Program>>, String> {
         return Ok(None);
     }
     let key = serde_json::to_string(profile).map_err(|e| e.to_string())?;
-    if let Some(p) = PROGRAMS.with(|c| c.borrow().get(&key).cloned()) {
+    let digest: [u8; 32] = {
+        use sha2::Digest as _;
+        sha2::Sha256::digest(key.as_bytes()).into()
+    };
+    if let Some(p) = PROGRAMS.with(|c| c.borrow().get(&digest).cloned()) {
         return Ok(Some(p));
     }
     let program = match read_disk(&key) {
@@ -174,7 +179,7 @@ pub fn cached(profile: &LinuxSeccomp) -> Result<Option<Arc<Program>>, String> {
         if c.len() >= MAX_CACHED {
             c.clear();
         }
-        c.insert(key, program.clone());
+        c.insert(digest, program.clone());
     });
     Ok(Some(program))
 }

@@ -1749,6 +1749,109 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     env.stop();
 }
 
+/// A shim hands its main stack's pages back after each request: libcontainer's create and exec
+/// run deep, and what they touched would otherwise stay resident for the pod's lifetime.
+#[tokio::test]
+async fn a_shims_stack_stays_small_after_create_and_exec() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("stack");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let c = env.container_config("main", &["sleep", "1000"]);
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    assert_eq!(d.exec_ok(&id, &["echo", "x"]).await, "x\n");
+    let shim = shims(d);
+    assert_eq!(shim.len(), 1, "{shim:#?}");
+    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", shim[0].pid)).unwrap();
+    let stack_rss_kib: u64 = smaps
+        .split_inclusive('\n')
+        .skip_while(|l| !l.trim_end().ends_with("[stack]"))
+        .find_map(|l| l.strip_prefix("Rss:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("the shim's [stack] in smaps");
+    // Tests run a debug build, whose live frames alone take some 40 KiB; before the release the
+    // stack held over 200 KiB there (and about 80 KiB in a release build).
+    assert!(
+        stack_rss_kib <= 96,
+        "the shim keeps {stack_rss_kib} KiB of stack resident"
+    );
+    d.stop_pod(&pod).await.unwrap();
+    d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}
+
+/// With many pods on the node a container is created in a view of the mounts without the other
+/// pods' (lean_ns::with_create_view). Its own rootfs, /dev/shm and volumes are all there, and a
+/// HostToContainer volume still receives what the node mounts under it afterwards.
+#[tokio::test]
+async fn with_many_pods_a_create_still_gets_its_mounts_and_the_nodes_propagation() {
+    let shared = SharedDir::new();
+    let host_dir = shared.path().to_path_buf();
+    std::fs::write(host_dir.join("before"), "before\n").unwrap();
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    // Seventeen pods, two mounts each or more (overlay, /dev/shm): past the view's
+    // threshold of 32 other mounts.
+    let mut pods = Vec::new();
+    for n in 0..17 {
+        let cfg = env.pod_config(&format!("many-{n}"));
+        let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+        let c = env.container_config("main", &["sleep", "1000"]);
+        d.run_container(&pod, &c, &cfg)
+            .await
+            .expect("run container");
+        pods.push(pod);
+    }
+    let cfg = env.pod_config("viewed");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut c = env.container_config("main", &["sleep", "1000"]);
+    c.mounts = vec![cri::Mount {
+        container_path: "/mnt/vol".to_string(),
+        host_path: host_dir.to_string_lossy().into_owned(),
+        propagation: cri::MountPropagation::PropagationHostToContainer as i32,
+        ..Default::default()
+    }];
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    let state = d.state_dir();
+    let under_state = mounts()
+        .iter()
+        .filter(|m| Path::new(&m.mount_point).starts_with(&state))
+        .count();
+    assert!(
+        state.join("pods").join(&pod).join("create-view").is_dir(),
+        "the create did not use a pruned view ({under_state} mounts under {})",
+        state.display()
+    );
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/mnt/vol/before"]).await,
+        "before\n"
+    );
+    let shm = d
+        .exec_ok(&id, &["sh", "-c", "grep ' /dev/shm ' /proc/self/mountinfo"])
+        .await;
+    assert!(shm.contains(" - tmpfs "), "no tmpfs at /dev/shm: {shm}");
+    // The node mounts under the volume after the container started: it reaches the container.
+    let later = host_dir.join("later");
+    mount_tmpfs(&later, "crishim-view-later");
+    std::fs::write(later.join("f"), "later\n").unwrap();
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/mnt/vol/later/f"]).await,
+        "later\n"
+    );
+    for p in pods.iter().chain([&pod]) {
+        d.stop_pod(p).await.unwrap();
+        d.remove_pod(p).await.unwrap();
+    }
+    shared.unmount_all();
+    env.stop();
+}
+
 /// A pod on the node's network shares its UTS namespace, so a hostname of its own is refused (as
 /// containerd refuses it), and pods and containers are found by the 13-character ids `crictl ps`
 /// prints, over every RPC that takes an id.
