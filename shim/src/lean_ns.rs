@@ -385,6 +385,10 @@ garbage line
         // SAFETY: the child only runs this test's steps and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
+                // Close what the other tests' threads hold open (a script being written, whose
+                // exec would see ETXTBSY while this child kept a copy of its descriptor).
+                // SAFETY: close_range on descriptors this child does not use.
+                unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
                 let code = (|| {
                     let none: Option<&str> = None;
                     unshare(CloneFlags::CLONE_NEWNS).ok()?;
