@@ -144,13 +144,7 @@ pub struct Tmpfs(PathBuf);
 impl Tmpfs {
     pub fn mount(dir: &Path) -> Result<Tmpfs> {
         std::fs::create_dir_all(dir)?;
-        nix::mount::mount(
-            Some("tmpfs"),
-            dir,
-            Some("tmpfs"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some("mode=0711"),
-        )?;
+        crishim_tests::daemon::mount_state_tmpfs(dir)?;
         Ok(Tmpfs(dir.to_path_buf()))
     }
 }

@@ -72,8 +72,11 @@ pub struct Shim {
     /// Connections watching for exits (`Request::Watch`).
     pub watchers: Vec<tokio::sync::mpsc::UnboundedSender<ContainerState>>,
     exec_counter: u64,
-    /// Built at the first exec, kill or delete; `None` inside: it could not be built.
+    /// Built at the first exec, kill or delete, or after the first create made in a view;
+    /// `None` inside: it could not be built.
     lean: std::cell::OnceCell<Option<LeanNs>>,
+    /// A create's view of the mounts, kept until the lean namespace is built from it.
+    pending_view: RefCell<Option<std::fs::File>>,
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
@@ -153,7 +156,43 @@ impl Shim {
             watchers: Vec::new(),
             exec_counter: 0,
             lean: std::cell::OnceCell::new(),
+            pending_view: RefCell::new(None),
         }
+    }
+
+    fn lean_paths(&self) -> (Vec<PathBuf>, PathBuf) {
+        (lean_ns::drop_roots(&self.dir), self.dir.join("lean"))
+    }
+
+    /// Build the lean namespace from a create's view, if a create left one and none is built
+    /// yet: the server calls this once a reply is on its way, when the shim would be idle.
+    pub fn build_lean_from_view(&self) {
+        let Some(view) = self.pending_view.borrow_mut().take() else {
+            return;
+        };
+        if self.lean.get().is_some() {
+            return;
+        }
+        let Ok(host) = std::fs::File::open("/proc/thread-self/ns/mnt") else {
+            return;
+        };
+        let (drop, work) = self.lean_paths();
+        let must_see = self.lean_must_see();
+        match LeanNs::build_from(&view, host, &drop, &work, &must_see) {
+            Ok(ns) => {
+                let _ = self.lean.set(Some(ns));
+            }
+            // The first exec, kill or delete builds it from the shim's own namespace instead.
+            Err(e) => eprintln!("crishim-shim: {e}"),
+        }
+    }
+
+    fn lean_must_see(&self) -> [&Path; 3] {
+        [
+            self.dir.as_path(),
+            Path::new("/proc/self"),
+            Path::new("/sys/fs/cgroup"),
+        ]
     }
 
     /// Run a libcontainer call that needs none of the pods' mounts (exec, kill, delete) in the
@@ -161,16 +200,8 @@ impl Shim {
     /// Where that namespace cannot be built, the call runs in the shim's own.
     fn in_lean_ns<T>(&self, f: impl FnOnce() -> T) -> T {
         let lean = self.lean.get_or_init(|| {
-            let must_see = [
-                self.dir.as_path(),
-                Path::new("/proc/self"),
-                Path::new("/sys/fs/cgroup"),
-            ];
-            match LeanNs::build(
-                &lean_ns::drop_roots(&self.dir),
-                &self.dir.join("lean"),
-                &must_see,
-            ) {
+            let (drop, work) = self.lean_paths();
+            match LeanNs::build(&drop, &work, &self.lean_must_see()) {
                 Ok(ns) => Some(ns),
                 Err(e) => {
                     eprintln!(
@@ -400,13 +431,17 @@ impl Shim {
                     state.join("netns").join(pod),
                 ];
                 let must_see = [own_bundle.as_path(), self.lc_root.as_path()];
-                lean_ns::with_create_view(
+                let (built, view) = lean_ns::with_create_view(
                     &state,
                     &keep,
                     &self.dir.join("create-view"),
                     &must_see,
                     build,
-                )
+                );
+                if self.lean.get().is_none() {
+                    *self.pending_view.borrow_mut() = view;
+                }
+                built
             }
             _ => build(),
         };

@@ -145,24 +145,24 @@ impl LeanNs {
     pub fn build(drop_below: &[PathBuf], work: &Path, must_see: &[&Path]) -> Result<Self, String> {
         let host = File::open("/proc/thread-self/ns/mnt")
             .map_err(|e| format!("opening the shim's mount namespace: {e}"))?;
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("reading mountinfo: {e}"))?;
-        let prune = Prune {
-            drop_below,
-            keep: &[],
-            drop_types: true,
-        };
-        let (binds, _) = plan(&parse(&mountinfo), &prune);
-        crishim_proto::hostfs::create_private_dir(work)
-            .map_err(|e| format!("creating {}: {e}", work.display()))?;
-        unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
-        let built = populate(work, &binds, must_see, MsFlags::MS_PRIVATE)
-            .and_then(|()| File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string()));
-        return_to(&host);
-        Ok(LeanNs {
-            lean: built.map_err(|e| format!("building the lean mount namespace: {e}"))?,
-            host,
-        })
+        let lean = build_here(drop_below, work, must_see, &host)?;
+        Ok(LeanNs { lean, host })
+    }
+
+    /// Build it from `view`, a create's view (`with_create_view`), which holds far fewer mounts
+    /// than the node: a cheaper copy and a shorter mountinfo. Ends in `host`, the shim's own
+    /// namespace, which [`enter`](Self::enter) returns to.
+    pub fn build_from(
+        view: &File,
+        host: File,
+        drop_below: &[PathBuf],
+        work: &Path,
+        must_see: &[&Path],
+    ) -> Result<Self, String> {
+        setns(view.as_fd(), CloneFlags::CLONE_NEWNS)
+            .map_err(|e| format!("entering a create's view: {e}"))?;
+        let lean = build_here(drop_below, work, must_see, &host)?;
+        Ok(LeanNs { lean, host })
     }
 
     /// Run `f` in the lean namespace. `f` must not yield to the event loop: the whole process
@@ -180,6 +180,33 @@ impl LeanNs {
     }
 }
 
+/// From the namespace this thread is in: plan, unshare, populate and keep the result; back to
+/// `back` in every case.
+fn build_here(
+    drop_below: &[PathBuf],
+    work: &Path,
+    must_see: &[&Path],
+    back: &File,
+) -> Result<File, String> {
+    let built = (|| {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading mountinfo: {e}"))?;
+        let prune = Prune {
+            drop_below,
+            keep: &[],
+            drop_types: true,
+        };
+        let (binds, _) = plan(&parse(&mountinfo), &prune);
+        crishim_proto::hostfs::create_private_dir(work)
+            .map_err(|e| format!("creating {}: {e}", work.display()))?;
+        unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
+        populate(work, &binds, must_see, MsFlags::MS_PRIVATE)?;
+        File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string())
+    })();
+    return_to(back);
+    built.map_err(|e| format!("building the lean mount namespace: {e}"))
+}
+
 /// Below this many dropped mounts a create keeps the shim's namespace: building the view costs
 /// about what the saved scans would.
 const CREATE_VIEW_MIN_DROPPED: usize = 32;
@@ -191,19 +218,20 @@ const CREATE_VIEW_MIN_DROPPED: usize = 32;
 /// namespace into the container's and detaches the copy at `pivot_root`, all in proportion to
 /// the mounts it sees; the node's other mounts (volumes, devices, driver libraries) stay, and stay
 /// slaves of the node's, so mounts made on the node later still reach the container. Where the
-/// view cannot be built, or would drop few mounts, `f` runs in the shim's namespace.
+/// view cannot be built, or would drop few mounts, `f` runs in the shim's namespace. Returns the
+/// view too, when one was used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     state_dir: &Path,
     keep: &[PathBuf],
     work: &Path,
     must_see: &[&Path],
     f: impl FnOnce() -> T,
-) -> T {
+) -> (T, Option<File>) {
     let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
-        return f();
+        return (f(), None);
     };
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return f();
+        return (f(), None);
     };
     let drop_below = [state_dir.to_path_buf()];
     let prune = Prune {
@@ -213,25 +241,26 @@ pub fn with_create_view<T>(
     };
     let (binds, dropped) = plan(&parse(&mountinfo), &prune);
     if dropped < CREATE_VIEW_MIN_DROPPED {
-        return f();
+        return (f(), None);
     }
     if let Err(e) = crishim_proto::hostfs::create_private_dir(work) {
         eprintln!("crishim-shim: creating {}: {e}", work.display());
-        return f();
+        return (f(), None);
     }
     if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
         eprintln!("crishim-shim: unshare for a create: {e}");
-        return f();
+        return (f(), None);
     }
     let built = populate(work, &binds, must_see, MsFlags::MS_SLAVE);
     if let Err(e) = built {
         eprintln!("crishim-shim: building a create's mount view ({e}); creating in the shim's");
         return_to(&host);
-        return f();
+        return (f(), None);
     }
     let out = f();
+    let view = File::open("/proc/thread-self/ns/mnt").ok();
     return_to(&host);
-    out
+    (out, view)
 }
 
 /// Back to the shim's own namespace. A shim that cannot return would create containers without

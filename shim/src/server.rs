@@ -139,6 +139,7 @@ async fn connection(shim: Shared, conn: UnixStream) {
     out.push(b'\n');
     let _ = w.write_all(&out).await;
     let _ = w.shutdown().await;
+    shim.borrow().build_lean_from_view();
     // A foreground shim ends with its container, restoring the caller's terminal on the way.
     if exit && !shim.borrow().foreground {
         let dir = shim.borrow().dir.clone();

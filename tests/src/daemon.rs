@@ -271,14 +271,8 @@ impl Daemon {
         if opts.state_on_tmpfs {
             let state = dir.path().join("state");
             fs::create_dir(&state)?;
-            nix::mount::mount(
-                Some("tmpfs"),
-                &state,
-                Some("tmpfs"),
-                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-                Some("mode=0711"),
-            )
-            .with_context(|| format!("mounting a tmpfs on {}", state.display()))?;
+            mount_state_tmpfs(&state)
+                .with_context(|| format!("mounting a tmpfs on {}", state.display()))?;
         }
         let socket = dir.path().join("crishim.sock");
         let log = dir.path().join("daemon.log");
@@ -462,6 +456,17 @@ impl Daemon {
             tail(&self.log_text(), 8000)
         );
     }
+}
+
+/// A tmpfs for a runtime's state directory, as `/run` is on a node.
+pub fn mount_state_tmpfs(dir: &Path) -> nix::Result<()> {
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("mode=0711"),
+    )
 }
 
 impl Drop for Daemon {

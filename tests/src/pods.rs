@@ -561,6 +561,19 @@ impl PodEnv {
         (pod, ctr, traces)
     }
 
+    /// Run pod `name` with one container `main` running `sleep 1000`; returns (pod, container).
+    pub async fn run_sleeping(&self, name: &str) -> (String, String) {
+        let cfg = self.pod_config(name);
+        let pod = self.d.run_pod(&cfg).await.expect("RunPodSandbox");
+        let c = self.container_config("main", &["sleep", "1000"]);
+        let id = self
+            .d
+            .run_container(&pod, &c, &cfg)
+            .await
+            .expect("run container");
+        (pod, id)
+    }
+
     /// The busybox reference containers use (`<registry>/busybox:latest`).
     pub fn image(&self) -> String {
         self.busybox.tag_ref()

@@ -851,6 +851,16 @@ impl Drop for SharedDir {
 }
 
 /// A new directory `dir` with a 1 MiB tmpfs named `source` mounted on it (on the host).
+/// A host directory mounted into a container with `propagation`.
+fn volume(container_path: &str, host: &Path, propagation: cri::MountPropagation) -> cri::Mount {
+    cri::Mount {
+        container_path: container_path.to_string(),
+        host_path: host.to_string_lossy().into_owned(),
+        propagation: propagation as i32,
+        ..Default::default()
+    }
+}
+
 fn mount_tmpfs(dir: &Path, source: &str) {
     std::fs::create_dir(dir).unwrap();
     nix::mount::mount(
@@ -928,12 +938,11 @@ async fn bidirectional_mount_propagates_mounts_both_ways() {
 
     let mut c = sh_container(&env, "bidi", LOOP_UNTIL_TERM, &marker("bidi"));
     set_container_privileged(&mut c);
-    c.mounts = vec![cri::Mount {
-        container_path: "/mnt/shared".to_string(),
-        host_path: host_dir.to_string_lossy().into_owned(),
-        propagation: cri::MountPropagation::PropagationBidirectional as i32,
-        ..Default::default()
-    }];
+    c.mounts = vec![volume(
+        "/mnt/shared",
+        &host_dir,
+        cri::MountPropagation::PropagationBidirectional,
+    )];
     let id = d
         .run_container(&pod, &c, &cfg)
         .await
@@ -1672,14 +1681,7 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     let state = d.state_dir();
     let mut pods = Vec::new();
     for name in ["lean-a", "lean-b"] {
-        let cfg = env.pod_config(name);
-        let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-        let c = env.container_config("main", &["sleep", "1000"]);
-        let id = d
-            .run_container(&pod, &c, &cfg)
-            .await
-            .expect("run container");
-        pods.push((pod, id));
+        pods.push(env.run_sleeping(name).await);
     }
     let under_state = |info: &str| {
         info.lines()
@@ -1755,13 +1757,7 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
 async fn a_shims_stack_stays_small_after_create_and_exec() {
     let env = PodEnv::start().await;
     let d = &env.d;
-    let cfg = env.pod_config("stack");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let c = env.container_config("main", &["sleep", "1000"]);
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
+    let (pod, id) = env.run_sleeping("stack").await;
     assert_eq!(d.exec_ok(&id, &["echo", "x"]).await, "x\n");
     let shim = shims(d);
     assert_eq!(shim.len(), 1, "{shim:#?}");
@@ -1797,23 +1793,16 @@ async fn with_many_pods_a_create_still_gets_its_mounts_and_the_nodes_propagation
     // threshold of 32 other mounts.
     let mut pods = Vec::new();
     for n in 0..17 {
-        let cfg = env.pod_config(&format!("many-{n}"));
-        let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-        let c = env.container_config("main", &["sleep", "1000"]);
-        d.run_container(&pod, &c, &cfg)
-            .await
-            .expect("run container");
-        pods.push(pod);
+        pods.push(env.run_sleeping(&format!("many-{n}")).await.0);
     }
     let cfg = env.pod_config("viewed");
     let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
     let mut c = env.container_config("main", &["sleep", "1000"]);
-    c.mounts = vec![cri::Mount {
-        container_path: "/mnt/vol".to_string(),
-        host_path: host_dir.to_string_lossy().into_owned(),
-        propagation: cri::MountPropagation::PropagationHostToContainer as i32,
-        ..Default::default()
-    }];
+    c.mounts = vec![volume(
+        "/mnt/vol",
+        &host_dir,
+        cri::MountPropagation::PropagationHostToContainer,
+    )];
     let id = d
         .run_container(&pod, &c, &cfg)
         .await
@@ -1865,14 +1854,7 @@ async fn host_network_hostnames_are_refused_and_short_ids_work() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("hostname"), "{e:?}");
 
-    let cfg = env.pod_config("short-ids");
-    let pod = env.d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let c = env.container_config("main", &["sleep", "1000"]);
-    let id = env
-        .d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
+    let (pod, id) = env.run_sleeping("short-ids").await;
     let (short_pod, short) = (&pod[..13], &id[..13]);
     let rc = env.d.runtime_client();
     let st = env

@@ -1272,13 +1272,7 @@ async fn list_and_status_do_not_ask_a_frozen_shim() {
     use nix::sys::signal::{kill, Signal};
     let env = PodEnv::start().await;
     let d = &env.d;
-    let cfg = env.pod_config("frozen");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let c = env.container_config("main", &["sleep", "1000"]);
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
+    let (pod, id) = env.run_sleeping("frozen").await;
     // The Watch stream is followed once the shim has said it caught up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let shim = nix::unistd::Pid::from_raw(shim_process(d, &pod).pid);
