@@ -30,7 +30,8 @@ const ROOT_POD_FILES: &str = "pods";
 /// Under `state_dir`: directories of one subdirectory per pod, container, bundle, network
 /// namespace or `crishim run`, and whether their regular files are tightened to 0600.
 const STATE_DIRS: [(&str, bool); 5] = [
-    // shim.sock, shim.pid, infra.pid, shim.log, <container>.state.json; libcontainer's root `runc/`
+    // shim.sock, shim.pid, infra.pid, shim.log, <container>.state.json; libcontainer's root `runc/`;
+    // `lean/` and `create-view/`, empty: the roots of the shim's own mount namespaces (lean_ns.rs)
     ("pods", true),
     // bundles: config.json, exec-<n>.json; `rootfs/` is a mount point, never entered
     ("containers", true),
