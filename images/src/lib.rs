@@ -331,13 +331,9 @@ fn validate_id(id: &str) -> Result<()> {
 
 /// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    let mut out: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read()
+        .into_iter()
+        .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
         .collect();
     out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));

@@ -4,6 +4,7 @@
 //!   (at [`CRI_API_VERSION`]).
 //! - `shim`: the daemon ⇄ per-pod shim protocol, and `record`: the atomic record files both read.
 //! - `hostfs`: creating and tightening root-only directories and files.
+//! - `mountinfo`: the mounts of `/proc/self/mountinfo`.
 //! - `cgroups_path`: the OCI cgroupsPath forms (cgroupfs and systemd) and the directory each names.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `vgpu`: the config the runtime writes for the GPU interceptor in a container.
@@ -33,6 +34,7 @@ pub const CRI_API_VERSION: &str = "v0.36.3";
 pub mod cgroups_path;
 pub mod hostfs;
 pub mod idmap;
+pub mod mountinfo;
 pub mod net;
 pub mod random;
 pub mod record;

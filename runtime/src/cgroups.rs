@@ -103,27 +103,17 @@ pub struct Hierarchy {
 /// slower as pods accumulated.
 pub fn roots() -> &'static [Hierarchy] {
     static ROOTS: std::sync::OnceLock<Vec<Hierarchy>> = std::sync::OnceLock::new();
-    ROOTS.get_or_init(|| {
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .map(|info| parse_roots(&info))
-            .unwrap_or_default()
-    })
+    ROOTS.get_or_init(|| hierarchies(&crishim_proto::mountinfo::read()))
 }
 
-fn parse_roots(mountinfo: &str) -> Vec<Hierarchy> {
-    mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let mut post = post.split(' ');
-            let fstype = post.next()?;
-            let options = post.nth(1).unwrap_or_default();
-            let mountpoint = pre.split(' ').nth(4)?;
-            (fstype == "cgroup" || fstype == "cgroup2").then(|| Hierarchy {
-                mount_point: PathBuf::from(mountpoint),
-                v2: fstype == "cgroup2",
-                options: options.split(',').map(str::to_string).collect(),
-            })
+fn hierarchies(mounts: &[crishim_proto::mountinfo::Mount]) -> Vec<Hierarchy> {
+    mounts
+        .iter()
+        .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
+        .map(|m| Hierarchy {
+            mount_point: m.mount_point.clone(),
+            v2: m.fs_type == "cgroup2",
+            options: m.super_options.split(',').map(str::to_string).collect(),
         })
         .collect()
 }
@@ -297,7 +287,7 @@ mod tests {
                     41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
                     90 23 0:50 / /run/x rw - overlay overlay rw\n\
                     junk\n";
-        let roots = parse_roots(info);
+        let roots = hierarchies(&crishim_proto::mountinfo::parse(info));
         let points: Vec<_> = roots.iter().map(|h| h.mount_point.clone()).collect();
         assert_eq!(
             points,
@@ -318,7 +308,7 @@ mod tests {
         let info = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
                     33 31 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
                     41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-        let roots = parse_roots(info);
+        let roots = hierarchies(&crishim_proto::mountinfo::parse(info));
         // A hierarchy not mounted here (pids) is skipped; co-mounted controllers match theirs.
         assert_eq!(
             own_cgroup("9:pids:/a\n4:cpu,cpuacct:/system.slice/x\n", &roots),

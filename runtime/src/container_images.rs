@@ -130,11 +130,9 @@ pub fn is_mountpoint(path: &Path) -> bool {
     if stx.stx_attributes_mask & root != 0 {
         return stx.stx_attributes & root != 0;
     }
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let p = path.to_string_lossy();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(&p))
+    crishim_proto::mountinfo::read()
+        .iter()
+        .any(|m| m.mount_point == path)
 }
 
 #[cfg(test)]

@@ -5,19 +5,21 @@
 //! `/proc/self/mountinfo` that stops at the first match, so for a controller that is not mounted
 //! it reads the whole file: every pod's overlay, `/dev/shm` and network namespace, and the
 //! kubelet's volumes. It does so in every exec, kill and delete, so those got slower as pods
-//! accumulated. This namespace is a private copy of the shim's, built once (at the first such
-//! call), holding every mount except those below crishim's state directory and the kubelet's pod
+//! accumulated. This namespace is a private copy of the shim's, built once (from the pod's first
+//! create's view, or at the first such call), holding every mount except those below crishim's state directory and the kubelet's pod
 //! volumes, and those of other runtimes' containers (overlays, pinned namespaces). A call made in
 //! it sees the same files (the state directory's own files are there, its submounts are not), the
 //! same cgroup hierarchies and `/proc`.
 //!
-//! Create and start stay in the shim's own namespace: a container's rootfs and volumes are mounts
-//! made after the copy, and start's hooks run with the host's view.
+//! A create runs in a view of its own ([`with_create_view`]), built fresh for it: a container's
+//! rootfs and volumes are mounts made after any earlier copy. Start stays in the shim's own
+//! namespace, as its hooks run with the host's view.
 
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
+use crishim_proto::mountinfo::{self, Mount};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 
@@ -27,52 +29,6 @@ const DROPPED_TYPES: &[&str] = &["overlay", "nsfs"];
 
 /// The kubelet's pod volumes (tmpfs for projected volumes, subpath binds).
 const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
-
-/// One line of mountinfo, the fields the plan needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct MountLine {
-    mount_point: PathBuf,
-    fs_type: String,
-}
-
-/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> PathBuf {
-    use std::os::unix::ffi::OsStringExt;
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'));
-                if let Ok(v) = u8::try_from(v) {
-                    out.push(v);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
-fn parse(mountinfo: &str) -> Vec<MountLine> {
-    mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (pre, post) = l.split_once(" - ")?;
-            let mount_point = unescape(pre.split(' ').nth(4)?);
-            let fs_type = post.split(' ').next()?.to_string();
-            mount_point.is_absolute().then_some(MountLine {
-                mount_point,
-                fs_type,
-            })
-        })
-        .collect()
-}
 
 /// What a pruned view of the mounts leaves out.
 struct Prune<'a> {
@@ -87,8 +43,8 @@ struct Prune<'a> {
 /// The mount points to bind into the pruned root, parents before children: every mount but `/`
 /// (the root is bound first) and those dropped (see [`Prune`]), with what lies at or below a
 /// dropped one. Also how many were dropped.
-fn plan(mounts: &[MountLine], prune: &Prune) -> (Vec<PathBuf>, usize) {
-    let mut ordered: Vec<&MountLine> = mounts.iter().collect();
+fn plan(mounts: &[Mount], prune: &Prune) -> (Vec<PathBuf>, usize) {
+    let mut ordered: Vec<&Mount> = mounts.iter().collect();
     // Stable: mounts stacked on one point keep their order.
     ordered.sort_by_key(|m| m.mount_point.components().count());
     let mut dropped: Vec<&Path> = Vec::new();
@@ -189,18 +145,15 @@ fn build_here(
     back: &File,
 ) -> Result<File, String> {
     let built = (|| {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
             .map_err(|e| format!("reading mountinfo: {e}"))?;
         let prune = Prune {
             drop_below,
             keep: &[],
             drop_types: true,
         };
-        let (binds, _) = plan(&parse(&mountinfo), &prune);
-        crishim_proto::hostfs::create_private_dir(work)
-            .map_err(|e| format!("creating {}: {e}", work.display()))?;
-        unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
-        populate(work, &binds, must_see, MsFlags::MS_PRIVATE)?;
+        let (binds, _) = plan(&mountinfo::parse(&text), &prune);
+        unshare_pruned(work, &binds, must_see, MsFlags::MS_PRIVATE)?;
         File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string())
     })();
     return_to(back);
@@ -230,7 +183,7 @@ pub fn with_create_view<T>(
     let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
         return (f(), None);
     };
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return (f(), None);
     };
     let drop_below = [state_dir.to_path_buf()];
@@ -239,20 +192,11 @@ pub fn with_create_view<T>(
         keep,
         drop_types: false,
     };
-    let (binds, dropped) = plan(&parse(&mountinfo), &prune);
+    let (binds, dropped) = plan(&mountinfo::parse(&text), &prune);
     if dropped < CREATE_VIEW_MIN_DROPPED {
         return (f(), None);
     }
-    if let Err(e) = crishim_proto::hostfs::create_private_dir(work) {
-        eprintln!("crishim-shim: creating {}: {e}", work.display());
-        return (f(), None);
-    }
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWNS) {
-        eprintln!("crishim-shim: unshare for a create: {e}");
-        return (f(), None);
-    }
-    let built = populate(work, &binds, must_see, MsFlags::MS_SLAVE);
-    if let Err(e) = built {
+    if let Err(e) = unshare_pruned(work, &binds, must_see, MsFlags::MS_SLAVE) {
         eprintln!("crishim-shim: building a create's mount view ({e}); creating in the shim's");
         return_to(&host);
         return (f(), None);
@@ -272,6 +216,20 @@ fn return_to(host: &File) {
     }
 }
 
+/// A new mount namespace for this thread holding `/` and `binds` only (see [`populate`]), rooted
+/// at `work`, which is created first.
+fn unshare_pruned(
+    work: &Path,
+    binds: &[PathBuf],
+    must_see: &[&Path],
+    propagation: MsFlags,
+) -> Result<(), String> {
+    crishim_proto::hostfs::create_private_dir(work)
+        .map_err(|e| format!("creating {}: {e}", work.display()))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
+    populate(work, binds, must_see, propagation)
+}
+
 /// In the freshly unshared namespace: bind `/` and then each kept mount (without their
 /// submounts) under `work`, pivot into it and drop the old tree in one detach. `propagation`
 /// (private or slave) is applied to the whole copy first: nothing done here reaches the node.
@@ -283,7 +241,7 @@ fn populate(
 ) -> Result<(), String> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | propagation, none)
-        .map_err(|e| format!("making the copy private: {e}"))?;
+        .map_err(|e| format!("setting the copy's propagation: {e}"))?;
     mount(Some("/"), work, none, MsFlags::MS_BIND, none)
         .map_err(|e| format!("binding / to {}: {e}", work.display()))?;
     for mp in binds {
@@ -337,7 +295,7 @@ garbage line
             keep: &[],
             drop_types: true,
         };
-        let (kept, dropped) = plan(&parse(INFO), &prune);
+        let (kept, dropped) = plan(&mountinfo::parse(INFO), &prune);
         assert_eq!(dropped, 8);
         assert_eq!(
             kept,
@@ -367,7 +325,7 @@ garbage line
             keep: &keep,
             drop_types: false,
         };
-        let (kept, dropped) = plan(&parse(INFO), &prune);
+        let (kept, dropped) = plan(&mountinfo::parse(INFO), &prune);
         assert_eq!(
             dropped, 1,
             "only the other pod's network namespace: {kept:?}"
@@ -409,7 +367,7 @@ garbage line
         std::fs::write(pod.join("state.json"), "{}").unwrap();
         let mounted = |p: &Path| {
             let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-            parse(&info).iter().any(|m| m.mount_point == p)
+            mountinfo::parse(&info).iter().any(|m| m.mount_point == p)
         };
         // SAFETY: the child only runs this test's steps and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
@@ -445,13 +403,5 @@ garbage line
                 assert!(!mounted(&shm), "the child's mounts stayed in its namespace");
             }
         }
-    }
-
-    #[test]
-    fn escapes_are_decoded_and_junk_is_safe() {
-        assert_eq!(unescape("/a\\040b\\134c"), PathBuf::from("/a b\\c"));
-        assert_eq!(unescape("/end\\04"), PathBuf::from("/end\\04"));
-        assert_eq!(unescape("/x\\777"), PathBuf::from("/x\\777"));
-        assert!(parse("1 2 3 4 relative rw - tmpfs t rw\n- -\n").is_empty());
     }
 }

@@ -134,11 +134,12 @@ async fn connection(shim: Shared, conn: UnixStream) {
     // shim idles for days, and its private pages are the per-pod cost.
     // SAFETY: plain libc call.
     unsafe { libc::malloc_trim(0) };
-    release_unused_stack();
     let mut out = serde_json::to_vec(&response).unwrap_or_default();
     out.push(b'\n');
     let _ = w.write_all(&out).await;
     let _ = w.shutdown().await;
+    // Off the reply's path: the client has its answer.
+    release_unused_stack();
     shim.borrow().build_lean_from_view();
     // A foreground shim ends with its container, restoring the caller's terminal on the way.
     if exit && !shim.borrow().foreground {
