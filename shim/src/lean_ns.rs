@@ -16,10 +16,11 @@
 //! namespace, as its hooks run with the host's view.
 
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use crishim_proto::mountinfo::{self, Mount};
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 
@@ -216,6 +217,15 @@ fn return_to(host: &File) {
     }
 }
 
+/// `path` (under `dir`) as an `O_PATH` descriptor, resolved without following any link.
+fn open_path(dir: RawFd, path: &Path, extra: ResolveFlag) -> nix::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | extra);
+    // SAFETY: openat2 returned a fresh descriptor that nothing else owns.
+    openat2(dir, path, how).map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A new mount namespace for this thread holding `/` and `binds` only (see [`populate`]), rooted
 /// at `work`, which is created first.
 fn unshare_pruned(
@@ -244,12 +254,38 @@ fn populate(
         .map_err(|e| format!("setting the copy's propagation: {e}"))?;
     mount(Some("/"), work, none, MsFlags::MS_BIND, none)
         .map_err(|e| format!("binding / to {}: {e}", work.display()))?;
+    // `work` is the shim's own directory, taken as configured (a link on the way is fine).
+    let root = nix::fcntl::open(
+        work,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    // SAFETY: open returned a fresh descriptor that nothing else owns.
+    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+    .map_err(|e| format!("opening {}: {e}", work.display()))?;
     for mp in binds {
-        let target = work.join(mp.strip_prefix("/").unwrap_or(mp));
-        // A mount that cannot be bound (its point hidden, say) is left out; `must_see` below
-        // catches one that mattered.
-        let _ = mount(Some(mp.as_path()), &target, none, MsFlags::MS_BIND, none);
+        // Mountinfo names each point by its real path, without links. Both ends are opened so:
+        // where a directory on the way was replaced by a link since (a hostPath volume a
+        // container writes to, say), the mount is left out rather than bound from or onto
+        // wherever the link points. Left out too is one that cannot be bound (its point hidden,
+        // say); `must_see` below catches one that mattered.
+        let rel = mp.strip_prefix("/").unwrap_or(mp);
+        let (Ok(source), Ok(target)) = (
+            open_path(libc::AT_FDCWD, mp, ResolveFlag::empty()),
+            open_path(root.as_raw_fd(), rel, ResolveFlag::RESOLVE_BENEATH),
+        ) else {
+            continue;
+        };
+        let fd_path = |f: &OwnedFd| format!("/proc/self/fd/{}", f.as_raw_fd());
+        let _ = mount(
+            Some(fd_path(&source).as_str()),
+            fd_path(&target).as_str(),
+            none,
+            MsFlags::MS_BIND,
+            none,
+        );
     }
+    drop(root);
     nix::unistd::chdir(work).map_err(|e| format!("chdir: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the old root: {e}"))?;
@@ -348,6 +384,46 @@ garbage line
         assert_eq!(
             drop_roots(Path::new("/tmp/bundle-shim")),
             [PathBuf::from(KUBELET_PODS)]
+        );
+    }
+
+    /// Both ends of a bind are opened without following links: a path through a link is
+    /// refused, and the target cannot leave the new root.
+    #[test]
+    fn bind_ends_are_opened_without_links_and_beneath_the_root() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("real/m")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("real"), t.path().join("link")).unwrap();
+        assert!(open_path(
+            libc::AT_FDCWD,
+            &t.path().join("real/m"),
+            ResolveFlag::empty()
+        )
+        .is_ok());
+        assert_eq!(
+            open_path(
+                libc::AT_FDCWD,
+                &t.path().join("link/m"),
+                ResolveFlag::empty()
+            )
+            .err(),
+            Some(nix::errno::Errno::ELOOP)
+        );
+        let root = open_path(libc::AT_FDCWD, t.path(), ResolveFlag::empty()).unwrap();
+        assert!(open_path(
+            root.as_raw_fd(),
+            Path::new("real/m"),
+            ResolveFlag::RESOLVE_BENEATH
+        )
+        .is_ok());
+        assert_eq!(
+            open_path(
+                root.as_raw_fd(),
+                Path::new("../etc"),
+                ResolveFlag::RESOLVE_BENEATH
+            )
+            .err(),
+            Some(nix::errno::Errno::EXDEV)
         );
     }
 
