@@ -45,6 +45,7 @@ pub struct ImageStore {
     /// Shared by pulls and prepares, exclusive for garbage collection.
     gc_lock: tokio::sync::RwLock<()>,
     inflight: pull::KeyedLocks,
+    trash: store::Trash,
 }
 
 /// Space used by the store.
@@ -62,6 +63,7 @@ impl ImageStore {
     pub async fn open(root: &Path, registry: RegistryConfig, limits: ImagesConfig) -> Result<Self> {
         let layout = Layout::new(root);
         layout.init()?;
+        let layout_trash = layout.trash();
         let meta = Meta::open(&layout.meta())?;
         layout.tighten()?;
         let read = limits.pull_progress_timeout + std::time::Duration::from_secs(30);
@@ -72,6 +74,7 @@ impl ImageStore {
             limits,
             gc_lock: Default::default(),
             inflight: Default::default(),
+            trash: store::Trash::new(layout_trash)?,
         };
         store.gc().await?;
         Ok(store)
@@ -238,7 +241,7 @@ impl ImageStore {
                 warn!(mountpoint = %mp.display(), error = %e, "unmount failed");
             }
         }
-        remove_any(&dir)?;
+        self.trash.discard(&dir)?;
         let held = self.meta.container(container_id)?;
         self.meta.remove_container(container_id)?;
         // The last holder of a removed image's layers lets them go now, not at the next start-up.

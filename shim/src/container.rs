@@ -18,7 +18,7 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
 
-use crate::lean_ns::{self, LeanNs};
+use crate::lean_ns::{self, CreateView, LeanNs};
 use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
@@ -77,6 +77,10 @@ pub struct Shim {
     lean: std::cell::OnceCell<Option<LeanNs>>,
     /// A create's view of the mounts, kept until the lean namespace is built from it.
     pending_view: RefCell<Option<std::fs::File>>,
+    /// The view for the pod's first create, built while the shim waits for it.
+    spare_view: RefCell<Option<CreateView>>,
+    /// Whether a spare view was tried: once per shim.
+    spare_tried: std::cell::Cell<bool>,
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
@@ -157,6 +161,8 @@ impl Shim {
             exec_counter: 0,
             lean: std::cell::OnceCell::new(),
             pending_view: RefCell::new(None),
+            spare_view: RefCell::new(None),
+            spare_tried: std::cell::Cell::new(false),
         }
     }
 
@@ -185,6 +191,42 @@ impl Shim {
             // The first exec, kill or delete builds it from the shim's own namespace instead.
             Err(e) => eprintln!("crishim-shim: {e}"),
         }
+    }
+
+    /// Build the view for the pod's first create ahead of it, once, when the shim would be idle:
+    /// the daemon runs the pod's CNI ADD and mounts the rootfs before it asks. Not for a pod of an
+    /// external OCI runtime, nor a shim outside the daemon's state layout. Whether one was built.
+    pub fn prepare_first_view(&self) -> bool {
+        if self.spare_tried.replace(true) || self.oci.is_some() || !self.containers.is_empty() {
+            return false;
+        }
+        let (Some(state), Some(keep)) = (lean_ns::state_dir(&self.dir), self.view_keep(None))
+        else {
+            return false;
+        };
+        let view = CreateView::build(&state, &keep, &self.view_work());
+        let built = view.is_some();
+        *self.spare_view.borrow_mut() = view;
+        built
+    }
+
+    /// Let go of a spare view no create took: one too old to be used gains the node's new mounts.
+    pub fn drop_spare_view(&self) {
+        self.spare_view.borrow_mut().take();
+    }
+
+    /// What a create's view keeps below the state directory: the pod's directory, its network
+    /// namespace and, when known, the container's bundle.
+    fn view_keep(&self, bundle: Option<&Path>) -> Option<Vec<PathBuf>> {
+        let state = lean_ns::state_dir(&self.dir)?;
+        let pod = self.dir.file_name()?;
+        let mut keep = vec![self.dir.clone(), state.join("netns").join(pod)];
+        keep.extend(bundle.map(Path::to_path_buf));
+        Some(keep)
+    }
+
+    fn view_work(&self) -> PathBuf {
+        self.dir.join("create-view")
     }
 
     fn lean_must_see(&self) -> [&Path; 3] {
@@ -387,6 +429,8 @@ impl Shim {
         let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
             .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
         let propagates_back = shares_mounts_with_the_node(&spec);
+        // What the container's mounts are made from: each must be the same file in a view.
+        let seen_sources = mount_sources(&spec, &own_bundle);
         // The SELinux process label, which libcontainer does not apply: the executor does.
         let label = spec
             .process()
@@ -422,20 +466,18 @@ impl Shim {
         };
         // A container whose mounts propagate back to the node needs the node's own namespace
         // (the view's mounts are slaves); so does a shim outside the daemon's state layout.
+        let spare = self.spare_view.borrow_mut().take();
         let state_dir = lean_ns::state_dir(&self.dir).filter(|_| !propagates_back);
-        let built = match (state_dir, self.dir.file_name()) {
-            (Some(state), Some(pod)) => {
-                let keep = [
-                    own_bundle.clone(),
-                    self.dir.clone(),
-                    state.join("netns").join(pod),
-                ];
-                let must_see = [own_bundle.as_path(), self.lc_root.as_path()];
+        let built = match (state_dir, self.view_keep(Some(&own_bundle))) {
+            (Some(state), Some(keep)) => {
+                let mut same = vec![own_bundle.clone(), self.lc_root.clone()];
+                same.extend(seen_sources);
                 let (built, view) = lean_ns::with_create_view(
+                    spare,
                     &state,
                     &keep,
-                    &self.dir.join("create-view"),
-                    &must_see,
+                    &self.view_work(),
+                    &same,
                     build,
                 );
                 if self.lean.get().is_none() {
@@ -1021,6 +1063,30 @@ fn write_exec_process(
 
 /// Whether a container's mounts propagate back to the node (a Bidirectional volume, or a shared
 /// root propagation): those must be peers of the node's mounts.
+/// The rootfs and the sources of the spec's bind mounts, relative ones taken from the bundle.
+fn mount_sources(spec: &oci_spec::runtime::Spec, bundle: &Path) -> Vec<PathBuf> {
+    let is_bind = |m: &oci_spec::runtime::Mount| {
+        m.typ().as_deref() == Some("bind")
+            || m.options()
+                .iter()
+                .flatten()
+                .any(|o| o == "bind" || o == "rbind")
+    };
+    let binds = spec
+        .mounts()
+        .iter()
+        .flatten()
+        .filter(|m| is_bind(m))
+        .filter_map(|m| m.source().clone());
+    spec.root()
+        .as_ref()
+        .map(|r| r.path().clone())
+        .into_iter()
+        .chain(binds)
+        .map(|p| bundle.join(p))
+        .collect()
+}
+
 fn shares_mounts_with_the_node(spec: &oci_spec::runtime::Spec) -> bool {
     let shared = |o: &str| o == "shared" || o == "rshared";
     spec.mounts()

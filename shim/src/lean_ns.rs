@@ -11,13 +11,15 @@
 //! it sees the same files (the state directory's own files are there, its submounts are not), the
 //! same cgroup hierarchies and `/proc`.
 //!
-//! A create runs in a view of its own ([`with_create_view`]), built fresh for it: a container's
-//! rootfs and volumes are mounts made after any earlier copy. Start stays in the shim's own
-//! namespace, as its hooks run with the host's view.
+//! A create runs in a view of its own ([`with_create_view`]): the pod's first, in one the shim
+//! built while the daemon ran the pod's CNI ADD, where the container's rootfs and volumes reached
+//! it since; any other, in one built for it. Start stays in the shim's own namespace, as its
+//! hooks run with the host's view.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crishim_proto::mountinfo::{self, Mount};
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
@@ -165,47 +167,113 @@ fn build_here(
 /// about what the saved scans would.
 const CREATE_VIEW_MIN_DROPPED: usize = 32;
 
-/// Run `f`, a container's create, in a fresh view of the node's mounts without the other pods'
-/// (those strictly below `state_dir` but not at or below `keep`: this pod's and this container's
-/// directories), built in `work` and dropped once `f` returns. libcontainer's create reads
-/// `/proc/self/mountinfo` about fifteen times (its cgroup lookups and rootfs checks), copies the
-/// namespace into the container's and detaches the copy at `pivot_root`, all in proportion to
-/// the mounts it sees; the node's other mounts (volumes, devices, driver libraries) stay, and stay
-/// slaves of the node's, so mounts made on the node later still reach the container. Where the
-/// view cannot be built, or would drop few mounts, `f` runs in the shim's namespace. Returns the
-/// view too, when one was used, for [`LeanNs::build_from`].
+/// A view built ahead of a create is used only this young: it is a slave of the node's mounts,
+/// so it gains those made since (other pods' too), and a fresh one drops them.
+pub const SPARE_VIEW_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// A pruned view of the node's mounts for a container's create (see [`with_create_view`]): a
+/// mount namespace, held by its descriptor.
+pub struct CreateView {
+    ns: File,
+    built: Instant,
+}
+
+impl CreateView {
+    /// Build a view of the node's mounts without those strictly below `state_dir` but not at or
+    /// below `keep`, rooted at `work` inside it, from this thread's namespace, which it ends in
+    /// again. `None` where it would drop fewer than [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot
+    /// be built.
+    pub fn build(state_dir: &Path, keep: &[PathBuf], work: &Path) -> Option<CreateView> {
+        let host = File::open("/proc/thread-self/ns/mnt").ok()?;
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let drop_below = [state_dir.to_path_buf()];
+        let prune = Prune {
+            drop_below: &drop_below,
+            keep,
+            drop_types: false,
+        };
+        let (binds, dropped) = plan(&mountinfo::parse(&text), &prune);
+        if dropped < CREATE_VIEW_MIN_DROPPED {
+            return None;
+        }
+        let built = unshare_pruned(work, &binds, &[], MsFlags::MS_SLAVE).and_then(|()| {
+            File::open("/proc/thread-self/ns/mnt").map_err(|e| format!("opening it: {e}"))
+        });
+        return_to(&host);
+        match built {
+            Ok(ns) => Some(CreateView {
+                ns,
+                built: Instant::now(),
+            }),
+            Err(e) => {
+                eprintln!("crishim-shim: building a create's mount view ({e})");
+                None
+            }
+        }
+    }
+
+    /// Enter the view if each of `same` is there the file it is in the shim's namespace (`ids`,
+    /// from [`identities`]): a mount made on the node since the view was built reaches it only
+    /// where the node's mount above it propagates. Back in `host` otherwise.
+    fn enter_if_same(&self, host: &File, same: &[PathBuf], ids: &[Option<(u64, u64)>]) -> bool {
+        if setns(self.ns.as_fd(), CloneFlags::CLONE_NEWNS).is_err() {
+            return false;
+        }
+        if identities(same) == ids {
+            return true;
+        }
+        return_to(host);
+        false
+    }
+}
+
+/// Each path's device and inode, following links (as libcontainer will); `None` for one that
+/// cannot be read.
+fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
+    use std::os::unix::fs::MetadataExt as _;
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino())))
+        .collect()
+}
+
+/// Run `f`, a container's create, in a view of the node's mounts without the other pods'
+/// (those strictly below `state_dir` but not at or below `keep`: this pod's and this
+/// container's directories). libcontainer's create reads `/proc/self/mountinfo` about fifteen
+/// times (its cgroup lookups and rootfs checks), copies the namespace into the container's and
+/// detaches the copy at `pivot_root`, all in proportion to the mounts it sees; the node's other
+/// mounts (volumes, devices, driver libraries) stay, and stay slaves of the node's, so mounts
+/// made on the node later still reach the container.
+///
+/// The view is `spare`, built ahead of time by [`CreateView::build`], where it is young and
+/// each of `same` (the rootfs, the bind mounts' sources, the bundle) is the same file in it as
+/// in the shim's namespace; otherwise one built now in `work`. Where none can be built, or it
+/// would drop few mounts, `f` runs in the shim's namespace. Returns the view too, when one was
+/// used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
+    spare: Option<CreateView>,
     state_dir: &Path,
     keep: &[PathBuf],
     work: &Path,
-    must_see: &[&Path],
+    same: &[PathBuf],
     f: impl FnOnce() -> T,
 ) -> (T, Option<File>) {
     let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
         return (f(), None);
     };
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let ids = identities(same);
+    let entered = spare
+        .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
+        .filter(|v| v.enter_if_same(&host, same, &ids))
+        .or_else(|| {
+            CreateView::build(state_dir, keep, work).filter(|v| v.enter_if_same(&host, same, &ids))
+        });
+    let Some(view) = entered else {
         return (f(), None);
     };
-    let drop_below = [state_dir.to_path_buf()];
-    let prune = Prune {
-        drop_below: &drop_below,
-        keep,
-        drop_types: false,
-    };
-    let (binds, dropped) = plan(&mountinfo::parse(&text), &prune);
-    if dropped < CREATE_VIEW_MIN_DROPPED {
-        return (f(), None);
-    }
-    if let Err(e) = unshare_pruned(work, &binds, must_see, MsFlags::MS_SLAVE) {
-        eprintln!("crishim-shim: building a create's mount view ({e}); creating in the shim's");
-        return_to(&host);
-        return (f(), None);
-    }
     let out = f();
-    let view = File::open("/proc/thread-self/ns/mnt").ok();
     return_to(&host);
-    (out, view)
+    (out, Some(view.ns))
 }
 
 /// Back to the shim's own namespace. A shim that cannot return would create containers without
@@ -299,6 +367,7 @@ fn populate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read as _, Write as _};
 
     const INFO: &str = "\
 22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
@@ -425,6 +494,117 @@ garbage line
             .err(),
             Some(nix::errno::Errno::EXDEV)
         );
+    }
+
+    /// A view built ahead of the create is used only where the rootfs mounted since reached it:
+    /// with the state directory shared (as `/run` is under systemd) it has, and the view also
+    /// shows a mount made on the node since (it is a slave); with it private the rootfs did not,
+    /// so a view is built at the create instead, which has the rootfs and drops the later mount.
+    /// Either way the container sees its rootfs, and not the other pods' mounts.
+    #[test]
+    fn a_spare_view_is_used_only_where_the_rootfs_reached_it() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        for shared in [true, false] {
+            let seen = in_child_namespace(|| spare_view_sees(shared));
+            assert_eq!(
+                seen,
+                Some((true, shared, false)),
+                "(rootfs, later mount, other pod's) seen with the state dir shared={shared}"
+            );
+        }
+    }
+
+    /// What a create in a spare view sees: (its rootfs, a mount made after the spare, another
+    /// pod's mount made before).
+    fn spare_view_sees(shared: bool) -> Option<(bool, bool, bool)> {
+        let none: Option<&str> = None;
+        let state = tempfile::tempdir().ok()?;
+        let state = state.path();
+        mount(Some("tmpfs"), state, Some("tmpfs"), MsFlags::empty(), none).ok()?;
+        let propagation = if shared {
+            MsFlags::MS_SHARED
+        } else {
+            MsFlags::MS_PRIVATE
+        };
+        mount(none, state, none, propagation, none).ok()?;
+        let tmpfs_at = |p: &Path| -> Option<()> {
+            std::fs::create_dir_all(p).ok()?;
+            mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
+        };
+        // Other pods' mounts, enough for a view to be worth building.
+        for i in 0..CREATE_VIEW_MIN_DROPPED {
+            tmpfs_at(&state.join(format!("pods/other{i}/shm")))?;
+        }
+        let pod = state.join("pods/p1");
+        std::fs::create_dir_all(&pod).ok()?;
+        let work = pod.join("create-view");
+        let spare = CreateView::build(state, std::slice::from_ref(&pod), &work)?;
+        // The daemon mounts the rootfs, and another pod starts, after the spare was built.
+        let bundle = state.join("containers/c1");
+        let rootfs = bundle.join("rootfs");
+        tmpfs_at(&rootfs)?;
+        std::fs::write(rootfs.join("marker"), "").ok()?;
+        let later = state.join("pods/later/shm");
+        tmpfs_at(&later)?;
+        let keep = [pod.clone(), bundle.clone()];
+        let mounted = |p: &Path| {
+            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            mountinfo::parse(&info).iter().any(|m| m.mount_point == p)
+        };
+        let other = state.join("pods/other0/shm");
+        let (seen, view) = with_create_view(
+            Some(spare),
+            state,
+            &keep,
+            &work,
+            std::slice::from_ref(&rootfs),
+            || {
+                (
+                    rootfs.join("marker").exists(),
+                    mounted(&later),
+                    mounted(&other),
+                )
+            },
+        );
+        view?;
+        Some(seen)
+    }
+
+    /// Run `f` in a forked child (unshare needs a single-threaded process), in a private mount
+    /// namespace of its own so the host sees nothing; `None` where a step failed.
+    fn in_child_namespace(
+        f: impl FnOnce() -> Option<(bool, bool, bool)>,
+    ) -> Option<(bool, bool, bool)> {
+        let (r, w) = nix::unistd::pipe().ok()?;
+        // SAFETY: the child only runs `f` and exits.
+        match unsafe { nix::unistd::fork() }.ok()? {
+            nix::unistd::ForkResult::Child => {
+                drop(r);
+                let none: Option<&str> = None;
+                let out = unshare(CloneFlags::CLONE_NEWNS)
+                    .and_then(|()| {
+                        mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+                    })
+                    .ok()
+                    .and_then(|()| f());
+                let bytes = out.map_or(vec![], |(a, b, c)| vec![a as u8, b as u8, c as u8]);
+                let _ = File::from(w).write_all(&bytes);
+                // SAFETY: ends the forked child without running the parent's destructors.
+                unsafe { libc::_exit(0) };
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(w);
+                let mut out = Vec::new();
+                let _ = File::from(r).read_to_end(&mut out);
+                let _ = nix::sys::wait::waitpid(child, None);
+                match out[..] {
+                    [a, b, c] => Some((a == 1, b == 1, c == 1)),
+                    _ => None,
+                }
+            }
+        }
     }
 
     /// In a forked child (unshare needs a single-threaded process), in a private namespace of

@@ -141,6 +141,13 @@ async fn connection(shim: Shared, conn: UnixStream) {
     // Off the reply's path: the client has its answer.
     release_unused_stack();
     shim.borrow().build_lean_from_view();
+    if shim.borrow().prepare_first_view() {
+        let shim = shim.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(crate::lean_ns::SPARE_VIEW_MAX_AGE).await;
+            shim.borrow().drop_spare_view();
+        });
+    }
     // A foreground shim ends with its container, restoring the caller's terminal on the way.
     if exit && !shim.borrow().foreground {
         let dir = shim.borrow().dir.clone();

@@ -458,14 +458,24 @@ impl Daemon {
     }
 }
 
-/// A tmpfs for a runtime's state directory, as `/run` is on a node.
+/// A tmpfs for a runtime's state directory, as `/run` is on a node: shared, as systemd makes
+/// every mount (this machine's `/` is private), so mounts made in it later reach the mount
+/// namespaces copied from it.
 pub fn mount_state_tmpfs(dir: &Path) -> nix::Result<()> {
-    nix::mount::mount(
+    use nix::mount::{mount, MsFlags};
+    mount(
         Some("tmpfs"),
         dir,
         Some("tmpfs"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("mode=0711"),
+    )?;
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
     )
 }
 

@@ -868,3 +868,53 @@ async fn pinned_netns_outlives_its_process() {
     netns::unpin(&path).unwrap();
     assert!(!path.exists());
 }
+
+/// A pod's network namespace comes from the spare made after the previous pod took one: each
+/// is a new namespace with its loopback up, never one already handed out; a spare a crashed
+/// daemon left is unpinned at start, and closing unpins the one made last.
+#[test]
+fn spare_network_namespaces_are_fresh_and_none_is_left_pinned() {
+    use std::os::unix::fs::MetadataExt as _;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("netns");
+    std::fs::create_dir(&dir).unwrap();
+    let stale = dir.join(".spare-7");
+    netns::pin(std::process::id(), &stale).unwrap();
+    let spares = netns::Spares::new(dir.clone());
+    assert!(!stale.exists(), "a stale spare stays pinned");
+    let spare_names = || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".spare-"))
+            .collect()
+    };
+    let host = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+    let mut seen = BTreeSet::new();
+    for i in 0..4 {
+        let path = dir.join(format!("pod{i}"));
+        spares.take(&path).unwrap();
+        assert!(netns::is_netns(&path));
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        assert_ne!(ino, host, "pod{i} got the node's namespace");
+        assert!(
+            seen.insert(ino),
+            "pod{i} got a namespace already handed out"
+        );
+        let ns_arg = format!("--net={}", path.display());
+        let lo = run_ok(&["nsenter", &ns_arg, "ip", "-o", "link", "show", "lo"]);
+        assert!(lo.contains("UP"), "loopback down in pod{i}: {lo}");
+        // Let the background spare appear, so the next take hands one over.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while spare_names().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(spare_names().len(), 1, "after pod{i}: {:?}", spare_names());
+    }
+    spares.close();
+    assert!(spare_names().is_empty(), "left pinned: {:?}", spare_names());
+    for i in 0..4 {
+        netns::unpin(&dir.join(format!("pod{i}"))).unwrap();
+    }
+}

@@ -79,6 +79,11 @@ impl Layout {
         self.containers().join(id)
     }
 
+    /// Removed containers' directories, waiting for [`Trash`] to delete them.
+    pub fn trash(&self) -> PathBuf {
+        self.root.join("trash")
+    }
+
     pub fn meta(&self) -> PathBuf {
         self.root.join("meta.redb")
     }
@@ -103,10 +108,11 @@ impl Layout {
             self.snapshots(),
             self.snapshots_tmp(),
             self.containers(),
+            self.trash(),
         ] {
             create_private_dir(&d).ctx(|| format!("creating {}", d.display()))?;
         }
-        for d in [self.ingest(), self.snapshots_tmp()] {
+        for d in [self.ingest(), self.snapshots_tmp(), self.trash()] {
             for entry in std::fs::read_dir(&d).ctx(|| format!("reading {}", d.display()))? {
                 let path = entry.ctx(|| format!("reading {}", d.display()))?.path();
                 remove_any(&path)?;
@@ -154,6 +160,48 @@ impl Layout {
     }
 }
 
+/// Deletes removed containers' directories in a thread of its own, after RemoveContainer has
+/// answered (as containerd's garbage collector deletes snapshots): a container's upper dir may
+/// hold many files. A directory is first renamed into the trash, so it is gone from its place at
+/// once, and [`Layout::init`] empties what a restart left there.
+pub(crate) struct Trash {
+    dir: PathBuf,
+    tx: std::sync::mpsc::Sender<PathBuf>,
+}
+
+impl Trash {
+    pub fn new(dir: PathBuf) -> Result<Trash> {
+        let (tx, rx) = std::sync::mpsc::channel::<PathBuf>();
+        std::thread::Builder::new()
+            .name("crishim-trash".into())
+            .spawn(move || {
+                for path in rx {
+                    if let Err(e) = remove_any(&path) {
+                        tracing::warn!(error = %e, "emptying the trash");
+                    }
+                }
+            })
+            .ctx(|| "starting the trash thread".to_string())?;
+        Ok(Trash { dir, tx })
+    }
+
+    /// Take `path` out of its place now and delete it later; removed here where it cannot be
+    /// moved into the trash. A missing path is fine.
+    pub fn discard(&self, path: &Path) -> Result<()> {
+        let to = self.dir.join(Layout::tmp_name());
+        match std::fs::rename(path, &to) {
+            Ok(()) => {
+                if let Err(e) = self.tx.send(to) {
+                    remove_any(&e.0)?;
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(_) => remove_any(path),
+        }
+    }
+}
+
 /// Remove a file or a directory tree; a missing path is fine.
 pub(crate) fn remove_any(path: &Path) -> Result<()> {
     let res = match std::fs::symlink_metadata(path) {
@@ -163,4 +211,35 @@ pub(crate) fn remove_any(path: &Path) -> Result<()> {
         Err(e) => Err(e),
     };
     res.ctx(|| format!("removing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A discarded directory leaves its place at once and is deleted later; what a restart
+    /// finds in the trash is deleted by `init`; a missing path is fine.
+    #[test]
+    fn discarded_directories_leave_at_once_and_the_trash_empties() {
+        let t = tempfile::tempdir().unwrap();
+        let layout = Layout::new(t.path());
+        layout.init().unwrap();
+        let trash = Trash::new(layout.trash()).unwrap();
+        let dir = layout.container("c1");
+        std::fs::create_dir_all(dir.join("upper/a/b")).unwrap();
+        std::fs::write(dir.join("upper/a/b/f"), "x").unwrap();
+        trash.discard(&dir).unwrap();
+        assert!(!dir.exists());
+        let empty = || std::fs::read_dir(layout.trash()).unwrap().next().is_none();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(empty(), "the trash was not emptied");
+        trash.discard(&dir).unwrap();
+
+        std::fs::create_dir_all(layout.trash().join("left/x")).unwrap();
+        layout.init().unwrap();
+        assert!(empty(), "init left the trash as a restart found it");
+    }
 }

@@ -41,6 +41,8 @@ pub struct Inner {
     pub(super) shim_binary: PathBuf,
     pub(super) init_binary: PathBuf,
     pub(super) cni: crate::cni::Cni,
+    /// Network namespaces made ahead of the pods that take them.
+    pub(super) netns_spares: Arc<crate::cni::netns::Spares>,
     pub(super) pod_cidr: Mutex<String>,
     pub(super) events: super::events::Events,
     /// Ourselves, for background tasks (exit watchers) that outlive a request.
@@ -90,6 +92,7 @@ impl RuntimeService {
             &config.cni,
             config.root_dir.join("cni-cache"),
         ));
+        let netns_spares = crate::cni::netns::Spares::new(config.state_dir.join("netns"));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let gpu = crate::gpu::Gpus::new(&config.gpu, &config.state_dir);
         let handlers = crate::runtimes::Handlers::new(&config.runtimes);
@@ -102,6 +105,7 @@ impl RuntimeService {
                 shim_binary,
                 init_binary,
                 cni,
+                netns_spares,
                 pod_cidr: Mutex::default(),
                 events: super::events::Events::new(),
                 me: me.clone(),
@@ -165,6 +169,11 @@ impl RuntimeService {
     /// Reconcile records with what runs, after a restart (see `Inner::recover`).
     pub async fn recover(&self) {
         self.inner.recover().await
+    }
+
+    /// The spare network namespaces, to close once serving has stopped.
+    pub fn netns_spares(&self) -> Arc<crate::cni::netns::Spares> {
+        self.inner.netns_spares.clone()
     }
 }
 

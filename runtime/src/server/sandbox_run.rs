@@ -298,21 +298,12 @@ impl Inner {
             crishim_proto::hostfs::create_private_dir(d)
                 .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
         }
+        phases.done("directories");
         let hostname = if host_network {
             node_hostname()
         } else {
             record.config.hostname.clone()
         };
-        write_pod_files(
-            &files,
-            &hostname,
-            record.config.dns_config.as_ref(),
-            host_network,
-        )?;
-        if !host_ipc {
-            mount_shm(&state.join("shm"))?;
-        }
-        phases.done("files and shm");
         // With a CNI network, the daemon makes the pod's network namespace itself, so that the
         // CNI ADD runs while the shim and infra process start (the infra process joins it).
         // A pod with its own user namespace is the exception: its network namespace must
@@ -331,12 +322,13 @@ impl Inner {
             _ => Some(self.netns_path(id)),
         };
         if let Some(path) = &netns {
-            crate::cni::netns::create(path).map_err(|e| {
+            self.netns_spares.take(path).map_err(|e| {
                 Status::internal(format!(
                     "making the pod's network namespace at {}: {e}",
                     path.display()
                 ))
             })?;
+            phases.done("network namespace");
         }
         let infra = InfraSpec {
             hostname,
@@ -364,11 +356,29 @@ impl Inner {
                 None => Ok(Vec::new()),
             }
         };
-        let (shim, network) = tokio::join!(
+        // Only the containers need the pod's files and /dev/shm: they are made while the CNI
+        // ADD and the shim run.
+        let files_and_shm = async {
+            write_pod_files(
+                &files,
+                &infra.hostname,
+                record.config.dns_config.as_ref(),
+                host_network,
+            )?;
+            if !host_ipc {
+                mount_shm(&state.join("shm"))?;
+            }
+            Ok::<(), Status>(())
+        };
+        // The CNI ADD is the longest: its first plugin is spawned first (a spawn blocks the
+        // thread until the child has exec'd), the shim next.
+        let (network, shim, files_and_shm) = tokio::join!(
+            network,
             self.start_shim(id, &infra, &record.runtime_handler),
-            network
+            files_and_shm
         );
-        phases.done("shim, infra and network");
+        phases.done("shim, infra, network and files");
+        files_and_shm?;
         record.infra_pid = shim?;
         record.ips = network?;
         if cni_after_infra {
