@@ -269,6 +269,11 @@ impl Store {
         Some((record, now_exited))
     }
 
+    /// Whether any pod is recorded.
+    pub fn has_pods(&self) -> bool {
+        !self.index.lock().unwrap().pods.is_empty()
+    }
+
     /// The records of a pod's containers.
     pub fn pod_containers(&self, pod_id: &str) -> Vec<ContainerRecord> {
         self.containers_where(|c| c.pod_id == pod_id)

@@ -871,7 +871,8 @@ async fn pinned_netns_outlives_its_process() {
 
 /// A pod's network namespace comes from the spare made after the previous pod took one: each
 /// is a new namespace with its loopback up, never one already handed out; a spare a crashed
-/// daemon left is unpinned at start, and closing unpins the one made last.
+/// daemon left is unpinned at start, draining (no pod left) and closing unpin the one made
+/// last, and none is made after closing.
 #[test]
 fn spare_network_namespaces_are_fresh_and_none_is_left_pinned() {
     use std::os::unix::fs::MetadataExt as _;
@@ -912,9 +913,16 @@ fn spare_network_namespaces_are_fresh_and_none_is_left_pinned() {
         }
         assert_eq!(spare_names().len(), 1, "after pod{i}: {:?}", spare_names());
     }
+    // The last pod gone: the spare goes too, and the next pod brings spares back.
+    spares.drain();
+    assert!(spare_names().is_empty(), "left pinned: {:?}", spare_names());
+    spares.take(&dir.join("pod4")).unwrap();
+    assert!(netns::is_netns(&dir.join("pod4")));
     spares.close();
     assert!(spare_names().is_empty(), "left pinned: {:?}", spare_names());
-    for i in 0..4 {
+    spares.take(&dir.join("pod5")).unwrap();
+    assert!(spare_names().is_empty(), "a spare made after close");
+    for i in 0..6 {
         netns::unpin(&dir.join(format!("pod{i}"))).unwrap();
     }
 }

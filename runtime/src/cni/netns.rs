@@ -143,9 +143,19 @@ impl Spares {
 
     /// No more spares: the one on its way is waited for, and every spare unpinned (shutdown).
     pub fn close(&self) {
+        self.release(true)
+    }
+
+    /// Unpin the spare, waiting for one on its way; the next take makes spares again (a node
+    /// without pods holds no network namespace).
+    pub fn drain(&self) {
+        self.release(false)
+    }
+
+    fn release(&self, close: bool) {
         let making = {
             let mut state = self.lock();
-            state.closed = true;
+            state.closed |= close;
             state.making.take()
         };
         if let Some(h) = making {

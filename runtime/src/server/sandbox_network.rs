@@ -69,6 +69,13 @@ impl Inner {
         Ok(ips)
     }
 
+    /// With no pod left, the spare network namespace goes too: an idle node holds none.
+    pub(super) fn drop_spare_netns_if_idle(&self) {
+        if !self.store.has_pods() {
+            self.netns_spares.drain();
+        }
+    }
+
     /// CNI DEL and unpinning; idempotent. On failure the pin and the CNI cache stay, so a later
     /// stop or remove retries it.
     pub(super) async fn teardown_network(&self, pod: &PodRecord) -> Result<(), Status> {

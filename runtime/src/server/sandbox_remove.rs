@@ -47,6 +47,7 @@ impl Inner {
         // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
         self.store.delete_pod(pod)?;
+        self.drop_spare_netns_if_idle();
         info!(pod = %pod.id, "pod sandbox removed");
         Ok(())
     }

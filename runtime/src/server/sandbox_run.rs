@@ -81,6 +81,7 @@ impl RuntimeService {
                 if let Ok(pod) = inner.store.pod(&id) {
                     let _ = inner.store.delete_pod(&pod);
                 }
+                inner.drop_spare_netns_if_idle();
                 let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
                 inner.store.release_name(&name, &id);
                 Err(e)
