@@ -11,6 +11,8 @@ pub struct Mount {
     pub fs_type: String,
     /// The super block's options (`rw,cpu,cpuacct` for a cgroup v1 hierarchy).
     pub super_options: String,
+    /// In a peer group (`shared:N`): mounts made below it reach the group's peers and slaves.
+    pub shared: bool,
 }
 
 /// The mounts of `mountinfo`'s text, in its order.
@@ -27,7 +29,10 @@ pub fn read() -> Vec<Mount> {
 
 fn parse_line(line: &str) -> Option<Mount> {
     let (pre, post) = line.split_once(" - ")?;
-    let mount_point = unescape(pre.split(' ').nth(4)?);
+    let mut fields = pre.split(' ');
+    let mount_point = unescape(fields.nth(4)?);
+    // Past the mount options, the optional fields.
+    let shared = fields.skip(1).any(|f| f.starts_with("shared:"));
     let mut post = post.split(' ');
     let fs_type = post.next()?.to_string();
     let super_options = post.nth(1).unwrap_or_default().to_string();
@@ -35,6 +40,7 @@ fn parse_line(line: &str) -> Option<Mount> {
         mount_point,
         fs_type,
         super_options,
+        shared,
     })
 }
 
@@ -70,7 +76,8 @@ mod tests {
     fn fields_are_read_and_escapes_decoded() {
         let m = parse(
             "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
-             49 22 0:49 / /mnt/with\\040space rw - tmpfs tmpfs rw\n",
+             49 22 0:49 / /mnt/with\\040space rw master:3 - tmpfs tmpfs rw\n\
+             50 22 0:50 / /run rw,nosuid shared:7 master:1 - tmpfs tmpfs rw\n",
         );
         assert_eq!(
             m[0],
@@ -78,9 +85,13 @@ mod tests {
                 mount_point: PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"),
                 fs_type: "cgroup".into(),
                 super_options: "rw,cpu,cpuacct".into(),
+                shared: false,
             }
         );
         assert_eq!(m[1].mount_point, PathBuf::from("/mnt/with space"));
+        assert!(!m[1].shared, "a slave only");
+        assert!(m[2].shared);
+        assert_eq!(m[2].fs_type, "tmpfs");
     }
 
     #[test]

@@ -204,7 +204,7 @@ impl Shim {
         else {
             return false;
         };
-        let view = CreateView::build(&state, &keep, &self.view_work());
+        let view = CreateView::build_spare(&state, &keep, &self.view_work());
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built

@@ -184,15 +184,35 @@ impl CreateView {
     /// again. `None` where it would drop fewer than [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot
     /// be built.
     pub fn build(state_dir: &Path, keep: &[PathBuf], work: &Path) -> Option<CreateView> {
+        Self::build_with(state_dir, keep, work, false)
+    }
+
+    /// [`build`](Self::build) ahead of the create, which mounts its rootfs after: `None` too where
+    /// the state directory's mount is in no peer group, as no later mount below it would reach
+    /// the view.
+    pub fn build_spare(state_dir: &Path, keep: &[PathBuf], work: &Path) -> Option<CreateView> {
+        Self::build_with(state_dir, keep, work, true)
+    }
+
+    fn build_with(
+        state_dir: &Path,
+        keep: &[PathBuf],
+        work: &Path,
+        spare: bool,
+    ) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
         let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mounts = mountinfo::parse(&text);
+        if spare && !holder(&mounts, state_dir).is_some_and(|m| m.shared) {
+            return None;
+        }
         let drop_below = [state_dir.to_path_buf()];
         let prune = Prune {
             drop_below: &drop_below,
             keep,
             drop_types: false,
         };
-        let (binds, dropped) = plan(&mountinfo::parse(&text), &prune);
+        let (binds, dropped) = plan(&mounts, &prune);
         if dropped < CREATE_VIEW_MIN_DROPPED {
             return None;
         }
@@ -225,6 +245,14 @@ impl CreateView {
         return_to(host);
         false
     }
+}
+
+/// The mount `path` lies on: the deepest mount point at or above it, the last mounted there.
+fn holder<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
+    mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.mount_point))
+        .max_by_key(|m| m.mount_point.components().count())
 }
 
 /// Each path's device and inode, following links (as libcontainer will); `None` for one that
@@ -498,9 +526,10 @@ garbage line
 
     /// A view built ahead of the create is used only where the rootfs mounted since reached it:
     /// with the state directory shared (as `/run` is under systemd) it has, and the view also
-    /// shows a mount made on the node since (it is a slave); with it private the rootfs did not,
-    /// so a view is built at the create instead, which has the rootfs and drops the later mount.
-    /// Either way the container sees its rootfs, and not the other pods' mounts.
+    /// shows a mount made on the node since (it is a slave). With it private the shim builds no
+    /// spare, and one built anyway lacks the rootfs, so a view is built at the create instead,
+    /// which has the rootfs and drops the later mount. Either way the container sees its rootfs,
+    /// and not the other pods' mounts.
     #[test]
     fn a_spare_view_is_used_only_where_the_rootfs_reached_it() {
         if !nix::unistd::Uid::effective().is_root() {
@@ -510,15 +539,16 @@ garbage line
             let seen = in_child_namespace(|| spare_view_sees(shared));
             assert_eq!(
                 seen,
-                Some((true, shared, false)),
-                "(rootfs, later mount, other pod's) seen with the state dir shared={shared}"
+                Some(vec![shared, true, shared, false]),
+                "(a spare built, rootfs, later mount, other pod's seen) with the state dir \
+                 shared={shared}"
             );
         }
     }
 
-    /// What a create in a spare view sees: (its rootfs, a mount made after the spare, another
-    /// pod's mount made before).
-    fn spare_view_sees(shared: bool) -> Option<(bool, bool, bool)> {
+    /// Whether the shim would build a spare view, and what a create in one built anyway sees:
+    /// its rootfs, a mount made after the spare, another pod's mount made before.
+    fn spare_view_sees(shared: bool) -> Option<Vec<bool>> {
         let none: Option<&str> = None;
         let state = tempfile::tempdir().ok()?;
         let state = state.path();
@@ -540,6 +570,8 @@ garbage line
         let pod = state.join("pods/p1");
         std::fs::create_dir_all(&pod).ok()?;
         let work = pod.join("create-view");
+        let would_build =
+            CreateView::build_spare(state, std::slice::from_ref(&pod), &work).is_some();
         let spare = CreateView::build(state, std::slice::from_ref(&pod), &work)?;
         // The daemon mounts the rootfs, and another pod starts, after the spare was built.
         let bundle = state.join("containers/c1");
@@ -561,11 +593,12 @@ garbage line
             &work,
             std::slice::from_ref(&rootfs),
             || {
-                (
+                vec![
+                    would_build,
                     rootfs.join("marker").exists(),
                     mounted(&later),
                     mounted(&other),
-                )
+                ]
             },
         );
         view?;
@@ -574,9 +607,7 @@ garbage line
 
     /// Run `f` in a forked child (unshare needs a single-threaded process), in a private mount
     /// namespace of its own so the host sees nothing; `None` where a step failed.
-    fn in_child_namespace(
-        f: impl FnOnce() -> Option<(bool, bool, bool)>,
-    ) -> Option<(bool, bool, bool)> {
+    fn in_child_namespace(f: impl FnOnce() -> Option<Vec<bool>>) -> Option<Vec<bool>> {
         let (r, w) = nix::unistd::pipe().ok()?;
         // SAFETY: the child only runs `f` and exits.
         match unsafe { nix::unistd::fork() }.ok()? {
@@ -589,7 +620,8 @@ garbage line
                     })
                     .ok()
                     .and_then(|()| f());
-                let bytes = out.map_or(vec![], |(a, b, c)| vec![a as u8, b as u8, c as u8]);
+                let bytes: Vec<u8> =
+                    out.map_or(vec![], |v| v.iter().map(|&b| b'0' + b as u8).collect());
                 let _ = File::from(w).write_all(&bytes);
                 // SAFETY: ends the forked child without running the parent's destructors.
                 unsafe { libc::_exit(0) };
@@ -599,10 +631,7 @@ garbage line
                 let mut out = Vec::new();
                 let _ = File::from(r).read_to_end(&mut out);
                 let _ = nix::sys::wait::waitpid(child, None);
-                match out[..] {
-                    [a, b, c] => Some((a == 1, b == 1, c == 1)),
-                    _ => None,
-                }
+                (!out.is_empty()).then(|| out.iter().map(|&b| b == b'1').collect())
             }
         }
     }
