@@ -1781,13 +1781,27 @@ async fn a_shims_stack_stays_small_after_create_and_exec() {
 
 /// With many pods on the node a container is created in a view of the mounts without the other
 /// pods' (lean_ns::with_create_view). Its own rootfs, /dev/shm and volumes are all there, and a
-/// HostToContainer volume still receives what the node mounts under it afterwards.
+/// HostToContainer volume still receives what the node mounts under it afterwards. The state
+/// directory here is on the root file system, whose mount is private on this machine: the view is
+/// built at the create.
 #[tokio::test]
 async fn with_many_pods_a_create_still_gets_its_mounts_and_the_nodes_propagation() {
+    many_pods_then_a_viewed_create(DaemonOptions::new()).await;
+}
+
+/// The same with the state directory on a shared tmpfs, as `/run` is under systemd: the pod's
+/// first create runs in the view its shim built while the CNI ADD ran, which the rootfs, the
+/// pod's /dev/shm and the volume reached after it was built.
+#[tokio::test]
+async fn a_create_in_the_view_built_ahead_gets_its_mounts_and_the_nodes_propagation() {
+    many_pods_then_a_viewed_create(DaemonOptions::new().state_on_tmpfs()).await;
+}
+
+async fn many_pods_then_a_viewed_create(opts: DaemonOptions) {
     let shared = SharedDir::new();
     let host_dir = shared.path().to_path_buf();
     std::fs::write(host_dir.join("before"), "before\n").unwrap();
-    let env = PodEnv::start().await;
+    let env = PodEnv::start_with(opts).await;
     let d = &env.d;
     // Seventeen pods, two mounts each or more (overlay, /dev/shm): past the view's
     // threshold of 32 other mounts.
