@@ -1061,8 +1061,6 @@ fn write_exec_process(
     Ok(seccomp)
 }
 
-/// Whether a container's mounts propagate back to the node (a Bidirectional volume, or a shared
-/// root propagation): those must be peers of the node's mounts.
 /// The rootfs and the sources of the spec's bind mounts, relative ones taken from the bundle.
 fn mount_sources(spec: &oci_spec::runtime::Spec, bundle: &Path) -> Vec<PathBuf> {
     let is_bind = |m: &oci_spec::runtime::Mount| {
@@ -1087,6 +1085,8 @@ fn mount_sources(spec: &oci_spec::runtime::Spec, bundle: &Path) -> Vec<PathBuf> 
         .collect()
 }
 
+/// Whether a container's mounts propagate back to the node (a Bidirectional volume, or a shared
+/// root propagation): those must be peers of the node's mounts.
 fn shares_mounts_with_the_node(spec: &oci_spec::runtime::Spec) -> bool {
     let shared = |o: &str| o == "shared" || o == "rshared";
     spec.mounts()

@@ -232,10 +232,14 @@ impl CreateView {
         }
     }
 
-    /// Enter the view if each of `same` is there the file it is in the shim's namespace (`ids`,
-    /// from [`identities`]): a mount made on the node since the view was built reaches it only
-    /// where the node's mount above it propagates. Back in `host` otherwise.
+    /// Enter the view if each of `same` exists in the shim's namespace (`ids`, from
+    /// [`identities`]) and is the same file there: a mount made on the node since the view was
+    /// built reaches it only where the node's mount above it propagates. Back in `host`
+    /// otherwise.
     fn enter_if_same(&self, host: &File, same: &[PathBuf], ids: &[Option<(u64, u64)>]) -> bool {
+        if ids.iter().any(Option::is_none) {
+            return false;
+        }
         if setns(self.ns.as_fd(), CloneFlags::CLONE_NEWNS).is_err() {
             return false;
         }
@@ -273,7 +277,7 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 /// mounts (volumes, devices, driver libraries) stay, and stay slaves of the node's, so mounts
 /// made on the node later still reach the container.
 ///
-/// The view is `spare`, built ahead of time by [`CreateView::build`], where it is young and
+/// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young and
 /// each of `same` (the rootfs, the bind mounts' sources, the bundle) is the same file in it as
 /// in the shim's namespace; otherwise one built now in `work`. Where none can be built, or it
 /// would drop few mounts, `f` runs in the shim's namespace. Returns the view too, when one was
