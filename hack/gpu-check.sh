@@ -1,20 +1,42 @@
 #!/usr/bin/env bash
-# crishim on a machine with a real NVIDIA GPU and driver: builds crishim, serves the node's GPUs
-# and runs, in busybox containers with a 2 GiB memory limit and a 30% core limit (GPU 0):
+# crishim on a machine with a real NVIDIA GPU and driver: serves the node's GPUs and runs, in
+# busybox containers with a 2 GiB memory limit and a 30% core limit (GPU 0):
 #   - nvidia-smi;
 #   - a driver-API program allocating past its limit through cuMemAlloc, cuGetProcAddress,
 #     cuMemAllocAsync, a memory pool and arrays, and a pool that keeps freed memory;
 #   - two processes sharing the limit, one of them killed;
-#   - the core limit, alone and beside a neighbour container that keeps the GPU busy.
+#   - the core limit alone, the unlimited rate, and the limit beside a neighbour container that
+#     keeps the GPU busy.
 # Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored).
 #
-#   hack/gpu-check.sh
+#   hack/gpu-check.sh                  build here (cargo, hack/install-deps.sh), then run
+#   hack/gpu-check.sh --pack DIR       build on a dev machine into DIR (no GPU needed)
+#   hack/gpu-check.sh --prebuilt DIR   run DIR's build on a GPU node without a toolchain
 #
-# Needs root, the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, /dev/nvidia*) and what the
-# test suite needs (hack/install-deps.sh). There is no GPU in CI: the same paths are tested
-# there against the fake driver in tests/gpu/.
+# Running needs root, the NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1, /dev/nvidia*) and a C
+# compiler (cudatest is built against the node's glibc); --prebuilt also needs this checkout at
+# the path it was packed from (the test finds tests/gpu/ there). There is no GPU in CI: the
+# same paths are tested there against the fake driver in tests/gpu/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "${1:-}" = "--pack" ]; then
+    out="${2:?--pack DIR}"
+    mkdir -p "$out"
+    cargo build --release -p crishim-runtime -p crishim-shim -p crishim-vgpu >&2
+    test_bin="$(cargo test --release -p crishim-tests --test gpu_real --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*gpu_real[^"]*\)".*/\1/p' | tail -1)"
+    init="$(./hack/build-init.sh --release)"
+    target_dir="${CARGO_TARGET_DIR:-target}"
+    case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
+    rel="$target_dir/release"
+    cp "$rel/crishim" "$rel/crishim-shim" "$rel/libcrishim_vgpu.so" "$init" "$out/"
+    cp "$test_bin" "$out/gpu_real"
+    # The node may lack these packages: the registry and the busybox the test images hold.
+    cp /usr/bin/docker-registry /bin/busybox "$out/"
+    echo "$out: copy it and this checkout (same path) to the GPU node, then: hack/gpu-check.sh --prebuilt $out" >&2
+    exit 0
+fi
 
 [ "$(id -u)" -eq 0 ] || { echo "gpu-check: run as root" >&2; exit 1; }
 if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libcuda.so.1 '; then
@@ -22,6 +44,13 @@ if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libcuda.so
     exit 1
 fi
 nvidia-smi -L || true
+
+if [ "${1:-}" = "--prebuilt" ]; then
+    dir="$(cd "${2:?--prebuilt DIR}" && pwd)"
+    export CRISHIM_BIN="$dir/crishim" CRISHIM_INIT_BIN="$dir/crishim-init"
+    export DOCKER_REGISTRY_BIN="$dir/docker-registry" BUSYBOX_BIN="$dir/busybox"
+    exec "$dir/gpu_real" --ignored --nocapture --test-threads 1
+fi
 
 ./hack/install-deps.sh
 echo "+ cargo build --workspace" >&2

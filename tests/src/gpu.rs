@@ -343,6 +343,21 @@ pub fn gpu_image() -> Image {
     let b = built();
     let mut libs = needed_libraries(&b.cudatest);
     libs.extend(needed_libraries(&interceptor()));
+    // The rest of glibc's core, as every glibc image has: a real driver's libcuda.so.1 needs
+    // libm, libdl, libpthread and librt, which neither cudatest nor the interceptor pulls in.
+    let glibc_dir = libs
+        .iter()
+        .find(|l| l.file_name().is_some_and(|n| n == "libc.so.6"))
+        .and_then(|l| l.parent())
+        .map(Path::to_path_buf);
+    if let Some(dir) = glibc_dir {
+        for name in ["libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1"] {
+            let l = dir.join(name);
+            if l.is_file() {
+                libs.push(l);
+            }
+        }
+    }
     libs.sort();
     libs.dedup();
     let mut layer = LayerBuilder::new();

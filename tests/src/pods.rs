@@ -1120,8 +1120,10 @@ pub fn create_cgroup_dirs(path: &str) -> std::io::Result<Vec<PathBuf>> {
                 made.push(dir.clone());
             }
             for f in ["cpuset.cpus", "cpuset.mems"] {
+                // v1 only: a v2 root has no cpuset.cpus, and an empty one there means "inherit".
                 let file = dir.join(f);
                 if file.exists()
+                    && root.join(f).exists()
                     && std::fs::read_to_string(&file).is_ok_and(|v| v.trim().is_empty())
                 {
                     let v = std::fs::read_to_string(root.join(f))?;

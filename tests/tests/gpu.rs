@@ -317,11 +317,12 @@ async fn limited(
 }
 
 /// A script: `cudatest hold MIB 60` in the background (pid in `$H`, output in /tmp/hold), once
-/// it holds, `then`.
+/// it holds, `then`. An earlier run's /tmp/hold goes first: the background shell truncates it
+/// only when it gets to run, and the wait must not be satisfied by the stale "hold".
 fn holding(mib: u32, then: &str) -> String {
     format!(
-        "cudatest hold {mib} 60 > /tmp/hold & H=$!; \
-         while ! grep -q hold /tmp/hold; do sleep 0.1; done; {then}"
+        "rm -f /tmp/hold; cudatest hold {mib} 60 > /tmp/hold & H=$!; \
+         while ! grep -qs hold /tmp/hold; do sleep 0.1; done; {then}"
     )
 }
 

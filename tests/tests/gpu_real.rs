@@ -110,8 +110,8 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         &env,
         &id,
         "two processes share the limit; the one killed gives its share back",
-        "cudatest hold 1024 60 > /tmp/hold & H=$!; \
-         while ! grep -q hold /tmp/hold; do sleep 0.1; done; cat /tmp/hold; \
+        "rm -f /tmp/hold; cudatest hold 1024 60 > /tmp/hold & H=$!; \
+         while ! grep -qs hold /tmp/hold; do sleep 0.1; done; cat /tmp/hold; \
          cudatest alloc 1024; kill -9 $H; wait $H; cudatest alloc 1024",
     )
     .await;
@@ -130,11 +130,19 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     let n = gpu_container(&image, "neighbour", &[]);
     let neighbour = env.d.run_container(&pod, &n, &cfg).await.unwrap();
     traces.add_container(&neighbour);
+    // The unlimited rate alone, which the 30% runs are measured against.
+    step(
+        &env,
+        &neighbour,
+        "the neighbour, unlimited, alone",
+        &format!("{spin} cudatest burn 10 512"),
+    )
+    .await;
     step(
         &env,
         &neighbour,
         "the neighbour, unlimited, starts burning",
-        &format!("{spin} nohup cudatest burn 40 512 > /tmp/burn 2>&1 & sleep 3; nvidia-smi --query-gpu=utilization.gpu --format=csv"),
+        &format!("{spin} cudatest burn 40 512 > /tmp/burn 2>&1 & sleep 3; cudatest util"),
     )
     .await;
     step(

@@ -174,7 +174,15 @@ const LIB_DIRS: &[&str] = &[
     "usr/lib",
     "lib",
 ];
-const BIN_DIRS: &[&str] = &["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin"];
+/// Where the driver's binaries are: the distribution's dirs, then GKE's driver dir.
+const BIN_DIRS: &[&str] = &[
+    "usr/bin",
+    "usr/sbin",
+    "bin",
+    "sbin",
+    "usr/local/bin",
+    "usr/local/nvidia/bin",
+];
 
 /// Find the driver under `root`; `None` when it has no `libcuda`.
 pub fn locate(root: &Path) -> Result<Option<Driver>, GpuError> {
@@ -224,11 +232,7 @@ pub fn locate(root: &Path) -> Result<Option<Driver>, GpuError> {
             }
         }
         for bin in cap.files().1 {
-            if let Some(real) = BIN_DIRS
-                .iter()
-                .map(|d| root.join(d).join(bin))
-                .find_map(|p| resolve(root, &p))
-            {
+            if let Some(real) = locate_binary(root, bin) {
                 add(
                     &mut files,
                     DriverFile {
@@ -245,6 +249,23 @@ pub fn locate(root: &Path) -> Result<Option<Driver>, GpuError> {
         return Ok(None);
     }
     Ok(Some(Driver { version, files }))
+}
+
+/// The first ELF file named `bin` in [`BIN_DIRS`], else the first file of that name. A node's
+/// `/usr/bin/nvidia-smi` may be a script that runs the real one elsewhere; mounted into a
+/// container without its target, it only finds itself.
+fn locate_binary(root: &Path, bin: &str) -> Option<PathBuf> {
+    let found: Vec<PathBuf> = BIN_DIRS
+        .iter()
+        .filter_map(|d| resolve(root, &root.join(d).join(bin)))
+        .collect();
+    let is_elf = |p: &PathBuf| {
+        let mut magic = [0u8; 4];
+        std::fs::File::open(p)
+            .and_then(|mut f| io::Read::read_exact(&mut f, &mut magic))
+            .is_ok_and(|()| magic == *b"\x7fELF")
+    };
+    found.iter().find(|p| is_elf(p)).or(found.first()).cloned()
 }
 
 fn matches_prefix(soname: &str, prefix: &str) -> bool {
@@ -378,6 +399,29 @@ pub(crate) mod tests {
             by("libnvcuvid.so.550.54.14").unwrap().capability,
             Capability::Video
         );
+    }
+
+    #[test]
+    fn a_wrapper_script_gives_way_to_the_real_binary() {
+        let d = tempfile::tempdir().unwrap();
+        fake_driver(d.path());
+        let smi = |d: &Path| {
+            locate(d)
+                .unwrap()
+                .unwrap()
+                .files
+                .into_iter()
+                .find(|f| f.name == "nvidia-smi")
+                .unwrap()
+                .source
+        };
+        // Only the script: it is what there is.
+        assert_eq!(smi(d.path()), d.path().join("usr/bin/nvidia-smi"));
+        // The real one in GKE's driver dir wins over the script in /usr/bin.
+        let real = d.path().join("usr/local/nvidia/bin/nvidia-smi");
+        std::fs::create_dir_all(real.parent().unwrap()).unwrap();
+        std::fs::write(&real, elf::forwarder("nvidia-smi", &[])).unwrap();
+        assert_eq!(smi(d.path()), real);
     }
 
     #[test]
