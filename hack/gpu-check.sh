@@ -7,7 +7,8 @@
 #   - two processes sharing the limit, one of them killed;
 #   - the core limit alone, the unlimited rate, and the limit beside a neighbour container that
 #     keeps the GPU busy.
-# Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored).
+# Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored), once
+# with each way of injecting the interceptor: `preload` and `replace`.
 #
 #   hack/gpu-check.sh                  build here (cargo, hack/install-deps.sh), then run
 #   hack/gpu-check.sh --pack DIR       build on a dev machine into DIR (no GPU needed)
@@ -49,7 +50,10 @@ if [ "${1:-}" = "--prebuilt" ]; then
     dir="$(cd "${2:?--prebuilt DIR}" && pwd)"
     export CRISHIM_BIN="$dir/crishim" CRISHIM_INIT_BIN="$dir/crishim-init"
     export DOCKER_REGISTRY_BIN="$dir/docker-registry" BUSYBOX_BIN="$dir/busybox"
-    exec "$dir/gpu_real" --ignored --nocapture --test-threads 1
+    for mode in preload replace; do
+        CRISHIM_GPU_CHECK_INJECT=$mode "$dir/gpu_real" --ignored --nocapture --test-threads 1
+    done
+    exit 0
 fi
 
 ./hack/install-deps.sh
@@ -57,5 +61,7 @@ echo "+ cargo build --workspace" >&2
 cargo build --workspace
 CRISHIM_INIT_BIN="$(./hack/build-init.sh)"
 export CRISHIM_INIT_BIN
-echo "+ cargo test -p crishim-tests --test gpu_real -- --ignored --nocapture" >&2
-exec cargo test -p crishim-tests --test gpu_real -- --ignored --nocapture --test-threads 1
+for mode in preload replace; do
+    echo "+ CRISHIM_GPU_CHECK_INJECT=$mode cargo test -p crishim-tests --test gpu_real -- --ignored --nocapture" >&2
+    CRISHIM_GPU_CHECK_INJECT=$mode cargo test -p crishim-tests --test gpu_real -- --ignored --nocapture --test-threads 1
+done

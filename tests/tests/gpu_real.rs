@@ -42,9 +42,12 @@ fn gpu_container(image: &str, name: &str, annotations: &[(&str, &str)]) -> cri::
 #[tokio::test]
 #[ignore = "needs a real NVIDIA GPU and driver: run hack/gpu-check.sh"]
 async fn a_real_gpu_under_memory_and_core_limits() {
+    // `preload` (the default) or `replace`: hack/gpu-check.sh runs both.
+    let inject = std::env::var("CRISHIM_GPU_CHECK_INJECT").unwrap_or_else(|_| "preload".into());
+    println!("== inject = {inject:?}");
     let vdriver = tempfile::tempdir().unwrap();
     let env = PodEnv::start_with(DaemonOptions::new().extra_toml(&format!(
-        "[gpu]\ninject = \"preload\"\nvdriver_dir = {:?}\n",
+        "[gpu]\ninject = {inject:?}\nvdriver_dir = {:?}\n",
         vdriver.path().to_string_lossy()
     )))
     .await;
