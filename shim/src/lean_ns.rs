@@ -201,8 +201,7 @@ impl CreateView {
         spare: bool,
     ) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
-        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let mounts = mountinfo::parse(&text);
+        let mounts = mountinfo::read();
         if spare && !holder(&mounts, state_dir).is_some_and(|m| m.shared) {
             return None;
         }
@@ -585,10 +584,7 @@ garbage line
         let later = state.join("pods/later/shm");
         tmpfs_at(&later)?;
         let keep = [pod.clone(), bundle.clone()];
-        let mounted = |p: &Path| {
-            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-            mountinfo::parse(&info).iter().any(|m| m.mount_point == p)
-        };
+        let mounted = |p: &Path| mountinfo::read().iter().any(|m| m.mount_point == p);
         let other = state.join("pods/other0/shm");
         let (seen, view) = with_create_view(
             Some(spare),

@@ -13,13 +13,10 @@ use oci_spec::runtime::LinuxDeviceCgroup;
 use oci_spec::runtime::{LinuxDeviceCgroupBuilder, LinuxDeviceType};
 
 fn cgroup2_mount() -> Option<std::path::PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (mount, fs) = l.split_once(" - ")?;
-        fs.starts_with("cgroup2 ")
-            .then(|| mount.split(' ').nth(4).map(Into::into))
-            .flatten()
-    })
+    crishim_proto::mountinfo::read()
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .map(|m| m.mount_point)
 }
 
 /// In a child moved into `cgroup`: 0 if /dev/null opens and /dev/zero is refused with EPERM.

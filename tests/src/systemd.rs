@@ -52,13 +52,10 @@ pub struct NestedSystemd {
 
 /// Where this host mounts the cgroup v2 hierarchy (the unified one of a hybrid host).
 fn cgroup2_mount() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (mount, fs) = l.split_once(" - ")?;
-        fs.starts_with("cgroup2 ")
-            .then(|| mount.split(' ').nth(4).map(Into::into))
-            .flatten()
-    })
+    crishim_proto::mountinfo::read()
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .map(|m| m.mount_point)
 }
 
 impl NestedSystemd {
