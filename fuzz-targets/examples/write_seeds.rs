@@ -291,6 +291,12 @@ fn runtime() {
     seed("records", "container", ctr.as_bytes());
     let cache = r#"{"kind":"crishim-cni-cache/v1","containerId":"p1","ifName":"eth0","netns":"/run/netns/p1","cniArgs":"K8S_POD_NAME=p","config":{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]},"result":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/p1"}],"ips":[{"address":"10.88.0.2/16","interface":0}]}}"#;
     seed("records", "cni-cache", cache.as_bytes());
+    let mounts = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
+                  32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                  49 22 0:49 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/a\\040b rw master:3 - tmpfs tmpfs rw\n\
+                  50 22 0:50 / /run/crishim/pods/p1/shm rw,nosuid shared:7 master:1 - tmpfs shm rw,size=65536k\n\
+                  51 22 0:4 net:[4026532] /run/crishim/netns/p1 rw shared:8 - nsfs nsfs rw\n";
+    seed("mountinfo", "node", mounts.as_bytes());
 
     let v1 = r#"eth0
 {"cniVersion":"1.0.0","interfaces":[{"name":"cni0","mac":"aa:bb:cc:dd:ee:ff"},{"name":"eth0","sandbox":"/run/netns/x"}],"ips":[{"address":"10.88.0.5/16","gateway":"10.88.0.1","interface":1},{"address":"fd00::5/64","interface":1}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["10.88.0.1"]}}"#;

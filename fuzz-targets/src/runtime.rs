@@ -12,6 +12,14 @@ use crishim_runtime::workflow::manifest;
 
 use crate::split_at_byte;
 
+/// `/proc/self/mountinfo` as the daemon, the image store and the shim read it: mount points can
+/// carry names a pod chose (volume names), escaped by the kernel. Every mount kept is absolute.
+pub fn mountinfo(data: &[u8]) {
+    for m in crishim_proto::mountinfo::parse(&String::from_utf8_lossy(data)) {
+        assert!(m.mount_point.is_absolute(), "{m:?}");
+    }
+}
+
 /// A record file as start-up reads it: pod, container, CNI cache entry or exit record.
 pub fn records(data: &[u8]) {
     let _ = serde_json::from_slice::<PodRecord>(data);
