@@ -443,9 +443,10 @@ pub(crate) fn ensure_watcher(
         .name("crishim-vgpu".into())
         .spawn(move || {
             let mut said = false;
+            let mut seen = vec![Seen::default(); sample.devices.len()];
             loop {
                 std::thread::sleep(PERIOD);
-                let util = match sample.own_utilization(&own_pids(l)) {
+                let util = match sample.own_utilization(&own_pids(l), &mut seen) {
                     Ok(u) => u,
                     Err(why) => {
                         if !said {
@@ -454,10 +455,11 @@ pub(crate) fn ensure_watcher(
                                 "core limit {percent}% steered by the whole GPU's utilization: {why}"
                             ));
                         }
-                        sample.utilization()
+                        Some(sample.utilization())
                     }
                 };
-                {
+                // No new sample: steering again on the last one would act on it twice.
+                if let Some(util) = util {
                     let mut b = lock(bucket);
                     let now = Instant::now();
                     b.get_or_insert_with(|| Bucket::new(now))
@@ -507,45 +509,86 @@ impl Sampler {
             .unwrap_or(0)
     }
 
-    /// The SM use of the processes `own` names on the busiest granted GPU, percent, from their
-    /// latest samples of the last second.
-    fn own_utilization(&self, own: &[u32]) -> Result<u32, &'static str> {
+    /// The container's share of the busiest granted GPU, percent, from the per-process samples
+    /// NVML made since the ones `seen` records; `None` while there are none (NVML samples every
+    /// 1/6 to 1/5 s). A GPU with no sample for [`STALE`] ran nothing: 0.
+    fn own_utilization(&self, own: &[u32], seen: &mut [Seen]) -> Result<Option<u32>, &'static str> {
         if own.is_empty() {
             return Err("the container's processes are not known to the driver yet");
         }
         // SAFETY: the nvml.h signature.
         let f = unsafe { slots::GET_PROCESS_UTILIZATION.get::<ProcessUtilization>() }
             .ok_or("the driver has no per-process utilization")?;
-        let now = std::time::SystemTime::now()
+        let wall = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
-        let since = now.saturating_sub(1_000_000);
-        let mut busiest = 0;
-        for d in &self.devices {
+        let now = Instant::now();
+        let mut busiest: Option<u32> = None;
+        for (d, seen) in self.devices.iter().zip(seen.iter_mut()) {
+            // Samples after the newest already used, and none older than a second.
+            let after = seen
+                .newest
+                .max(wall.saturating_sub(STALE.as_micros() as u64));
             // SAFETY: NVML fills at most `count` samples.
-            let raw = match read_list(SAMPLE, |c, b| unsafe { f(*d as NvmlDevice, b, c, since) }) {
+            let raw = match read_list(SAMPLE, |c, b| unsafe { f(*d as NvmlDevice, b, c, after) }) {
                 Ok(raw) => raw,
-                // No sample since `since`: nothing ran.
                 Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
                 Err(_) => return Err("per-process utilization failed"),
             };
-            busiest = busiest.max(own_sum(&raw, own));
+            let share = match own_share(&raw, own, after) {
+                Some((share, newest)) => {
+                    *seen = Seen {
+                        newest,
+                        at: Some(now),
+                    };
+                    share
+                }
+                None if seen.at.is_some_and(|at| now.duration_since(at) < STALE) => continue,
+                None => {
+                    seen.at = Some(now);
+                    0
+                }
+            };
+            busiest = Some(busiest.map_or(share, |b| b.max(share)));
         }
         Ok(busiest)
     }
 }
 
-/// The SM use of `own`'s processes in raw `nvmlProcessUtilizationSample_t`s: each process's
-/// latest sample, summed, at most 100.
-fn own_sum(raw: &[u8], own: &[u32]) -> u32 {
-    let mut latest: HashMap<u32, (u64, u32)> = HashMap::new();
-    for e in raw.chunks(SAMPLE) {
+/// A GPU with no new per-process sample for this long ran nothing.
+const STALE: Duration = Duration::from_secs(1);
+
+/// The per-process samples of one GPU the watcher has used.
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    /// NVML's timestamp of the newest, microseconds.
+    newest: u64,
+    /// When the watcher last had a new one, or read the GPU as idle.
+    at: Option<Instant>,
+}
+
+/// The SM use of `own`'s processes in raw `nvmlProcessUtilizationSample_t`s newer than `after`,
+/// averaged over the distinct sample times, at most 100; and the newest time. `None` when no
+/// sample is newer.
+///
+/// Each sample time is one slice of the GPU's time. A time-slicing GPU gives each slice to the
+/// one process whose context ran, at about 99; a neighbour's slice counts 0 for the container.
+/// Where several processes share a slice, the container's processes' use in it is summed.
+fn own_share(raw: &[u8], own: &[u32], after: u64) -> Option<(u32, u64)> {
+    let mut slices: HashMap<u64, u32> = HashMap::new();
+    for e in raw.chunks_exact(SAMPLE) {
         let (pid, at, sm) = (u32_at(e, 0), u64_at(e, 8), u32_at(e, 16));
-        if own.contains(&pid) && latest.get(&pid).is_none_or(|(t, _)| *t <= at) {
-            latest.insert(pid, (at, sm.min(100)));
+        if at <= after {
+            continue;
+        }
+        let mine = slices.entry(at).or_default();
+        if own.contains(&pid) {
+            *mine = (*mine + sm.min(100)).min(100);
         }
     }
-    latest.values().map(|(_, sm)| sm).sum::<u32>().min(100)
+    let newest = *slices.keys().max()?;
+    let sum: u64 = slices.values().map(|&v| u64::from(v)).sum();
+    Some(((sum / slices.len() as u64) as u32, newest))
 }
 
 #[cfg(test)]
@@ -561,18 +604,42 @@ mod tests {
     }
 
     #[test]
-    fn own_use_sums_each_own_process_latest_sample() {
-        let raw: Vec<u8> = [
-            sample(10, 1, 90),
-            sample(10, 2, 20),
-            sample(11, 1, 15),
-            sample(99, 2, 100), // a neighbour
+    fn own_share_averages_the_containers_use_over_the_sample_times() {
+        // A slice per process on a time-slicing GPU: two of the container's, one neighbour's.
+        let sliced: Vec<u8> = [
+            sample(10, 5, 99),
+            sample(99, 6, 99), // a neighbour
+            sample(11, 7, 99),
         ]
         .concat();
-        assert_eq!(own_sum(&raw, &[10, 11]), 35);
-        assert_eq!(own_sum(&raw, &[12]), 0);
-        let busy: Vec<u8> = [sample(10, 1, 80), sample(11, 1, 80)].concat();
-        assert_eq!(own_sum(&busy, &[10, 11]), 100, "at most 100");
+        assert_eq!(own_share(&sliced, &[10, 11], 0), Some((66, 7)));
+        assert_eq!(
+            own_share(&sliced, &[12], 0),
+            Some((0, 7)),
+            "a neighbour's only"
+        );
+        // Only samples after the last one used count; none newer is no reading.
+        assert_eq!(own_share(&sliced, &[10, 11], 5), Some((49, 7)));
+        assert_eq!(own_share(&sliced, &[10, 11], 7), None);
+        // Processes that share one sample time (a fake driver, MPS): their use is summed.
+        let shared: Vec<u8> = [
+            sample(10, 1, 20),
+            sample(11, 1, 15),
+            sample(99, 1, 100),
+            sample(10, 2, 80),
+            sample(11, 2, 80),
+        ]
+        .concat();
+        assert_eq!(
+            own_share(&shared, &[10, 11], 0),
+            Some((67, 2)),
+            "(35 + 100) / 2"
+        );
+        assert_eq!(
+            own_share(&[0u8; SAMPLE - 1], &[10], 0),
+            None,
+            "a torn entry"
+        );
     }
 
     #[test]
