@@ -536,7 +536,7 @@ async fn preload_mode_enforces_the_memory_limit_across_processes() {
         &env,
         &id,
         "cudatest hold 200 60 > /tmp/gauge 2>&1 & echo $! > /tmp/gauge.pid; \
-         while ! grep -q hold /tmp/gauge; do sleep 0.1; done",
+         while ! grep -qs hold /tmp/gauge; do sleep 0.1; done",
     )
     .await;
     let text = scrape(&metrics).await;
