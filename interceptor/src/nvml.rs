@@ -537,6 +537,9 @@ impl Sampler {
             };
             let share = match own_share(&raw, own, after) {
                 Some((share, newest)) => {
+                    // A timestamp from the future (a clock step, a bad driver) must not hide
+                    // every later sample.
+                    let newest = newest.min(wall.saturating_add(STALE.as_micros() as u64));
                     *seen = Seen {
                         newest,
                         at: Some(now),
