@@ -2,7 +2,9 @@
 //! `--ignored --nocapture`. A real daemon serves the node's GPUs (`/dev`, `/proc`, the driver
 //! under `/`) and runs `cudatest` (`tests/gpu/cudatest.c`, which uses the driver API the way
 //! the CUDA runtime does) in busybox containers with limits. Every step prints what it saw;
-//! the assertions are the ones that hold on any GPU (a context's size, say, varies).
+//! the assertions are the ones that hold on any GPU (a context's size, say, varies). The core
+//! limit's shares are taken against the unlimited rate on the same GPU, so they do not depend on
+//! its speed.
 
 use crishim_proto::cri;
 use crishim_tests::gpu::gpu_image_once;
