@@ -56,6 +56,10 @@ pub mod slots {
     pub static CU_LAUNCH_KERNEL_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernel_ptsz");
     pub static CU_LAUNCH_KERNEL_EX: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernelEx");
     pub static CU_LAUNCH_KERNEL_EX_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernelEx_ptsz");
+    pub static CU_LAUNCH_COOPERATIVE_KERNEL: Slot =
+        Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel");
+    pub static CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: Slot =
+        Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel_ptsz");
     // Not hooked; what the hooks need to know the current device.
     pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
     pub static CU_DEVICE_GET_UUID: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid");
@@ -882,6 +886,76 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
         params,
         extra,
     )
+}
+
+type LaunchCooperativeKernel = unsafe extern "C" fn(
+    CUfunction,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+
+/// A cooperative launch is a kernel launch like any other: its blocks count against the limit.
+#[allow(clippy::too_many_arguments)]
+fn launch_cooperative(
+    slot: &Slot,
+    f: CUfunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    let real = real!(slot, LaunchCooperativeKernel);
+    if let Some(r) = throttle(blocks(grid.0, grid.1, grid.2)) {
+        return r;
+    }
+    // SAFETY: forwarding the caller's arguments.
+    unsafe {
+        real(
+            f, grid.0, grid.1, grid.2, block.0, block.1, block.2, shared, stream, params,
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    let slot = &slots::CU_LAUNCH_COOPERATIVE_KERNEL;
+    launch_cooperative(slot, f, (gx, gy, gz), (bx, by, bz), shared, stream, params)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    let slot = &slots::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ;
+    launch_cooperative(slot, f, (gx, gy, gz), (bx, by, bz), shared, stream, params)
 }
 
 type LaunchKernelEx = unsafe extern "C" fn(

@@ -149,6 +149,14 @@ pub fn entries() -> &'static [Entry] {
                 hooks::cuLaunchKernelEx_ptsz as *const () as usize,
             ),
             e(
+                &cu::CU_LAUNCH_COOPERATIVE_KERNEL,
+                hooks::cuLaunchCooperativeKernel as *const () as usize,
+            ),
+            e(
+                &cu::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
+                hooks::cuLaunchCooperativeKernel_ptsz as *const () as usize,
+            ),
+            e(
                 &nv::GET_MEMORY_INFO,
                 nvml::nvmlDeviceGetMemoryInfo as *const () as usize,
             ),
@@ -352,6 +360,14 @@ mod tests {
                 CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
             ),
             Some(hooks::cuMemAllocAsync_ptsz as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(
+                c"cuLaunchCooperativeKernel",
+                12000,
+                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+            ),
+            Some(hooks::cuLaunchCooperativeKernel_ptsz as *const () as *mut c_void)
         );
         assert_eq!(
             hook(c"cuGetProcAddress", 12000, 0),

@@ -33,7 +33,8 @@
  *                                   1,000,000 blocks a second. With $CUDATEST_PTX set (a real
  *                                   GPU), each launch runs a kernel whose blocks spin that many
  *                                   iterations and is waited for, and the rate is printed as
- *                                   blocks a second instead
+ *                                   blocks a second instead. With $CUDATEST_COOP set, the
+ *                                   launches are cuLaunchCooperativeKernel's
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -345,6 +346,8 @@ int main(int argc, char **argv) {
         CUdeviceptr out = 0;
         void *args[2] = {&n, &out};
         CUresult (*sync)(void) = sym("cuCtxSynchronize");
+        CUresult (*coop)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                         void **) = getenv("CUDATEST_COOP") ? sym("cuLaunchCooperativeKernel") : NULL;
         if (ptx) {
             CUresult (*load)(void **, const void *) = sym("cuModuleLoadData");
             CUresult (*get)(void **, void *, const char *) = sym("cuModuleGetFunction");
@@ -364,7 +367,12 @@ int main(int argc, char **argv) {
         unsigned long long counted = 0;
         double now;
         while ((now = seconds()) < end) {
-            launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            CUresult r = coop ? coop(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params)
+                              : launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            if (r != 0) {
+                printf("burn launch %d\n", r);
+                return 16;
+            }
             if (ptx) sync();
             if (now >= half) counted += blocks;
         }

@@ -470,6 +470,11 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
                                     unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
 }
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned shared, CUstream s, void **params) {
+    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)s; (void)params;
+    return launched((unsigned long long)gx * gy * gz);
+}
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)f; (void)params; (void)extra;
     return launched((unsigned long long)c->gx * c->gy * c->gz);
@@ -529,6 +534,7 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuLaunchKernel", (void *)cuLaunchKernel},
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
+    {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuFakeIdentify", (void *)cuFakeIdentify},
 };

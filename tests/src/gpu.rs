@@ -79,24 +79,17 @@ pub fn built() -> &'static Built {
         let libnvml = dir.join(format!("libnvidia-ml.so.{DRIVER_VERSION}"));
         let cudatest = dir.join("cudatest");
         let c = |name: &str| src.join(name).to_string_lossy().into_owned();
-        cc(
-            &[
-                "-shared",
-                "-fPIC",
-                "-Wl,-soname,libcuda.so.1",
-                &c("fake_cuda.c"),
-            ],
-            &libcuda,
-        );
-        cc(
-            &[
-                "-shared",
-                "-fPIC",
-                "-Wl,-soname,libnvidia-ml.so.1",
-                &c("fake_nvml.c"),
-            ],
-            &libnvml,
-        );
+        // Calls inside a fake library bind to itself, as a real driver's do: an interposed
+        // hook must not see them.
+        let library = |soname: &str, source: &str, out: &Path| {
+            let soname = format!("-Wl,-soname,{soname}");
+            cc(
+                &["-shared", "-fPIC", "-Wl,-Bsymbolic", &soname, &c(source)],
+                out,
+            );
+        };
+        library("libcuda.so.1", "fake_cuda.c", &libcuda);
+        library("libnvidia-ml.so.1", "fake_nvml.c", &libnvml);
         cc(&["-pthread", &c("cudatest.c")], &cudatest);
         Built {
             dir,

@@ -998,8 +998,13 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
             .unwrap_or_else(|| panic!("{out}"))
     };
 
-    // Alone on the GPU.
+    // Alone on the GPU, through both launch calls.
     let alone = burn(sh_ok(&env, &limited, "cudatest burn 8 1000").await);
+    let cooperative = burn(sh_ok(&env, &limited, "CUDATEST_COOP=1 cudatest burn 8 1000").await);
+    assert!(
+        (15..=45).contains(&cooperative),
+        "cooperative launches: {cooperative}% of the GPU against a 30% limit"
+    );
 
     // A neighbour saturates the GPU: the whole device is 100% busy.
     let c = config(&image, "neighbour", |c| {
@@ -1026,7 +1031,10 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
         "util 0 100\n",
         "the neighbour kept the GPU busy"
     );
-    println!("core limit 30%: alone {alone}% of the GPU, beside a busy neighbour {beside}%");
+    println!(
+        "core limit 30%: alone {alone}% of the GPU ({cooperative}% through cooperative \
+         launches), beside a busy neighbour {beside}%"
+    );
     // Steering by the whole GPU's utilization would have held the container near nothing.
     for (what, pct) in [("alone", alone), ("beside a busy neighbour", beside)] {
         assert!(
