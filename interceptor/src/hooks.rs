@@ -797,208 +797,57 @@ fn blocks(x: u32, y: u32, z: u32) -> u64 {
     u64::from(x) * u64::from(y) * u64::from(z)
 }
 
-type LaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-
-#[allow(clippy::too_many_arguments)]
-fn launch(
-    slot: &Slot,
-    f: CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let real = real!(slot, LaunchKernel);
-    if let Some(r) = throttle(blocks(grid.0, grid.1, grid.2)) {
-        return r;
-    }
-    // SAFETY: forwarding the caller's arguments.
-    unsafe {
-        real(
-            f, grid.0, grid.1, grid.2, block.0, block.1, block.2, shared, stream, params, extra,
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let slot = &slots::CU_LAUNCH_KERNEL;
-    launch(
-        slot,
-        f,
-        (gx, gy, gz),
-        (bx, by, bz),
-        shared,
-        stream,
-        params,
-        extra,
-    )
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let slot = &slots::CU_LAUNCH_KERNEL_PTSZ;
-    launch(
-        slot,
-        f,
-        (gx, gy, gz),
-        (bx, by, bz),
-        shared,
-        stream,
-        params,
-        extra,
-    )
-}
-
-type LaunchCooperativeKernel = unsafe extern "C" fn(
-    CUfunction,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    u32,
-    CUstream,
-    *mut *mut c_void,
-) -> CUresult;
-
-/// A cooperative launch is a kernel launch like any other: its blocks count against the limit.
-#[allow(clippy::too_many_arguments)]
-fn launch_cooperative(
-    slot: &Slot,
-    f: CUfunction,
-    grid: (u32, u32, u32),
-    block: (u32, u32, u32),
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let real = real!(slot, LaunchCooperativeKernel);
-    if let Some(r) = throttle(blocks(grid.0, grid.1, grid.2)) {
-        return r;
-    }
-    // SAFETY: forwarding the caller's arguments.
-    unsafe {
-        real(
-            f, grid.0, grid.1, grid.2, block.0, block.1, block.2, shared, stream, params,
-        )
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchCooperativeKernel(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let slot = &slots::CU_LAUNCH_COOPERATIVE_KERNEL;
-    launch_cooperative(slot, f, (gx, gy, gz), (bx, by, bz), shared, stream, params)
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let slot = &slots::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ;
-    launch_cooperative(slot, f, (gx, gy, gz), (bx, by, bz), shared, stream, params)
-}
-
-type LaunchKernelEx = unsafe extern "C" fn(
-    *const CUlaunchConfigHead,
-    CUfunction,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-
-fn launch_ex(
-    slot: &Slot,
-    config: *const CUlaunchConfigHead,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let real = real!(slot, LaunchKernelEx);
-    // SAFETY: `config` is the caller's (null is the driver's to refuse).
-    let cost =
-        unsafe { config.as_ref() }.map_or(1, |c| blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z));
+/// Wait for the tokens a launch of `cost` blocks takes, then make it with the real entry point in
+/// `slot`; `F` is that entry point's C signature.
+fn throttled<F: Copy>(slot: &Slot, cost: u64, launch: impl FnOnce(F) -> CUresult) -> CUresult {
+    let real = real!(slot, F);
     if let Some(r) = throttle(cost) {
         return r;
     }
-    // SAFETY: forwarding the caller's arguments.
-    unsafe { real(config, f, params, extra) }
+    launch(real)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    config: *const CUlaunchConfigHead,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    launch_ex(&slots::CU_LAUNCH_KERNEL_EX, config, f, params, extra)
+/// Hooked launch entry points, `name: slot` each, with one C signature: `cost` (an expression
+/// of the arguments) blocks are taken from the core limiter's bucket before the real one runs
+/// with the same arguments.
+macro_rules! launch_hooks {
+    ($($name:ident: $slot:ident),+; $args:tt, $cost:expr) => {
+        $(launch_hooks!(@one $name, $slot, $args, $cost);)+
+    };
+    (@one $name:ident, $slot:ident, ($($arg:ident: $ty:ty),*), $cost:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            throttled(&slots::$slot, $cost, |real: unsafe extern "C" fn($($ty),*) -> CUresult| {
+                // SAFETY: forwarding the caller's arguments to the real entry point.
+                unsafe { real($($arg),*) }
+            })
+        }
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    config: *const CUlaunchConfigHead,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    launch_ex(&slots::CU_LAUNCH_KERNEL_EX_PTSZ, config, f, params, extra)
+/// The grid size of `cuLaunchKernelEx`'s config (null is the driver's to refuse).
+fn config_blocks(config: *const CUlaunchConfigHead) -> u64 {
+    // SAFETY: `config` is the caller's, null or a `CUlaunchConfig` per cuda.h.
+    unsafe { config.as_ref() }.map_or(1, |c| blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z))
 }
+
+launch_hooks!(
+    cuLaunchKernel: CU_LAUNCH_KERNEL, cuLaunchKernel_ptsz: CU_LAUNCH_KERNEL_PTSZ;
+    (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
+     stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void),
+    blocks(gx, gy, gz)
+);
+// A cooperative launch is a kernel launch like any other: its blocks count against the limit.
+launch_hooks!(
+    cuLaunchCooperativeKernel: CU_LAUNCH_COOPERATIVE_KERNEL,
+    cuLaunchCooperativeKernel_ptsz: CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ;
+    (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
+     stream: CUstream, params: *mut *mut c_void),
+    blocks(gx, gy, gz)
+);
+launch_hooks!(
+    cuLaunchKernelEx: CU_LAUNCH_KERNEL_EX, cuLaunchKernelEx_ptsz: CU_LAUNCH_KERNEL_EX_PTSZ;
+    (config: *const CUlaunchConfigHead, f: CUfunction, params: *mut *mut c_void,
+     extra: *mut *mut c_void),
+    config_blocks(config)
+);
