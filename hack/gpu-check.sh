@@ -5,8 +5,8 @@
 #   - a driver-API program allocating past its limit through cuMemAlloc, cuGetProcAddress,
 #     cuMemAllocAsync, a memory pool and arrays, and a pool that keeps freed memory;
 #   - two processes sharing the limit, one of them killed;
-#   - the core limit alone, the unlimited rate, and the limit beside a neighbour container that
-#     keeps the GPU busy.
+#   - the core limit alone (through plain, cooperative and graph launches), the unlimited rate,
+#     and the limit beside a neighbour container that keeps the GPU busy.
 # Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored), once
 # with each way of injecting the interceptor: `preload` and `replace`.
 #

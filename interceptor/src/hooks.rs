@@ -60,6 +60,8 @@ pub mod slots {
         Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel");
     pub static CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel_ptsz");
+    pub static CU_GRAPH_LAUNCH: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch");
+    pub static CU_GRAPH_LAUNCH_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch_ptsz");
     // Not hooked; what the hooks need to know the current device.
     pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
     pub static CU_DEVICE_GET_UUID: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid");
@@ -794,7 +796,9 @@ fn throttle(blocks: u64) -> Option<CUresult> {
 }
 
 fn blocks(x: u32, y: u32, z: u32) -> u64 {
-    u64::from(x) * u64::from(y) * u64::from(z)
+    u64::from(x)
+        .saturating_mul(u64::from(y))
+        .saturating_mul(u64::from(z))
 }
 
 /// Wait for the tokens a launch of `cost` blocks takes, then make it with the real entry point in
@@ -844,6 +848,12 @@ launch_hooks!(
     (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
      stream: CUstream, params: *mut *mut c_void),
     blocks(gx, gy, gz)
+);
+// A graph's kernels are launched by the driver: a graph launch costs them all (see `graph`).
+launch_hooks!(
+    cuGraphLaunch: CU_GRAPH_LAUNCH, cuGraphLaunch_ptsz: CU_GRAPH_LAUNCH_PTSZ;
+    (exec: crate::graph::CUgraphExec, stream: CUstream),
+    crate::graph::cost(exec)
 );
 launch_hooks!(
     cuLaunchKernelEx: CU_LAUNCH_KERNEL_EX, cuLaunchKernelEx_ptsz: CU_LAUNCH_KERNEL_EX_PTSZ;

@@ -64,6 +64,7 @@ pub mod config;
 pub mod context;
 pub mod cuda;
 pub mod dlsym;
+pub mod graph;
 pub mod hooks;
 pub mod ledger;
 pub mod limiter;

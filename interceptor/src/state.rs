@@ -104,6 +104,7 @@ extern "C" fn before_fork() {
     }
     crate::hooks::hold_for_fork(&mut held);
     crate::real::hold_for_fork(&mut held);
+    crate::graph::hold_for_fork(&mut held);
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = held);
 }
 

@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 
 use crate::context::{self, slots as ctx};
 use crate::cuda::{CUDA_VERSION_V2_API, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+use crate::graph::{self, slots as gr};
 use crate::hooks::{self, slots as cu};
 use crate::nvml::{self, slots as nv};
 use crate::pool::{self, slots as pl};
@@ -155,6 +156,38 @@ pub fn entries() -> &'static [Entry] {
             e(
                 &cu::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
                 hooks::cuLaunchCooperativeKernel_ptsz as *const () as usize,
+            ),
+            e(
+                &cu::CU_GRAPH_LAUNCH,
+                hooks::cuGraphLaunch as *const () as usize,
+            ),
+            e(
+                &cu::CU_GRAPH_LAUNCH_PTSZ,
+                hooks::cuGraphLaunch_ptsz as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_INSTANTIATE,
+                graph::cuGraphInstantiate as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_INSTANTIATE_V2,
+                graph::cuGraphInstantiate_v2 as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_INSTANTIATE_WITH_FLAGS,
+                graph::cuGraphInstantiateWithFlags as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+                graph::cuGraphInstantiateWithParams as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+                graph::cuGraphInstantiateWithParams_ptsz as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_EXEC_DESTROY,
+                graph::cuGraphExecDestroy as *const () as usize,
             ),
             e(
                 &nv::GET_MEMORY_INFO,

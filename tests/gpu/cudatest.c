@@ -34,7 +34,10 @@
  *                                   GPU), each launch runs a kernel whose blocks spin that many
  *                                   iterations and is waited for, and the rate is printed as
  *                                   blocks a second instead. With $CUDATEST_COOP set, the
- *                                   launches are cuLaunchCooperativeKernel's
+ *                                   launches are cuLaunchCooperativeKernel's; with
+ *                                   $CUDATEST_GRAPH set, each is a cuGraphLaunch of a graph
+ *                                   holding half the blocks in a kernel node and half in a
+ *                                   kernel node of a child graph
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -362,13 +365,38 @@ int main(int argc, char **argv) {
             }
             params = args;
         }
-        double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total;
         unsigned blocks = (unsigned)atoi(argv[3]);
+        void *exec = NULL;
+        CUresult (*graph_launch)(void *, void *) = NULL;
+        if (getenv("CUDATEST_GRAPH")) {
+            CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
+            CUresult (*add_kernel)(void **, void *, void *, size_t, void *) = sym("cuGraphAddKernelNode_v2");
+            CUresult (*add_child)(void **, void *, void *, size_t, void *) = sym("cuGraphAddChildGraphNode");
+            CUresult (*instantiate)(void **, void *, unsigned long long) = sym("cuGraphInstantiateWithFlags");
+            /* CUDA_KERNEL_NODE_PARAMS_v2 */
+            struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
+                {fn, blocks / 2, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
+            void *graph = NULL, *child = NULL, *node = NULL;
+            CUresult r = create(&graph, 0);
+            if (r == 0) r = create(&child, 0);
+            if (r == 0) r = add_kernel(&node, child, NULL, 0, &k);
+            k.gx = blocks - blocks / 2;
+            if (r == 0) r = add_kernel(&node, graph, NULL, 0, &k);
+            if (r == 0) r = add_child(&node, graph, NULL, 0, child);
+            if (r == 0) r = instantiate(&exec, graph, 0);
+            if (r != 0) {
+                printf("burn graph %d\n", r);
+                return 17;
+            }
+            graph_launch = sym("cuGraphLaunch");
+        }
+        double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total;
         unsigned long long counted = 0;
         double now;
         while ((now = seconds()) < end) {
-            CUresult r = coop ? coop(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params)
-                              : launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+            CUresult r = exec   ? graph_launch(exec, NULL)
+                         : coop ? coop(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params)
+                                : launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
             if (r != 0) {
                 printf("burn launch %d\n", r);
                 return 16;

@@ -480,6 +480,75 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
     return launched((unsigned long long)c->gx * c->gy * c->gz);
 }
 
+/* Graphs: enough for the interceptor to read a graph's kernels, and for a launch to run them. */
+#define MAX_GRAPH_NODES 16
+typedef struct fake_graph fake_graph;
+typedef struct { int type; unsigned long long blocks; fake_graph *child; } fake_node;
+struct fake_graph { size_t n; fake_node nodes[MAX_GRAPH_NODES]; };
+typedef struct { unsigned long long blocks; } fake_exec;
+/* CUDA_KERNEL_NODE_PARAMS_v2. */
+typedef struct { CUfunction func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } KernelNodeParams;
+#define NODE_KERNEL 0
+#define NODE_GRAPH 5
+
+EXPORT CUresult cuGraphCreate(fake_graph **g, unsigned flags) {
+    (void)flags;
+    *g = calloc(1, sizeof **g);
+    return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult add_node(fake_node **out, fake_graph *g, fake_node n) {
+    if (g->n == MAX_GRAPH_NODES) return CUDA_ERROR_OUT_OF_MEMORY;
+    g->nodes[g->n] = n;
+    *out = &g->nodes[g->n++];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddKernelNode_v2(fake_node **out, fake_graph *g, void *deps, size_t ndeps,
+                                        const KernelNodeParams *p) {
+    (void)deps; (void)ndeps;
+    return add_node(out, g, (fake_node){NODE_KERNEL, (unsigned long long)p->gx * p->gy * p->gz, NULL});
+}
+EXPORT CUresult cuGraphAddChildGraphNode(fake_node **out, fake_graph *g, void *deps, size_t ndeps, fake_graph *child) {
+    (void)deps; (void)ndeps;
+    return add_node(out, g, (fake_node){NODE_GRAPH, 0, child});
+}
+EXPORT CUresult cuGraphGetNodes(fake_graph *g, fake_node **nodes, size_t *n) {
+    if (nodes) {
+        for (size_t i = 0; i < *n && i < g->n; i++) nodes[i] = &g->nodes[i];
+        if (*n > g->n) *n = g->n;
+    } else {
+        *n = g->n;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphNodeGetType(fake_node *n, int *type) { *type = n->type; return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphKernelNodeGetParams_v2(fake_node *n, KernelNodeParams *p) {
+    if (n->type != NODE_KERNEL) return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->gx = (unsigned)n->blocks;
+    p->gy = p->gz = p->bx = p->by = p->bz = 1;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(fake_node *n, fake_graph **g) {
+    if (n->type != NODE_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    *g = n->child;
+    return CUDA_SUCCESS;
+}
+static unsigned long long graph_blocks(const fake_graph *g) {
+    unsigned long long total = 0;
+    for (size_t i = 0; i < g->n; i++)
+        total += g->nodes[i].type == NODE_KERNEL ? g->nodes[i].blocks : graph_blocks(g->nodes[i].child);
+    return total;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(fake_exec **e, fake_graph *g, unsigned long long flags) {
+    (void)flags;
+    *e = malloc(sizeof **e);
+    if (!*e) return CUDA_ERROR_OUT_OF_MEMORY;
+    (*e)->blocks = graph_blocks(g);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) { (void)s; return launched(e->blocks); }
+EXPORT CUresult cuGraphExecDestroy(fake_exec *e) { free(e); return CUDA_SUCCESS; }
+
 /* Not hooked by the interceptor: must reach the application untouched. */
 EXPORT int cuFakeIdentify(void) { return 0x5ca1ab1e; }
 
@@ -535,6 +604,16 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+    {"cuGraphCreate", (void *)cuGraphCreate},
+    {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
+    {"cuGraphAddChildGraphNode", (void *)cuGraphAddChildGraphNode},
+    {"cuGraphGetNodes", (void *)cuGraphGetNodes},
+    {"cuGraphNodeGetType", (void *)cuGraphNodeGetType},
+    {"cuGraphKernelNodeGetParams_v2", (void *)cuGraphKernelNodeGetParams_v2},
+    {"cuGraphChildGraphNodeGetGraph", (void *)cuGraphChildGraphNodeGetGraph},
+    {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
+    {"cuGraphLaunch", (void *)cuGraphLaunch},
+    {"cuGraphExecDestroy", (void *)cuGraphExecDestroy},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuFakeIdentify", (void *)cuFakeIdentify},
 };

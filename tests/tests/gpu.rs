@@ -1001,10 +1001,16 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
     // Alone on the GPU, through both launch calls.
     let alone = burn(sh_ok(&env, &limited, "cudatest burn 8 1000").await);
     let cooperative = burn(sh_ok(&env, &limited, "CUDATEST_COOP=1 cudatest burn 8 1000").await);
-    assert!(
-        (15..=45).contains(&cooperative),
-        "cooperative launches: {cooperative}% of the GPU against a 30% limit"
-    );
+    let graphs = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=1 cudatest burn 8 1000").await);
+    for (how, pct) in [
+        ("cooperative launches", cooperative),
+        ("graph launches", graphs),
+    ] {
+        assert!(
+            (15..=45).contains(&pct),
+            "{how}: {pct}% of the GPU against a 30% limit"
+        );
+    }
 
     // A neighbour saturates the GPU: the whole device is 100% busy.
     let c = config(&image, "neighbour", |c| {
@@ -1033,7 +1039,7 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
     );
     println!(
         "core limit 30%: alone {alone}% of the GPU ({cooperative}% through cooperative \
-         launches), beside a busy neighbour {beside}%"
+         launches, {graphs}% through graphs), beside a busy neighbour {beside}%"
     );
     // Steering by the whole GPU's utilization would have held the container near nothing.
     for (what, pct) in [("alone", alone), ("beside a busy neighbour", beside)] {

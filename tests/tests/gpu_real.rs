@@ -152,6 +152,15 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         )
         .await,
     );
+    let graphs = burn(
+        step(
+            &env,
+            &id,
+            "30% alone, through cuGraphLaunch",
+            &format!("CUDATEST_GRAPH=1 {spin} cudatest burn 10 512"),
+        )
+        .await,
+    );
     let n = gpu_container(&image, "neighbour", &[]);
     let neighbour = env.d.run_container(&pod, &n, &cfg).await.unwrap();
     traces.add_container(&neighbour);
@@ -188,10 +197,11 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     let share = |rate: f64| rate / unlimited * 100.0;
     let beside: Vec<f64> = beside.into_iter().map(share).collect();
     println!(
-        "== the core limit, 30%: alone {:.0}% ({:.0}% through cooperative launches), beside a \
-         busy neighbour {:.0?}% of the unlimited rate",
+        "== the core limit, 30%: alone {:.0}% ({:.0}% through cooperative launches, {:.0}% \
+         through graphs), beside a busy neighbour {:.0?}% of the unlimited rate",
         share(limited_alone),
         share(cooperative),
+        share(graphs),
         beside
     );
     // Alone, the rate follows the GPU's time closely. Beside a neighbour, a time-slice the
@@ -199,6 +209,7 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     // above its share of the rate: never more than the limit, but not starved either.
     assert!((20.0..=36.0).contains(&share(limited_alone)), "alone");
     assert!((20.0..=36.0).contains(&share(cooperative)), "cooperative");
+    assert!((20.0..=36.0).contains(&share(graphs)), "graphs");
     for b in beside {
         assert!((12.0..=36.0).contains(&b), "beside a neighbour");
     }
