@@ -1,8 +1,8 @@
 //! CUDA graphs and the core limit: the driver launches a graph's kernels itself, so the hooks on
 //! kernel launches never see them. A graph's cost is therefore taken when it is instantiated —
 //! the blocks of every kernel node, child graphs included — and charged at each `cuGraphLaunch`
-//! (see `hooks`). Changes made to an instantiated graph later (`cuGraphExecUpdate`, setting a
-//! node's parameters) are not seen: the cost stays the one at instantiation.
+//! (see `hooks`). `cuGraphExecUpdate` takes the cost again from the new graph; a single node's
+//! parameters set on an instantiated graph (`cuGraphExecKernelNodeSetParams`) are not seen.
 //!
 //! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
 //! documents, and they are meant to be called from C only.
@@ -33,6 +33,8 @@ pub mod slots {
     pub static CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuGraphInstantiateWithParams_ptsz");
     pub static CU_GRAPH_EXEC_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuGraphExecDestroy");
+    pub static CU_GRAPH_EXEC_UPDATE: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate");
+    pub static CU_GRAPH_EXEC_UPDATE_V2: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate_v2");
     // Not hooked: what a graph's kernels are read with.
     pub static CU_GRAPH_GET_NODES: Slot = Slot::new(Lib::Cuda, c"cuGraphGetNodes");
     pub static CU_GRAPH_NODE_GET_TYPE: Slot = Slot::new(Lib::Cuda, c"cuGraphNodeGetType");
@@ -79,11 +81,19 @@ fn limited() -> bool {
 
 /// After a successful instantiation of `graph` into `*exec`, keep its cost.
 fn instantiated(r: CUresult, exec: *mut CUgraphExec, graph: CUgraph) -> CUresult {
-    if r != CUDA_SUCCESS || exec.is_null() || !limited() {
-        return r;
+    if r == CUDA_SUCCESS && !exec.is_null() {
+        // SAFETY: the driver wrote the new handle there.
+        remember(unsafe { *exec }, graph);
     }
-    // SAFETY: the driver wrote the new handle there.
-    let exec = unsafe { *exec } as usize;
+    r
+}
+
+/// Keep what a launch of `exec`, made from `graph`, costs (where a core limit is in force).
+fn remember(exec: CUgraphExec, graph: CUgraph) {
+    if !limited() {
+        return;
+    }
+    let exec = exec as usize;
     let blocks = graph_blocks(graph, 0, &mut { MAX_NODES });
     let mut costs = lock(&COSTS);
     let m = costs.get_or_insert_with(HashMap::new);
@@ -93,7 +103,6 @@ fn instantiated(r: CUresult, exec: *mut CUgraphExec, graph: CUgraph) -> CUresult
         }
     }
     m.insert(exec, blocks.max(1));
-    r
 }
 
 /// The blocks of every kernel node of `graph` and of the graphs its child nodes hold, reading at
@@ -203,6 +212,28 @@ instantiate_hook!(cuGraphInstantiate_v2, CU_GRAPH_INSTANTIATE_V2, (error_node: *
 instantiate_hook!(cuGraphInstantiateWithFlags, CU_GRAPH_INSTANTIATE_WITH_FLAGS, (flags: u64));
 instantiate_hook!(cuGraphInstantiateWithParams, CU_GRAPH_INSTANTIATE_WITH_PARAMS, (params: *mut c_void));
 instantiate_hook!(cuGraphInstantiateWithParams_ptsz, CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ, (params: *mut c_void));
+
+/// A graph instantiated again in place from `graph`: its cost is taken again.
+macro_rules! update_hook {
+    ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, graph: CUgraph, $($arg: $ty),*) -> CUresult {
+            let real = real!(
+                slots::$slot,
+                unsafe extern "C" fn(CUgraphExec, CUgraph, $($ty),*) -> CUresult
+            );
+            // SAFETY: forwarding the caller's arguments to the real entry point.
+            let r = unsafe { real(exec, graph, $($arg),*) };
+            if r == CUDA_SUCCESS {
+                remember(exec, graph);
+            }
+            r
+        }
+    };
+}
+
+update_hook!(cuGraphExecUpdate, CU_GRAPH_EXEC_UPDATE, (error_node: *mut CUgraphNode, result: *mut i32));
+update_hook!(cuGraphExecUpdate_v2, CU_GRAPH_EXEC_UPDATE_V2, (info: *mut c_void));
 
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {

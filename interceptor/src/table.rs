@@ -186,6 +186,14 @@ pub fn entries() -> &'static [Entry] {
                 graph::cuGraphInstantiateWithParams_ptsz as *const () as usize,
             ),
             e(
+                &gr::CU_GRAPH_EXEC_UPDATE,
+                graph::cuGraphExecUpdate as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_EXEC_UPDATE_V2,
+                graph::cuGraphExecUpdate_v2 as *const () as usize,
+            ),
+            e(
                 &gr::CU_GRAPH_EXEC_DESTROY,
                 graph::cuGraphExecDestroy as *const () as usize,
             ),

@@ -37,7 +37,9 @@
  *                                   launches are cuLaunchCooperativeKernel's; with
  *                                   $CUDATEST_GRAPH set, each is a cuGraphLaunch of a graph
  *                                   holding half the blocks in a kernel node and half in a
- *                                   kernel node of a child graph
+ *                                   kernel node of a child graph ($CUDATEST_GRAPH=update:
+ *                                   instantiated from the same shape with a block a node, then
+ *                                   updated to it with cuGraphExecUpdate)
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -59,6 +61,26 @@ typedef struct { int type; int requestedHandleTypes; struct { int type; int id; 
 
 static void *cuda;
 static CUresult (*getproc)(const char *, void **, int, unsigned long long);
+
+static void *sym(const char *name);
+
+/* burn's graph: a kernel node of `outer` blocks, and a child graph with one of `inner`. */
+static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner, unsigned outer) {
+    CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
+    CUresult (*add_kernel)(void **, void *, void *, size_t, void *) = sym("cuGraphAddKernelNode_v2");
+    CUresult (*add_child)(void **, void *, void *, size_t, void *) = sym("cuGraphAddChildGraphNode");
+    /* CUDA_KERNEL_NODE_PARAMS_v2 */
+    struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
+        {fn, inner, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
+    void *child = NULL, *node = NULL;
+    CUresult r = create(graph, 0);
+    if (r == 0) r = create(&child, 0);
+    if (r == 0) r = add_kernel(&node, child, NULL, 0, &k);
+    k.gx = outer;
+    if (r == 0) r = add_kernel(&node, *graph, NULL, 0, &k);
+    if (r == 0) r = add_child(&node, *graph, NULL, 0, child);
+    return r;
+}
 
 static void *sym(const char *name) {
     void *p = dlsym(cuda, name);
@@ -369,21 +391,20 @@ int main(int argc, char **argv) {
         void *exec = NULL;
         CUresult (*graph_launch)(void *, void *) = NULL;
         if (getenv("CUDATEST_GRAPH")) {
-            CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
-            CUresult (*add_kernel)(void **, void *, void *, size_t, void *) = sym("cuGraphAddKernelNode_v2");
-            CUresult (*add_child)(void **, void *, void *, size_t, void *) = sym("cuGraphAddChildGraphNode");
             CUresult (*instantiate)(void **, void *, unsigned long long) = sym("cuGraphInstantiateWithFlags");
-            /* CUDA_KERNEL_NODE_PARAMS_v2 */
-            struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
-                {fn, blocks / 2, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
-            void *graph = NULL, *child = NULL, *node = NULL;
-            CUresult r = create(&graph, 0);
-            if (r == 0) r = create(&child, 0);
-            if (r == 0) r = add_kernel(&node, child, NULL, 0, &k);
-            k.gx = blocks - blocks / 2;
-            if (r == 0) r = add_kernel(&node, graph, NULL, 0, &k);
-            if (r == 0) r = add_child(&node, graph, NULL, 0, child);
-            if (r == 0) r = instantiate(&exec, graph, 0);
+            void *graph = NULL;
+            CUresult r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2);
+            if (strcmp(getenv("CUDATEST_GRAPH"), "update") == 0) {
+                /* The same shape with a block a node, instantiated, then updated to the real one. */
+                CUresult (*update)(void *, void *, void *) = sym("cuGraphExecUpdate_v2");
+                void *small = NULL;
+                char info[64] = {0};
+                if (r == 0) r = burn_graph(&small, fn, params, 1, 1);
+                if (r == 0) r = instantiate(&exec, small, 0);
+                if (r == 0) r = update(exec, graph, info);
+            } else if (r == 0) {
+                r = instantiate(&exec, graph, 0);
+            }
             if (r != 0) {
                 printf("burn graph %d\n", r);
                 return 17;

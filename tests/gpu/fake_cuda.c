@@ -546,6 +546,11 @@ EXPORT CUresult cuGraphInstantiateWithFlags(fake_exec **e, fake_graph *g, unsign
     (*e)->blocks = graph_blocks(g);
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuGraphExecUpdate_v2(fake_exec *e, fake_graph *g, void *info) {
+    (void)info;
+    e->blocks = graph_blocks(g);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) { (void)s; return launched(e->blocks); }
 EXPORT CUresult cuGraphExecDestroy(fake_exec *e) { free(e); return CUDA_SUCCESS; }
 
@@ -613,6 +618,7 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuGraphChildGraphNodeGetGraph", (void *)cuGraphChildGraphNodeGetGraph},
     {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
     {"cuGraphLaunch", (void *)cuGraphLaunch},
+    {"cuGraphExecUpdate_v2", (void *)cuGraphExecUpdate_v2},
     {"cuGraphExecDestroy", (void *)cuGraphExecDestroy},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuFakeIdentify", (void *)cuFakeIdentify},

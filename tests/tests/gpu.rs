@@ -1002,9 +1002,11 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
     let alone = burn(sh_ok(&env, &limited, "cudatest burn 8 1000").await);
     let cooperative = burn(sh_ok(&env, &limited, "CUDATEST_COOP=1 cudatest burn 8 1000").await);
     let graphs = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=1 cudatest burn 8 1000").await);
+    let updated = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=update cudatest burn 4 1000").await);
     for (how, pct) in [
         ("cooperative launches", cooperative),
         ("graph launches", graphs),
+        ("launches of an updated graph", updated),
     ] {
         assert!(
             (15..=45).contains(&pct),

@@ -161,6 +161,15 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         )
         .await,
     );
+    let updated = burn(
+        step(
+            &env,
+            &id,
+            "30% alone, through a graph updated with cuGraphExecUpdate",
+            &format!("CUDATEST_GRAPH=update {spin} cudatest burn 10 512"),
+        )
+        .await,
+    );
     let n = gpu_container(&image, "neighbour", &[]);
     let neighbour = env.d.run_container(&pod, &n, &cfg).await.unwrap();
     traces.add_container(&neighbour);
@@ -198,18 +207,25 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     let beside: Vec<f64> = beside.into_iter().map(share).collect();
     println!(
         "== the core limit, 30%: alone {:.0}% ({:.0}% through cooperative launches, {:.0}% \
-         through graphs), beside a busy neighbour {:.0?}% of the unlimited rate",
+         through graphs, {:.0}% through an updated graph), beside a busy neighbour {:.0?}% of \
+         the unlimited rate",
         share(limited_alone),
         share(cooperative),
         share(graphs),
+        share(updated),
         beside
     );
     // Alone, the rate follows the GPU's time closely. Beside a neighbour, a time-slice the
     // container holds runs less of its work, so its share of the time (which is limited) is
     // above its share of the rate: never more than the limit, but not starved either.
     assert!((20.0..=36.0).contains(&share(limited_alone)), "alone");
-    assert!((20.0..=36.0).contains(&share(cooperative)), "cooperative");
-    assert!((20.0..=36.0).contains(&share(graphs)), "graphs");
+    for (how, rate) in [
+        ("cooperative launches", cooperative),
+        ("graphs", graphs),
+        ("an updated graph", updated),
+    ] {
+        assert!((20.0..=36.0).contains(&share(rate)), "{how}");
+    }
     for b in beside {
         assert!((12.0..=36.0).contains(&b), "beside a neighbour");
     }
