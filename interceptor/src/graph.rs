@@ -193,10 +193,15 @@ fn kernel_blocks(node: CUgraphNode) -> u64 {
     dim(8).saturating_mul(dim(12)).saturating_mul(dim(16))
 }
 
+/// A graph instantiated into `*exec` from `graph`: its cost is kept.
 macro_rules! instantiate_hook {
     ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
         #[no_mangle]
-        pub unsafe extern "C" fn $name(exec: *mut CUgraphExec, graph: CUgraph, $($arg: $ty),*) -> CUresult {
+        pub unsafe extern "C" fn $name(
+            exec: *mut CUgraphExec,
+            graph: CUgraph,
+            $($arg: $ty),*
+        ) -> CUresult {
             let real = real!(
                 slots::$slot,
                 unsafe extern "C" fn(*mut CUgraphExec, CUgraph, $($ty),*) -> CUresult
@@ -207,17 +212,37 @@ macro_rules! instantiate_hook {
     };
 }
 
-instantiate_hook!(cuGraphInstantiate, CU_GRAPH_INSTANTIATE, (error_node: *mut CUgraphNode, log: *mut c_char, size: usize));
-instantiate_hook!(cuGraphInstantiate_v2, CU_GRAPH_INSTANTIATE_V2, (error_node: *mut CUgraphNode, log: *mut c_char, size: usize));
+instantiate_hook!(
+    cuGraphInstantiate,
+    CU_GRAPH_INSTANTIATE,
+    (error_node: *mut CUgraphNode, log: *mut c_char, size: usize)
+);
+instantiate_hook!(
+    cuGraphInstantiate_v2,
+    CU_GRAPH_INSTANTIATE_V2,
+    (error_node: *mut CUgraphNode, log: *mut c_char, size: usize)
+);
 instantiate_hook!(cuGraphInstantiateWithFlags, CU_GRAPH_INSTANTIATE_WITH_FLAGS, (flags: u64));
-instantiate_hook!(cuGraphInstantiateWithParams, CU_GRAPH_INSTANTIATE_WITH_PARAMS, (params: *mut c_void));
-instantiate_hook!(cuGraphInstantiateWithParams_ptsz, CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ, (params: *mut c_void));
+instantiate_hook!(
+    cuGraphInstantiateWithParams,
+    CU_GRAPH_INSTANTIATE_WITH_PARAMS,
+    (params: *mut c_void)
+);
+instantiate_hook!(
+    cuGraphInstantiateWithParams_ptsz,
+    CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
+    (params: *mut c_void)
+);
 
 /// A graph instantiated again in place from `graph`: its cost is taken again.
 macro_rules! update_hook {
     ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
         #[no_mangle]
-        pub unsafe extern "C" fn $name(exec: CUgraphExec, graph: CUgraph, $($arg: $ty),*) -> CUresult {
+        pub unsafe extern "C" fn $name(
+            exec: CUgraphExec,
+            graph: CUgraph,
+            $($arg: $ty),*
+        ) -> CUresult {
             let real = real!(
                 slots::$slot,
                 unsafe extern "C" fn(CUgraphExec, CUgraph, $($ty),*) -> CUresult
@@ -232,7 +257,11 @@ macro_rules! update_hook {
     };
 }
 
-update_hook!(cuGraphExecUpdate, CU_GRAPH_EXEC_UPDATE, (error_node: *mut CUgraphNode, result: *mut i32));
+update_hook!(
+    cuGraphExecUpdate,
+    CU_GRAPH_EXEC_UPDATE,
+    (error_node: *mut CUgraphNode, result: *mut i32)
+);
 update_hook!(cuGraphExecUpdate_v2, CU_GRAPH_EXEC_UPDATE_V2, (info: *mut c_void));
 
 #[no_mangle]
