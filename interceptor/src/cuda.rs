@@ -84,13 +84,18 @@ pub struct CUmemAllocationPropHead {
     pub location: CUmemLocation,
 }
 
-/// The head of `CUlaunchConfig`; only the grid size is read.
+/// The head of `CUlaunchConfig`, up to its stream; the grid size and the stream are read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct CUlaunchConfigHead {
     pub grid_dim_x: u32,
     pub grid_dim_y: u32,
     pub grid_dim_z: u32,
+    pub block_dim_x: u32,
+    pub block_dim_y: u32,
+    pub block_dim_z: u32,
+    pub shared_mem_bytes: u32,
+    pub stream: CUstream,
 }
 
 /// Parse `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (NVML's and crishim's form; `MIG-` for a MIG

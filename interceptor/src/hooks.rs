@@ -61,6 +61,10 @@ pub mod slots {
     pub static CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel_ptsz");
     pub static CU_GRAPH_LAUNCH: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch");
+    // Not hooked: whether a launch only records into a graph being captured.
+    pub static CU_STREAM_IS_CAPTURING: Slot = Slot::new(Lib::Cuda, c"cuStreamIsCapturing");
+    pub static CU_STREAM_IS_CAPTURING_PTSZ: Slot =
+        Slot::new(Lib::Cuda, c"cuStreamIsCapturing_ptsz");
     pub static CU_GRAPH_LAUNCH_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch_ptsz");
     // Not hooked; what the hooks need to know the current device.
     pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
@@ -774,8 +778,8 @@ pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
     held.push(Box::new(lock(&BUCKET)));
 }
 
-/// Wait for the tokens a launch of `blocks` blocks costs, when a core limit is in force.
-fn throttle(blocks: u64) -> Option<CUresult> {
+/// Wait for the tokens a launch costs (`blocks`, asked only when a core limit is in force).
+fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
     let l = match mode() {
         Mode::Broken(_) => return Some(CUDA_ERROR_NOT_PERMITTED),
         Mode::PassThrough => return None,
@@ -786,7 +790,8 @@ fn throttle(blocks: u64) -> Option<CUresult> {
     let wait = {
         let mut b = lock(&BUCKET);
         let now = Instant::now();
-        b.get_or_insert_with(|| Bucket::new(now)).take(blocks, now)
+        b.get_or_insert_with(|| Bucket::new(now))
+            .take(blocks(), now)
     };
     if !wait.is_zero() {
         crate::nvml::note_throttled(wait);
@@ -801,30 +806,67 @@ fn blocks(x: u32, y: u32, z: u32) -> u64 {
         .saturating_mul(u64::from(z))
 }
 
-/// Wait for the tokens a launch of `cost` blocks takes, then make it with the real entry point in
-/// `slot`; `F` is that entry point's C signature.
-fn throttled<F: Copy>(slot: &Slot, cost: u64, launch: impl FnOnce(F) -> CUresult) -> CUresult {
+/// Wait for the tokens a launch of `cost` blocks on `stream` takes, then make it with the real
+/// entry point in `slot`; `F` is that entry point's C signature. A launch into a stream being
+/// captured only records it in a graph: it costs nothing (the graph's launches will).
+fn throttled<F: Copy>(
+    slot: &Slot,
+    stream: (CUstream, bool),
+    cost: impl FnOnce() -> u64,
+    launch: impl FnOnce(F) -> CUresult,
+) -> CUresult {
     let real = real!(slot, F);
-    if let Some(r) = throttle(cost) {
+    if let Some(r) = throttle(|| {
+        if capturing(stream.0, stream.1) {
+            0
+        } else {
+            cost()
+        }
+    }) {
         return r;
     }
     launch(real)
 }
 
-/// Hooked launch entry points, `name: slot` each, with one C signature: `cost` (an expression
-/// of the arguments) blocks are taken from the core limiter's bucket before the real one runs
-/// with the same arguments.
-macro_rules! launch_hooks {
-    ($($name:ident: $slot:ident),+; $args:tt, $cost:expr) => {
-        $(launch_hooks!(@one $name, $slot, $args, $cost);)+
+/// Whether `stream` (in the per-thread default stream's sense where `per_thread`) is being
+/// captured into a graph. Where the driver cannot say, it is not.
+fn capturing(stream: CUstream, per_thread: bool) -> bool {
+    type F = unsafe extern "C" fn(CUstream, *mut i32) -> CUresult;
+    /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`.
+    const ACTIVE: i32 = 1;
+    let slot = if per_thread {
+        &slots::CU_STREAM_IS_CAPTURING_PTSZ
+    } else {
+        &slots::CU_STREAM_IS_CAPTURING
     };
-    (@one $name:ident, $slot:ident, ($($arg:ident: $ty:ty),*), $cost:expr) => {
+    // SAFETY: the cuda.h signature of cuStreamIsCapturing.
+    let Some(f) = (unsafe { slot.get::<F>() }) else {
+        return false;
+    };
+    let mut status = 0;
+    // SAFETY: the caller's stream and an output that outlives the call.
+    (unsafe { f(stream, &mut status) }) == CUDA_SUCCESS && status == ACTIVE
+}
+
+/// Hooked launch entry points, `name: slot: per-thread stream` each, with one C signature:
+/// `cost` (an expression of the arguments) blocks are taken from the core limiter's bucket
+/// before the real one runs with the same arguments, unless `stream` is being captured.
+macro_rules! launch_hooks {
+    ($($name:ident: $slot:ident: $ptsz:expr),+; $args:tt, $stream:expr, $cost:expr) => {
+        $(launch_hooks!(@one $name, $slot, $ptsz, $args, $stream, $cost);)+
+    };
+    (@one $name:ident, $slot:ident, $ptsz:expr, ($($arg:ident: $ty:ty),*), $stream:expr, $cost:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-            throttled(&slots::$slot, $cost, |real: unsafe extern "C" fn($($ty),*) -> CUresult| {
-                // SAFETY: forwarding the caller's arguments to the real entry point.
-                unsafe { real($($arg),*) }
-            })
+            throttled(
+                &slots::$slot,
+                ($stream, $ptsz),
+                || $cost,
+                |real: unsafe extern "C" fn($($ty),*) -> CUresult| {
+                    // SAFETY: forwarding the caller's arguments to the real entry point.
+                    unsafe { real($($arg),*) }
+                },
+            )
         }
     };
 }
@@ -835,29 +877,39 @@ fn config_blocks(config: *const CUlaunchConfigHead) -> u64 {
     unsafe { config.as_ref() }.map_or(1, |c| blocks(c.grid_dim_x, c.grid_dim_y, c.grid_dim_z))
 }
 
+/// The stream of `cuLaunchKernelEx`'s config.
+fn config_stream(config: *const CUlaunchConfigHead) -> CUstream {
+    // SAFETY: as in `config_blocks`.
+    unsafe { config.as_ref() }.map_or(std::ptr::null_mut(), |c| c.stream)
+}
+
 launch_hooks!(
-    cuLaunchKernel: CU_LAUNCH_KERNEL, cuLaunchKernel_ptsz: CU_LAUNCH_KERNEL_PTSZ;
+    cuLaunchKernel: CU_LAUNCH_KERNEL: false, cuLaunchKernel_ptsz: CU_LAUNCH_KERNEL_PTSZ: true;
     (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
      stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void),
+    stream,
     blocks(gx, gy, gz)
 );
 // A cooperative launch is a kernel launch like any other: its blocks count against the limit.
 launch_hooks!(
-    cuLaunchCooperativeKernel: CU_LAUNCH_COOPERATIVE_KERNEL,
-    cuLaunchCooperativeKernel_ptsz: CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ;
+    cuLaunchCooperativeKernel: CU_LAUNCH_COOPERATIVE_KERNEL: false,
+    cuLaunchCooperativeKernel_ptsz: CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: true;
     (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
      stream: CUstream, params: *mut *mut c_void),
+    stream,
     blocks(gx, gy, gz)
 );
 // A graph's kernels are launched by the driver: a graph launch costs them all (see `graph`).
 launch_hooks!(
-    cuGraphLaunch: CU_GRAPH_LAUNCH, cuGraphLaunch_ptsz: CU_GRAPH_LAUNCH_PTSZ;
+    cuGraphLaunch: CU_GRAPH_LAUNCH: false, cuGraphLaunch_ptsz: CU_GRAPH_LAUNCH_PTSZ: true;
     (exec: crate::graph::CUgraphExec, stream: CUstream),
+    stream,
     crate::graph::cost(exec)
 );
 launch_hooks!(
-    cuLaunchKernelEx: CU_LAUNCH_KERNEL_EX, cuLaunchKernelEx_ptsz: CU_LAUNCH_KERNEL_EX_PTSZ;
+    cuLaunchKernelEx: CU_LAUNCH_KERNEL_EX: false, cuLaunchKernelEx_ptsz: CU_LAUNCH_KERNEL_EX_PTSZ: true;
     (config: *const CUlaunchConfigHead, f: CUfunction, params: *mut *mut c_void,
      extra: *mut *mut c_void),
+    config_stream(config),
     config_blocks(config)
 );

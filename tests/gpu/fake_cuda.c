@@ -554,6 +554,14 @@ EXPORT CUresult cuGraphExecUpdate_v2(fake_exec *e, fake_graph *g, void *info) {
 EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) { (void)s; return launched(e->blocks); }
 EXPORT CUresult cuGraphExecDestroy(fake_exec *e) { free(e); return CUDA_SUCCESS; }
 
+/* Every stream is being captured into a graph while $FAKE_CUDA_CAPTURING is set. */
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    (void)s;
+    *status = getenv("FAKE_CUDA_CAPTURING") ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
+
 /* Not hooked by the interceptor: must reach the application untouched. */
 EXPORT int cuFakeIdentify(void) { return 0x5ca1ab1e; }
 
@@ -619,6 +627,8 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
     {"cuGraphLaunch", (void *)cuGraphLaunch},
     {"cuGraphExecUpdate_v2", (void *)cuGraphExecUpdate_v2},
+    {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
+    {"cuStreamIsCapturing_ptsz", (void *)cuStreamIsCapturing_ptsz},
     {"cuGraphExecDestroy", (void *)cuGraphExecDestroy},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuFakeIdentify", (void *)cuFakeIdentify},

@@ -1039,9 +1039,16 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
         "util 0 100\n",
         "the neighbour kept the GPU busy"
     );
+    // Launches into a stream being captured only record a graph: they are not held back.
+    let captured = burn(sh_ok(&env, &limited, "FAKE_CUDA_CAPTURING=1 cudatest burn 4 1000").await);
+    assert!(
+        captured > 1000,
+        "launches while capturing: {captured}% of the GPU, held back as if they ran"
+    );
     println!(
         "core limit 30%: alone {alone}% of the GPU ({cooperative}% through cooperative \
-         launches, {graphs}% through graphs), beside a busy neighbour {beside}%"
+         launches, {graphs}% through graphs), beside a busy neighbour {beside}%; \
+         {captured}% while capturing"
     );
     // Steering by the whole GPU's utilization would have held the container near nothing.
     for (what, pct) in [("alone", alone), ("beside a busy neighbour", beside)] {
