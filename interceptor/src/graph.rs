@@ -76,7 +76,7 @@ pub(crate) fn cost(exec: CUgraphExec) -> u64 {
 
 /// Whether a core limit is in force: only then is a graph's cost worth reading.
 fn limited() -> bool {
-    matches!(mode(), Mode::Limited(l) if l.config.core_percent.is_some_and(|p| p < 100))
+    matches!(mode(), Mode::Limited(l) if crate::hooks::core_limit(l).is_some())
 }
 
 /// After a successful instantiation of `graph` into `*exec`, keep its cost.
@@ -164,8 +164,16 @@ fn graph_blocks(graph: CUgraph, depth: u32, budget: &mut usize) -> u64 {
     total
 }
 
-/// A kernel node's grid size, from `CUDA_KERNEL_NODE_PARAMS` (`_v2` where the driver has it):
-/// both begin with the function, then `gridDimX`, `gridDimY`, `gridDimZ`.
+/// The head of `CUDA_KERNEL_NODE_PARAMS`, alike in `_v2`: the function, then the grid.
+#[repr(C)]
+struct KernelNodeParamsHead {
+    func: *mut c_void,
+    grid_dim_x: u32,
+    grid_dim_y: u32,
+    grid_dim_z: u32,
+}
+
+/// A kernel node's grid size, from `cuGraphKernelNodeGetParams` (`_v2` where the driver has it).
 fn kernel_blocks(node: CUgraphNode) -> u64 {
     type GetParams = unsafe extern "C" fn(CUgraphNode, *mut c_void) -> CUresult;
     // Room for the largest version of the struct (72 bytes today), zeroed, 8-aligned.
@@ -181,16 +189,9 @@ fn kernel_blocks(node: CUgraphNode) -> u64 {
     if !got {
         return 0;
     }
-    let bytes: Vec<u8> = params.iter().flat_map(|w| w.to_ne_bytes()).collect();
-    let dim = |at: usize| {
-        u64::from(u32::from_ne_bytes([
-            bytes[at],
-            bytes[at + 1],
-            bytes[at + 2],
-            bytes[at + 3],
-        ]))
-    };
-    dim(8).saturating_mul(dim(12)).saturating_mul(dim(16))
+    // SAFETY: `params` is 8-aligned and larger than the head, which the driver filled.
+    let head = unsafe { &*params.as_ptr().cast::<KernelNodeParamsHead>() };
+    crate::hooks::blocks(head.grid_dim_x, head.grid_dim_y, head.grid_dim_z)
 }
 
 /// A graph instantiated into `*exec` from `graph`: its cost is kept.

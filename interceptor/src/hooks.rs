@@ -61,11 +61,11 @@ pub mod slots {
     pub static CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuLaunchCooperativeKernel_ptsz");
     pub static CU_GRAPH_LAUNCH: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch");
+    pub static CU_GRAPH_LAUNCH_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch_ptsz");
     // Not hooked: whether a launch only records into a graph being captured.
     pub static CU_STREAM_IS_CAPTURING: Slot = Slot::new(Lib::Cuda, c"cuStreamIsCapturing");
     pub static CU_STREAM_IS_CAPTURING_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuStreamIsCapturing_ptsz");
-    pub static CU_GRAPH_LAUNCH_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphLaunch_ptsz");
     // Not hooked; what the hooks need to know the current device.
     pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
     pub static CU_DEVICE_GET_UUID: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid");
@@ -778,6 +778,11 @@ pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
     held.push(Box::new(lock(&BUCKET)));
 }
 
+/// The core limit in force for `l`, percent: none at 100.
+pub(crate) fn core_limit(l: &Limited) -> Option<u32> {
+    l.config.core_percent.filter(|p| *p < 100)
+}
+
 /// Wait for the tokens a launch costs (`blocks`, asked only when a core limit is in force).
 fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
     let l = match mode() {
@@ -785,13 +790,14 @@ fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
         Mode::PassThrough => return None,
         Mode::Limited(l) => l,
     };
-    let percent = l.config.core_percent.filter(|p| *p < 100)?;
+    let percent = core_limit(l)?;
     crate::nvml::ensure_watcher(l, percent, &BUCKET);
+    // Outside the bucket's lock: working out the cost may ask the driver.
+    let cost = blocks();
     let wait = {
         let mut b = lock(&BUCKET);
         let now = Instant::now();
-        b.get_or_insert_with(|| Bucket::new(now))
-            .take(blocks(), now)
+        b.get_or_insert_with(|| Bucket::new(now)).take(cost, now)
     };
     if !wait.is_zero() {
         crate::nvml::note_throttled(wait);
@@ -800,7 +806,8 @@ fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
     None
 }
 
-fn blocks(x: u32, y: u32, z: u32) -> u64 {
+/// A grid's blocks.
+pub(crate) fn blocks(x: u32, y: u32, z: u32) -> u64 {
     u64::from(x)
         .saturating_mul(u64::from(y))
         .saturating_mul(u64::from(z))
