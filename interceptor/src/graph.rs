@@ -94,7 +94,7 @@ fn remember(exec: CUgraphExec, graph: CUgraph) {
         return;
     }
     let exec = exec as usize;
-    let blocks = graph_blocks(graph, 0, &mut { MAX_NODES });
+    let blocks = graph_blocks(&Driver, graph, 0, &mut { MAX_NODES });
     let mut costs = lock(&COSTS);
     let m = costs.get_or_insert_with(HashMap::new);
     if m.len() >= MAX_EXECS && !m.contains_key(&exec) {
@@ -105,63 +105,87 @@ fn remember(exec: CUgraphExec, graph: CUgraph) {
     m.insert(exec, blocks.max(1));
 }
 
+/// What a graph's cost is read with: the driver's calls, behind a trait so that the walk and
+/// its bounds can be tested against graphs no driver would make.
+trait Graphs {
+    /// At most `max` of `graph`'s nodes; `None` where the driver cannot say.
+    fn nodes(&self, graph: CUgraph, max: usize) -> Option<Vec<CUgraphNode>>;
+    /// The node's `CUgraphNodeType`.
+    fn kind(&self, node: CUgraphNode) -> Option<i32>;
+    /// A kernel node's grid size, in blocks.
+    fn kernel_blocks(&self, node: CUgraphNode) -> u64;
+    /// The graph a child graph node holds.
+    fn child(&self, node: CUgraphNode) -> Option<CUgraph>;
+}
+
 /// The blocks of every kernel node of `graph` and of the graphs its child nodes hold, reading at
-/// most `budget` nodes.
-fn graph_blocks(graph: CUgraph, depth: u32, budget: &mut usize) -> u64 {
-    type GetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
-    type GetType = unsafe extern "C" fn(CUgraphNode, *mut i32) -> CUresult;
-    type GetChild = unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
-    // SAFETY: the cuda.h signatures of these symbols.
-    let (Some(get_nodes), Some(get_type)) = (
-        unsafe { slots::CU_GRAPH_GET_NODES.get::<GetNodes>() },
-        unsafe { slots::CU_GRAPH_NODE_GET_TYPE.get::<GetType>() },
-    ) else {
-        return 0;
-    };
+/// most `budget` nodes and [`MAX_DEPTH`] levels.
+fn graph_blocks(api: &impl Graphs, graph: CUgraph, depth: u32, budget: &mut usize) -> u64 {
     if depth > MAX_DEPTH || *budget == 0 {
         return 0;
     }
-    let mut n = 0usize;
-    // SAFETY: a null array asks for the count.
-    if unsafe { get_nodes(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+    let Some(nodes) = api.nodes(graph, *budget) else {
         return 0;
-    }
-    let mut nodes = vec![std::ptr::null_mut(); n.min(*budget)];
-    let mut got = nodes.len();
-    // SAFETY: `nodes` has room for `got` handles; the driver writes at most that many.
-    if unsafe { get_nodes(graph, nodes.as_mut_ptr(), &mut got) } != CUDA_SUCCESS {
-        return 0;
-    }
-    nodes.truncate(got);
-    *budget -= nodes.len();
+    };
+    *budget = budget.saturating_sub(nodes.len());
     let mut total = 0u64;
     for node in nodes {
-        let mut kind = -1;
-        // SAFETY: a node handle from the driver and an output it fills.
-        if unsafe { get_type(node, &mut kind) } != CUDA_SUCCESS {
-            continue;
-        }
-        let blocks = match kind {
-            CU_GRAPH_NODE_TYPE_KERNEL => kernel_blocks(node),
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                // SAFETY: the cuda.h signature.
-                let Some(get_child) =
-                    (unsafe { slots::CU_GRAPH_CHILD_GRAPH_NODE_GET_GRAPH.get::<GetChild>() })
-                else {
-                    continue;
-                };
-                let mut child = std::ptr::null_mut();
-                // SAFETY: a child graph node and an output the driver fills.
-                if unsafe { get_child(node, &mut child) } != CUDA_SUCCESS {
-                    continue;
-                }
-                graph_blocks(child, depth + 1, budget)
-            }
+        let blocks = match api.kind(node) {
+            Some(CU_GRAPH_NODE_TYPE_KERNEL) => api.kernel_blocks(node),
+            Some(CU_GRAPH_NODE_TYPE_GRAPH) => api
+                .child(node)
+                .map_or(0, |child| graph_blocks(api, child, depth + 1, budget)),
             _ => 0,
         };
         total = total.saturating_add(blocks);
     }
     total
+}
+
+/// The driver's graph calls.
+struct Driver;
+
+impl Graphs for Driver {
+    fn nodes(&self, graph: CUgraph, max: usize) -> Option<Vec<CUgraphNode>> {
+        type F = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
+        // SAFETY: the cuda.h signature of cuGraphGetNodes.
+        let get = unsafe { slots::CU_GRAPH_GET_NODES.get::<F>() }?;
+        let mut n = 0usize;
+        // SAFETY: a null array asks for the count.
+        if unsafe { get(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+            return None;
+        }
+        let mut nodes = vec![std::ptr::null_mut(); n.min(max)];
+        let mut got = nodes.len();
+        // SAFETY: `nodes` has room for `got` handles; the driver writes at most that many.
+        if unsafe { get(graph, nodes.as_mut_ptr(), &mut got) } != CUDA_SUCCESS {
+            return None;
+        }
+        nodes.truncate(got);
+        Some(nodes)
+    }
+
+    fn kind(&self, node: CUgraphNode) -> Option<i32> {
+        type F = unsafe extern "C" fn(CUgraphNode, *mut i32) -> CUresult;
+        // SAFETY: the cuda.h signature of cuGraphNodeGetType.
+        let get = unsafe { slots::CU_GRAPH_NODE_GET_TYPE.get::<F>() }?;
+        let mut kind = -1;
+        // SAFETY: a node handle from the driver and an output it fills.
+        (unsafe { get(node, &mut kind) } == CUDA_SUCCESS).then_some(kind)
+    }
+
+    fn kernel_blocks(&self, node: CUgraphNode) -> u64 {
+        kernel_blocks(node)
+    }
+
+    fn child(&self, node: CUgraphNode) -> Option<CUgraph> {
+        type F = unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
+        // SAFETY: the cuda.h signature of cuGraphChildGraphNodeGetGraph.
+        let get = unsafe { slots::CU_GRAPH_CHILD_GRAPH_NODE_GET_GRAPH.get::<F>() }?;
+        let mut child = std::ptr::null_mut();
+        // SAFETY: a child graph node and an output the driver fills.
+        (unsafe { get(node, &mut child) } == CUDA_SUCCESS).then_some(child)
+    }
 }
 
 /// The head of `CUDA_KERNEL_NODE_PARAMS`, alike in `_v2`: the function, then the grid.
@@ -280,8 +304,92 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::cell::Cell;
+
     #[test]
     fn an_unknown_graph_costs_one_block() {
-        assert_eq!(super::cost(0x1234 as super::CUgraphExec), 1);
+        assert_eq!(cost(0x1234 as CUgraphExec), 1);
+    }
+
+    /// Graphs as numbers: graph `g` has `fan_out` nodes; node `i` of it is a kernel of 10 blocks
+    /// when `i` is even, else a child node holding graph `child_of(g)`. Counts the nodes read.
+    struct Hostile {
+        fan_out: usize,
+        child_of: fn(usize) -> usize,
+        read: Cell<usize>,
+    }
+
+    impl Graphs for Hostile {
+        fn nodes(&self, graph: CUgraph, max: usize) -> Option<Vec<CUgraphNode>> {
+            let n = self.fan_out.min(max);
+            self.read.set(self.read.get() + n);
+            assert!(self.read.get() <= MAX_NODES, "read past the node budget");
+            // A node is its graph and index, packed.
+            Some(
+                (0..n)
+                    .map(|i| ((graph as usize) << 20 | i) as CUgraphNode)
+                    .collect(),
+            )
+        }
+        fn kind(&self, node: CUgraphNode) -> Option<i32> {
+            Some(if (node as usize & 0xfffff).is_multiple_of(2) {
+                CU_GRAPH_NODE_TYPE_KERNEL
+            } else {
+                CU_GRAPH_NODE_TYPE_GRAPH
+            })
+        }
+        fn kernel_blocks(&self, _: CUgraphNode) -> u64 {
+            10
+        }
+        fn child(&self, node: CUgraphNode) -> Option<CUgraph> {
+            Some((self.child_of)(node as usize >> 20) as CUgraph)
+        }
+    }
+
+    #[test]
+    fn a_graph_that_holds_itself_is_read_to_a_bounded_depth() {
+        let api = Hostile {
+            fan_out: 2,
+            child_of: |g| g,
+            read: Cell::new(0),
+        };
+        // Each level: one kernel of 10 blocks and the same graph again.
+        let blocks = graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES });
+        assert_eq!(blocks, 10 * u64::from(MAX_DEPTH + 1));
+        assert_eq!(api.read.get(), 2 * (MAX_DEPTH as usize + 1));
+    }
+
+    #[test]
+    fn a_wide_deep_graph_is_read_within_the_node_budget() {
+        let api = Hostile {
+            fan_out: 1 << 20,
+            child_of: |g| g + 1,
+            read: Cell::new(0),
+        };
+        let blocks = graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES });
+        assert_eq!(
+            api.read.get(),
+            MAX_NODES,
+            "no more nodes read than the budget"
+        );
+        assert!(blocks > 0);
+    }
+
+    #[test]
+    fn child_graphs_count() {
+        let api = Hostile {
+            fan_out: 4,
+            child_of: |g| g + 1,
+            read: Cell::new(0),
+        };
+        // Two kernels a level, MAX_DEPTH + 1 levels of two children each: 2^(levels) - 1
+        // graphs of 20 blocks.
+        let levels = MAX_DEPTH + 1;
+        let graphs = (1u64 << levels) - 1;
+        assert_eq!(
+            graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES }),
+            20 * graphs
+        );
     }
 }
