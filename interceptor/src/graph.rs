@@ -1,8 +1,11 @@
-//! CUDA graphs and the core limit: the driver launches a graph's kernels itself, so the hooks on
-//! kernel launches never see them. A graph's cost is therefore taken when it is instantiated —
-//! the blocks of every kernel node, child graphs included — and charged at each `cuGraphLaunch`
-//! (see `hooks`). `cuGraphExecUpdate` takes the cost again from the new graph; a single node's
-//! parameters set on an instantiated graph (`cuGraphExecKernelNodeSetParams`) are not seen.
+//! CUDA graphs and the limits: the driver launches a graph's kernels itself, so the hooks on
+//! kernel launches never see them, and maps the memory of its memory nodes when it is launched
+//! or uploaded, so no allocation hook sees that either. A graph's cost is therefore taken when it
+//! is instantiated — the blocks of every kernel node and the bytes of every memory allocation
+//! node, child graphs included — and charged at each `cuGraphLaunch` (blocks, see `hooks`) and
+//! `cuGraphLaunch` or `cuGraphUpload` (memory, see `pool::graph_memory`). `cuGraphExecUpdate`
+//! takes the cost again from the new graph; a single node's parameters set on an instantiated
+//! graph (`cuGraphExecKernelNodeSetParams`) are not seen.
 //!
 //! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
 //! documents, and they are meant to be called from C only.
@@ -13,7 +16,8 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
 
-use crate::cuda::{CUresult, CUDA_SUCCESS};
+use crate::cuda::CU_MEM_LOCATION_TYPE_DEVICE;
+use crate::cuda::{CUdevice, CUmemLocation, CUresult, CUstream, CUDA_SUCCESS};
 use crate::real::{Lib, Slot};
 use crate::state::{lock, mode, Mode};
 
@@ -35,7 +39,9 @@ pub mod slots {
     pub static CU_GRAPH_EXEC_DESTROY: Slot = Slot::new(Lib::Cuda, c"cuGraphExecDestroy");
     pub static CU_GRAPH_EXEC_UPDATE: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate");
     pub static CU_GRAPH_EXEC_UPDATE_V2: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate_v2");
-    // Not hooked: what a graph's kernels are read with.
+    pub static CU_GRAPH_UPLOAD: Slot = Slot::new(Lib::Cuda, c"cuGraphUpload");
+    pub static CU_GRAPH_UPLOAD_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphUpload_ptsz");
+    // Not hooked: what a graph's nodes are read with.
     pub static CU_GRAPH_GET_NODES: Slot = Slot::new(Lib::Cuda, c"cuGraphGetNodes");
     pub static CU_GRAPH_NODE_GET_TYPE: Slot = Slot::new(Lib::Cuda, c"cuGraphNodeGetType");
     pub static CU_GRAPH_KERNEL_NODE_GET_PARAMS: Slot =
@@ -44,11 +50,16 @@ pub mod slots {
         Slot::new(Lib::Cuda, c"cuGraphKernelNodeGetParams_v2");
     pub static CU_GRAPH_CHILD_GRAPH_NODE_GET_GRAPH: Slot =
         Slot::new(Lib::Cuda, c"cuGraphChildGraphNodeGetGraph");
+    pub static CU_GRAPH_MEM_ALLOC_NODE_GET_PARAMS: Slot =
+        Slot::new(Lib::Cuda, c"cuGraphMemAllocNodeGetParams");
 }
 
 /// `CUgraphNodeType`s.
 const CU_GRAPH_NODE_TYPE_KERNEL: i32 = 0;
 const CU_GRAPH_NODE_TYPE_GRAPH: i32 = 5;
+const CU_GRAPH_NODE_TYPE_MEM_ALLOC: i32 = 10;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`: `cuGraphInstantiateWithParams` uploads the graph too.
+const CU_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
 
 /// Bounds on what is read of a graph, child graphs included: its nodes are the application's to
 /// make. Nodes past the first `MAX_NODES` are not counted.
@@ -56,45 +67,94 @@ const MAX_NODES: usize = 1 << 16;
 const MAX_DEPTH: u32 = 8;
 /// Instantiated graphs whose cost is kept; past it one is forgotten for each new one.
 const MAX_EXECS: usize = 1 << 16;
+/// Devices a graph's memory is counted on (an allocation node names one the driver knows).
+const MAX_DEVICES: usize = 64;
 
-/// The cost in blocks of each instantiated graph, by its handle.
-static COSTS: Mutex<Option<HashMap<usize, u64>>> = Mutex::new(None);
+/// What a launch of an instantiated graph takes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Cost {
+    /// Its kernels' blocks.
+    pub blocks: u64,
+    /// The bytes its memory allocation nodes map, by device ordinal.
+    pub memory: Vec<(CUdevice, u64)>,
+}
+
+impl Cost {
+    fn allocate(&mut self, dev: CUdevice, bytes: u64) {
+        if let Some((_, b)) = self.memory.iter_mut().find(|(d, _)| *d == dev) {
+            *b = b.saturating_add(bytes);
+        } else if self.memory.len() < MAX_DEVICES {
+            self.memory.push((dev, bytes));
+        }
+    }
+}
+
+/// The cost of each instantiated graph, by its handle.
+static COSTS: Mutex<Option<HashMap<usize, Cost>>> = Mutex::new(None);
 
 /// Hold the costs' lock across a `fork` (see `state::register_fork_handlers`).
 pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
     held.push(Box::new(lock(&COSTS)));
 }
 
-/// What a launch of `exec` costs: its kernels' blocks, or 1 for a graph instantiated before any
-/// hook saw it.
+/// What a launch of `exec` costs in blocks: its kernels', or 1 for a graph instantiated before
+/// any hook saw it.
 pub(crate) fn cost(exec: CUgraphExec) -> u64 {
     lock(&COSTS)
         .as_ref()
-        .and_then(|m| m.get(&(exec as usize)).copied())
+        .and_then(|m| m.get(&(exec as usize)).map(|c| c.blocks))
         .unwrap_or(1)
 }
 
-/// Whether a core limit is in force: only then is a graph's cost worth reading.
-fn limited() -> bool {
-    matches!(mode(), Mode::Limited(l) if crate::hooks::core_limit(l).is_some())
+/// Make `call`, a launch or upload of `exec`, within the memory limit: the graph memory it may
+/// map is reserved first (see `pool::graph_memory`).
+pub(crate) fn mapping(exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
+    let memory = lock(&COSTS)
+        .as_ref()
+        .and_then(|m| m.get(&(exec as usize)).map(|c| c.memory.clone()))
+        .unwrap_or_default();
+    crate::pool::graph_memory(&memory, call)
 }
 
-/// After a successful instantiation of `graph` into `*exec`, keep its cost.
-fn instantiated(r: CUresult, exec: *mut CUgraphExec, graph: CUgraph) -> CUresult {
-    if r == CUDA_SUCCESS && !exec.is_null() {
+/// Whether a core or memory limit is in force: only then is a graph's cost worth reading.
+fn limited() -> bool {
+    matches!(mode(), Mode::Limited(l)
+        if crate::hooks::core_limit(l).is_some() || l.config.memory_limit_bytes.is_some())
+}
+
+/// What a launch of a graph made from `graph` costs, where a limit is in force.
+fn read_cost(graph: CUgraph) -> Option<Cost> {
+    limited().then(|| {
+        let mut cost = Cost::default();
+        graph_cost(&Driver, graph, 0, &mut { MAX_NODES }, &mut cost);
+        cost.blocks = cost.blocks.max(1);
+        cost
+    })
+}
+
+/// Instantiate `graph` into `*exec` with `call` (which maps its memory too where `uploads`), and
+/// keep its cost.
+fn instantiate(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    uploads: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let cost = read_cost(graph);
+    let r = match &cost {
+        Some(c) if uploads => crate::pool::graph_memory(&c.memory, call),
+        _ => call(),
+    };
+    if let (CUDA_SUCCESS, Some(cost), false) = (r, cost, exec.is_null()) {
         // SAFETY: the driver wrote the new handle there.
-        remember(unsafe { *exec }, graph);
+        keep(unsafe { *exec }, cost);
     }
     r
 }
 
-/// Keep what a launch of `exec`, made from `graph`, costs (where a core limit is in force).
-fn remember(exec: CUgraphExec, graph: CUgraph) {
-    if !limited() {
-        return;
-    }
+/// Keep what a launch of `exec` costs.
+fn keep(exec: CUgraphExec, cost: Cost) {
     let exec = exec as usize;
-    let blocks = graph_blocks(&Driver, graph, 0, &mut { MAX_NODES });
     let mut costs = lock(&COSTS);
     let m = costs.get_or_insert_with(HashMap::new);
     if m.len() >= MAX_EXECS && !m.contains_key(&exec) {
@@ -102,7 +162,15 @@ fn remember(exec: CUgraphExec, graph: CUgraph) {
             m.remove(&k);
         }
     }
-    m.insert(exec, blocks.max(1));
+    m.insert(exec, cost);
+}
+
+/// Whether `cuGraphInstantiateWithParams`'s params (`CUDA_GRAPH_INSTANTIATE_PARAMS`, whose
+/// first field is its flags) ask for an upload.
+fn uploads(params: *mut c_void) -> bool {
+    // SAFETY: the caller's, null (the driver's to refuse) or the struct cuda.h lays out.
+    unsafe { params.cast::<u64>().as_ref() }
+        .is_some_and(|flags| flags & CU_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0)
 }
 
 /// What a graph's cost is read with: the driver's calls, behind a trait so that the walk and
@@ -116,30 +184,40 @@ trait Graphs {
     fn kernel_blocks(&self, node: CUgraphNode) -> u64;
     /// The graph a child graph node holds.
     fn child(&self, node: CUgraphNode) -> Option<CUgraph>;
+    /// A memory allocation node's device and bytes; `None` for host memory or where the driver
+    /// cannot say.
+    fn allocation(&self, node: CUgraphNode) -> Option<(CUdevice, u64)>;
 }
 
-/// The blocks of every kernel node of `graph` and of the graphs its child nodes hold, reading at
-/// most `budget` nodes and [`MAX_DEPTH`] levels.
-fn graph_blocks(api: &impl Graphs, graph: CUgraph, depth: u32, budget: &mut usize) -> u64 {
+/// Add to `cost` the blocks of every kernel node of `graph` and the bytes of every memory
+/// allocation node, and those of the graphs its child nodes hold, reading at most `budget`
+/// nodes and [`MAX_DEPTH`] levels.
+fn graph_cost(api: &impl Graphs, graph: CUgraph, depth: u32, budget: &mut usize, cost: &mut Cost) {
     if depth > MAX_DEPTH || *budget == 0 {
-        return 0;
+        return;
     }
     let Some(nodes) = api.nodes(graph, *budget) else {
-        return 0;
+        return;
     };
     *budget = budget.saturating_sub(nodes.len());
-    let mut total = 0u64;
     for node in nodes {
-        let blocks = match api.kind(node) {
-            Some(CU_GRAPH_NODE_TYPE_KERNEL) => api.kernel_blocks(node),
-            Some(CU_GRAPH_NODE_TYPE_GRAPH) => api
-                .child(node)
-                .map_or(0, |child| graph_blocks(api, child, depth + 1, budget)),
-            _ => 0,
-        };
-        total = total.saturating_add(blocks);
+        match api.kind(node) {
+            Some(CU_GRAPH_NODE_TYPE_KERNEL) => {
+                cost.blocks = cost.blocks.saturating_add(api.kernel_blocks(node));
+            }
+            Some(CU_GRAPH_NODE_TYPE_GRAPH) => {
+                if let Some(child) = api.child(node) {
+                    graph_cost(api, child, depth + 1, budget, cost);
+                }
+            }
+            Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => {
+                if let Some((dev, bytes)) = api.allocation(node) {
+                    cost.allocate(dev, bytes);
+                }
+            }
+            _ => {}
+        }
     }
-    total
 }
 
 /// The driver's graph calls.
@@ -186,7 +264,44 @@ impl Graphs for Driver {
         // SAFETY: a child graph node and an output the driver fills.
         (unsafe { get(node, &mut child) } == CUDA_SUCCESS).then_some(child)
     }
+
+    fn allocation(&self, node: CUgraphNode) -> Option<(CUdevice, u64)> {
+        type F = unsafe extern "C" fn(CUgraphNode, *mut MemAllocNodeParams) -> CUresult;
+        // SAFETY: the cuda.h signature of cuGraphMemAllocNodeGetParams.
+        let get = unsafe { slots::CU_GRAPH_MEM_ALLOC_NODE_GET_PARAMS.get::<F>() }?;
+        // Room to spare past the struct, zeroed, 8-aligned.
+        let mut buf = [0u64; 32];
+        let params = buf.as_mut_ptr().cast::<MemAllocNodeParams>();
+        // SAFETY: `buf` is larger than the struct the driver fills.
+        if unsafe { get(node, params) } != CUDA_SUCCESS {
+            return None;
+        }
+        // SAFETY: filled by the driver; every bit pattern is a valid value of its fields.
+        let p = unsafe { &*params };
+        (p.location.typ == CU_MEM_LOCATION_TYPE_DEVICE)
+            .then_some((p.location.id, p.bytesize as u64))
+    }
 }
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`, which `cuGraphMemAllocNodeGetParams` fills): the pool's
+/// properties (`CUmemPoolProps`, 88 bytes whose head is a `CUmemAllocationProp`'s), then the
+/// access descriptors, the size and the address.
+#[repr(C)]
+struct MemAllocNodeParams {
+    alloc_type: u32,
+    handle_types: u32,
+    location: CUmemLocation,
+    win32_security_attributes: *mut c_void,
+    /// `maxSize`, `usage` and reserved bytes.
+    pool_props_rest: [u8; 64],
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
+const _: () = assert!(std::mem::offset_of!(MemAllocNodeParams, bytesize) == 104);
 
 /// The head of `CUDA_KERNEL_NODE_PARAMS`, alike in `_v2`: the function, then the grid.
 #[repr(C)]
@@ -218,9 +333,13 @@ fn kernel_blocks(node: CUgraphNode) -> u64 {
     crate::hooks::blocks(head.grid_dim_x, head.grid_dim_y, head.grid_dim_z)
 }
 
-/// A graph instantiated into `*exec` from `graph`: its cost is kept.
+/// A graph instantiated into `*exec` from `graph`: its cost is kept. `uploads` (an expression of
+/// the arguments) says whether the call maps the graph's memory too.
 macro_rules! instantiate_hook {
     ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*)) => {
+        instantiate_hook!($name, $slot, ($($arg: $ty),*), false);
+    };
+    ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*), $uploads:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             exec: *mut CUgraphExec,
@@ -232,7 +351,7 @@ macro_rules! instantiate_hook {
                 unsafe extern "C" fn(*mut CUgraphExec, CUgraph, $($ty),*) -> CUresult
             );
             // SAFETY: forwarding the caller's arguments to the real entry point.
-            instantiated(unsafe { real(exec, graph, $($arg),*) }, exec, graph)
+            instantiate(exec, graph, $uploads, || unsafe { real(exec, graph, $($arg),*) })
         }
     };
 }
@@ -251,12 +370,14 @@ instantiate_hook!(cuGraphInstantiateWithFlags, CU_GRAPH_INSTANTIATE_WITH_FLAGS, 
 instantiate_hook!(
     cuGraphInstantiateWithParams,
     CU_GRAPH_INSTANTIATE_WITH_PARAMS,
-    (params: *mut c_void)
+    (params: *mut c_void),
+    uploads(params)
 );
 instantiate_hook!(
     cuGraphInstantiateWithParams_ptsz,
     CU_GRAPH_INSTANTIATE_WITH_PARAMS_PTSZ,
-    (params: *mut c_void)
+    (params: *mut c_void),
+    uploads(params)
 );
 
 /// A graph instantiated again in place from `graph`: its cost is taken again.
@@ -272,10 +393,11 @@ macro_rules! update_hook {
                 slots::$slot,
                 unsafe extern "C" fn(CUgraphExec, CUgraph, $($ty),*) -> CUresult
             );
+            let cost = read_cost(graph);
             // SAFETY: forwarding the caller's arguments to the real entry point.
             let r = unsafe { real(exec, graph, $($arg),*) };
-            if r == CUDA_SUCCESS {
-                remember(exec, graph);
+            if let (CUDA_SUCCESS, Some(cost)) = (r, cost) {
+                keep(exec, cost);
             }
             r
         }
@@ -300,6 +422,23 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     }
     // SAFETY: forwarding the caller's argument.
     unsafe { real(exec) }
+}
+
+type Upload = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+
+/// An upload maps the graph's memory ahead of its launches: it must fit the memory limit.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let real = real!(slots::CU_GRAPH_UPLOAD, Upload);
+    // SAFETY: forwarding the caller's arguments.
+    mapping(exec, || unsafe { real(exec, stream) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
+    let real = real!(slots::CU_GRAPH_UPLOAD_PTSZ, Upload);
+    // SAFETY: forwarding the caller's arguments.
+    mapping(exec, || unsafe { real(exec, stream) })
 }
 
 #[cfg(test)]
@@ -345,6 +484,15 @@ mod tests {
         fn child(&self, node: CUgraphNode) -> Option<CUgraph> {
             Some((self.child_of)(node as usize >> 20) as CUgraph)
         }
+        fn allocation(&self, _: CUgraphNode) -> Option<(CUdevice, u64)> {
+            None
+        }
+    }
+
+    fn blocks_of(api: &impl Graphs, graph: usize) -> u64 {
+        let mut cost = Cost::default();
+        graph_cost(api, graph as CUgraph, 0, &mut { MAX_NODES }, &mut cost);
+        cost.blocks
     }
 
     #[test]
@@ -355,7 +503,7 @@ mod tests {
             read: Cell::new(0),
         };
         // Each level: one kernel of 10 blocks and the same graph again.
-        let blocks = graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES });
+        let blocks = blocks_of(&api, 1);
         assert_eq!(blocks, 10 * u64::from(MAX_DEPTH + 1));
         assert_eq!(api.read.get(), 2 * (MAX_DEPTH as usize + 1));
     }
@@ -367,7 +515,7 @@ mod tests {
             child_of: |g| g + 1,
             read: Cell::new(0),
         };
-        let blocks = graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES });
+        let blocks = blocks_of(&api, 1);
         assert_eq!(
             api.read.get(),
             MAX_NODES,
@@ -387,9 +535,60 @@ mod tests {
         // graphs of 20 blocks.
         let levels = MAX_DEPTH + 1;
         let graphs = (1u64 << levels) - 1;
-        assert_eq!(
-            graph_blocks(&api, 1 as CUgraph, 0, &mut { MAX_NODES }),
-            20 * graphs
-        );
+        assert_eq!(blocks_of(&api, 1), 20 * graphs);
+    }
+
+    /// Graph 1: a kernel, two allocations on device 0 and one on device 1, and a child graph
+    /// (2) with another on device 1 and a free node; node handles are (graph, index).
+    struct Allocating;
+
+    impl Graphs for Allocating {
+        fn nodes(&self, graph: CUgraph, max: usize) -> Option<Vec<CUgraphNode>> {
+            let n = if graph as usize == 1 { 5 } else { 2 };
+            Some(
+                (0..n.min(max))
+                    .map(|i| ((graph as usize) << 8 | i) as CUgraphNode)
+                    .collect(),
+            )
+        }
+        fn kind(&self, node: CUgraphNode) -> Option<i32> {
+            Some(match (node as usize >> 8, node as usize & 0xff) {
+                (1, 0) => CU_GRAPH_NODE_TYPE_KERNEL,
+                (1, 4) => CU_GRAPH_NODE_TYPE_GRAPH,
+                (2, 1) => 11,
+                _ => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            })
+        }
+        fn kernel_blocks(&self, _: CUgraphNode) -> u64 {
+            7
+        }
+        fn child(&self, _: CUgraphNode) -> Option<CUgraph> {
+            Some(2 as CUgraph)
+        }
+        fn allocation(&self, node: CUgraphNode) -> Option<(CUdevice, u64)> {
+            Some(match (node as usize >> 8, node as usize & 0xff) {
+                (1, 1) => (0, 100),
+                (1, 2) => (0, u64::MAX),
+                (1, 3) => (1, 30),
+                _ => (1, 5),
+            })
+        }
+    }
+
+    #[test]
+    fn memory_nodes_count_by_device_child_graphs_included_and_saturate() {
+        let mut cost = Cost::default();
+        graph_cost(&Allocating, 1 as CUgraph, 0, &mut { MAX_NODES }, &mut cost);
+        assert_eq!(cost.blocks, 7);
+        assert_eq!(cost.memory, [(0, u64::MAX), (1, 35)]);
+    }
+
+    #[test]
+    fn memory_is_counted_on_a_bounded_number_of_devices() {
+        let mut cost = Cost::default();
+        for dev in 0..1000 {
+            cost.allocate(dev, 1);
+        }
+        assert_eq!(cost.memory.len(), MAX_DEVICES);
     }
 }

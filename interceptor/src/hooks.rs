@@ -381,13 +381,30 @@ pub unsafe extern "C" fn cuMemAllocManaged_v2(
 
 type AllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
 
+/// Whether an asynchronous allocation on `stream` only adds an allocation node to a graph being
+/// captured: the graph's launches map that memory (see `pool::graph_memory`), so it is not
+/// charged here. Asked only where a memory limit is in force.
+fn captured_allocation(stream: CUstream, per_thread: bool) -> bool {
+    matches!(mode(), Mode::Limited(l) if l.config.memory_limit_bytes.is_some())
+        && capturing(stream, per_thread)
+}
+
 /// `cuMemAllocAsync` allocates from the current device's current pool: accounted as that pool
 /// (see [`crate::pool`]), or as a plain allocation where the driver cannot name the pool.
-fn alloc_async(slot: &Slot, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+fn alloc_async(
+    slot: &Slot,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+    per_thread: bool,
+) -> CUresult {
     let f = real!(slot, AllocAsync);
     // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
     let call = || unsafe { f(dptr, bytesize, stream) };
     let key = || unsafe { *dptr };
+    if captured_allocation(stream, per_thread) {
+        return call();
+    }
     let pool = match mode() {
         Mode::Limited(_) => crate::pool::current_pool(),
         _ => None,
@@ -404,7 +421,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(
     bytesize: usize,
     stream: CUstream,
 ) -> CUresult {
-    alloc_async(&slots::CU_MEM_ALLOC_ASYNC, dptr, bytesize, stream)
+    alloc_async(&slots::CU_MEM_ALLOC_ASYNC, dptr, bytesize, stream, false)
 }
 
 /// As [`cuMemAllocManaged_v2`]: no such driver entry point today.
@@ -414,7 +431,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_v2(
     bytesize: usize,
     stream: CUstream,
 ) -> CUresult {
-    alloc_async(&slots::CU_MEM_ALLOC_ASYNC_V2, dptr, bytesize, stream)
+    alloc_async(&slots::CU_MEM_ALLOC_ASYNC_V2, dptr, bytesize, stream, false)
 }
 
 #[no_mangle]
@@ -423,7 +440,13 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytesize: usize,
     stream: CUstream,
 ) -> CUresult {
-    alloc_async(&slots::CU_MEM_ALLOC_ASYNC_PTSZ, dptr, bytesize, stream)
+    alloc_async(
+        &slots::CU_MEM_ALLOC_ASYNC_PTSZ,
+        dptr,
+        bytesize,
+        stream,
+        true,
+    )
 }
 
 #[no_mangle]
@@ -465,15 +488,21 @@ fn alloc_from_pool(
     bytesize: usize,
     pool: CUmemoryPool,
     stream: CUstream,
+    per_thread: bool,
 ) -> CUresult {
     type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
     let f = real!(slot, F);
     // SAFETY: forwarding the caller's arguments; `dptr` is read only after success.
+    let call = || unsafe { f(dptr, bytesize, pool, stream) };
+    if captured_allocation(stream, per_thread) {
+        return call();
+    }
+    // SAFETY: as above.
     crate::pool::allocate(
         pool as usize,
         On::Current,
         bytesize as u64,
-        || unsafe { f(dptr, bytesize, pool, stream) },
+        call,
         || unsafe { *dptr },
     )
 }
@@ -491,6 +520,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         bytesize,
         pool,
         stream,
+        false,
     )
 }
 
@@ -507,6 +537,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
         bytesize,
         pool,
         stream,
+        true,
     )
 }
 
@@ -906,13 +937,39 @@ launch_hooks!(
     stream,
     blocks(gx, gy, gz)
 );
-// A graph's kernels are launched by the driver: a graph launch costs them all (see `graph`).
-launch_hooks!(
-    cuGraphLaunch: CU_GRAPH_LAUNCH: false, cuGraphLaunch_ptsz: CU_GRAPH_LAUNCH_PTSZ: true;
-    (exec: crate::graph::CUgraphExec, stream: CUstream),
-    stream,
-    crate::graph::cost(exec)
-);
+/// A graph's kernels are launched by the driver: a graph launch costs them all, and the graph
+/// memory it maps must fit the memory limit (see `graph`).
+fn graph_launch(
+    slot: &Slot,
+    exec: crate::graph::CUgraphExec,
+    stream: CUstream,
+    per_thread: bool,
+) -> CUresult {
+    type F = unsafe extern "C" fn(crate::graph::CUgraphExec, CUstream) -> CUresult;
+    throttled(
+        slot,
+        (stream, per_thread),
+        || crate::graph::cost(exec),
+        // SAFETY: forwarding the caller's arguments to the real entry point.
+        |real: F| crate::graph::mapping(exec, || unsafe { real(exec, stream) }),
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch(
+    exec: crate::graph::CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    graph_launch(&slots::CU_GRAPH_LAUNCH, exec, stream, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(
+    exec: crate::graph::CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    graph_launch(&slots::CU_GRAPH_LAUNCH_PTSZ, exec, stream, true)
+}
 launch_hooks!(
     cuLaunchKernelEx: CU_LAUNCH_KERNEL_EX: false, cuLaunchKernelEx_ptsz: CU_LAUNCH_KERNEL_EX_PTSZ: true;
     (config: *const CUlaunchConfigHead, f: CUfunction, params: *mut *mut c_void,

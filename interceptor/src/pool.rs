@@ -9,6 +9,12 @@
 //! driver may have released memory at a synchronisation since). After each pool operation the
 //! charge is set to what the driver reports.
 //!
+//! A device's graph memory, which the driver maps for graphs' memory allocation nodes when they
+//! are launched or uploaded and keeps until `cuDeviceGraphMemTrim`, is charged the same way: as
+//! a pool whose reservation the driver reports (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`). A
+//! launch first reserves what the graph's allocation nodes may add: their bytes less what the
+//! graph memory holds unused ([`graph_memory`]).
+//!
 //! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
 //! documents, and they are meant to be called from C only.
 
@@ -30,12 +36,28 @@ pub mod slots {
     pub static CU_DEVICE_GET_DEFAULT_MEM_POOL: Slot =
         Slot::new(Lib::Cuda, c"cuDeviceGetDefaultMemPool");
     pub static CU_DEVICE_GET_MEM_POOL: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetMemPool");
+    pub static CU_DEVICE_GRAPH_MEM_TRIM: Slot = Slot::new(Lib::Cuda, c"cuDeviceGraphMemTrim");
     // Not hooked: what the charges are read with.
     pub static CU_MEM_POOL_GET_ATTRIBUTE: Slot = Slot::new(Lib::Cuda, c"cuMemPoolGetAttribute");
+    pub static CU_DEVICE_GET_GRAPH_MEM_ATTRIBUTE: Slot =
+        Slot::new(Lib::Cuda, c"cuDeviceGetGraphMemAttribute");
 }
 
 /// `CUmemPool_attribute`: the bytes the pool holds from the driver.
 const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+/// `CUgraphMem_attribute`s: the bytes of a device's graph memory in use by graphs' allocations,
+/// and those it holds from the driver.
+const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: i32 = 0;
+const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: i32 = 2;
+
+/// What a charge is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Source {
+    /// A memory pool, by handle.
+    Pool(usize),
+    /// A device's graph memory, by ordinal.
+    Graphs(CUdevice),
+}
 
 struct Pool {
     /// Its GPU; `None` for a pool of host memory, which is not the GPU's to limit.
@@ -48,10 +70,10 @@ struct Pool {
     destroyed: bool,
 }
 
-/// This process's pools, by handle, and the allocations made from them.
+/// This process's pools and graph memory, and the allocations made from the pools.
 #[derive(Default)]
 pub struct Pools {
-    pools: HashMap<usize, Pool>,
+    pools: HashMap<Source, Pool>,
     /// Pointer → (pool, bytes).
     allocations: HashMap<u64, (usize, u64)>,
 }
@@ -65,8 +87,27 @@ pub(crate) fn charged_on(l: &Limited, uuid: &CUuuid) -> u64 {
         .fold(0, |sum, p| sum.saturating_add(p.charged))
 }
 
+/// What the driver says `source` has reserved.
+fn reserved(source: Source) -> Option<u64> {
+    match source {
+        Source::Pool(pool) => pool_reserved(pool),
+        Source::Graphs(dev) => graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+    }
+}
+
+/// A `CUgraphMem_attribute` of device `dev`.
+fn graph_attribute(dev: CUdevice, attribute: i32) -> Option<u64> {
+    type F = unsafe extern "C" fn(CUdevice, i32, *mut u64) -> CUresult;
+    // SAFETY: cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, void *value); these
+    // attributes' values are cuuint64_t.
+    let f = unsafe { slots::CU_DEVICE_GET_GRAPH_MEM_ATTRIBUTE.get::<F>() }?;
+    let mut v = 0u64;
+    // SAFETY: `v` outlives the call.
+    (unsafe { f(dev, attribute, &mut v) } == CUDA_SUCCESS).then_some(v)
+}
+
 /// What the driver says `pool` has reserved.
-fn reserved(pool: usize) -> Option<u64> {
+fn pool_reserved(pool: usize) -> Option<u64> {
     type F = unsafe extern "C" fn(CUmemoryPool, i32, *mut u64) -> CUresult;
     // SAFETY: cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void *value); this
     // attribute's value is a cuuint64_t.
@@ -83,27 +124,32 @@ fn reserved(pool: usize) -> Option<u64> {
     (r == CUDA_SUCCESS).then_some(v)
 }
 
-/// The charge `p` should have: what the driver reports, at least what is allocated.
-fn wanted(handle: usize, p: &Pool) -> u64 {
+/// The charge `p` should have: what the driver reports, at least what is allocated. Graph
+/// memory the driver cannot report on keeps its charge.
+fn wanted(source: Source, p: &Pool) -> u64 {
     if p.destroyed {
         return p.live;
     }
-    reserved(handle).map_or(p.live, |r| r.max(p.live))
+    let unknown = match source {
+        Source::Pool(_) => p.live,
+        Source::Graphs(_) => p.charged,
+    };
+    reserved(source).map_or(unknown, |r| r.max(p.live))
 }
 
 /// Set `p`'s charge to what the driver reports.
-fn resync(l: &Limited, handle: usize, p: &mut Pool) {
+fn resync(l: &Limited, source: Source, p: &mut Pool) {
     let Some(uuid) = p.uuid else { return };
-    let want = wanted(handle, p);
+    let want = wanted(source, p);
     match lock(&l.ledger).rebase(&uuid, p.charged, want) {
         Ok(()) => p.charged = want,
         Err(e) => crate::warn(format_args!("accounting failed: {e}")),
     }
 }
 
-fn resync_all(l: &Limited, pools: &mut HashMap<usize, Pool>) {
-    for (handle, p) in pools.iter_mut() {
-        resync(l, *handle, p);
+fn resync_all(l: &Limited, pools: &mut HashMap<Source, Pool>) {
+    for (source, p) in pools.iter_mut() {
+        resync(l, *source, p);
     }
     pools.retain(|_, p| !(p.destroyed && p.live == 0));
 }
@@ -143,37 +189,99 @@ pub(crate) fn allocate(
     };
     let mut guard = lock(&l.pools);
     let Pools { pools, allocations } = &mut *guard;
-    if let std::collections::hash_map::Entry::Vacant(e) = pools.entry(pool) {
+    let source = Source::Pool(pool);
+    if let std::collections::hash_map::Entry::Vacant(e) = pools.entry(source) {
         match device_uuid(l, on) {
             Ok(u) => e.insert(Pool::on(Some(u))),
             Err(r) => return r,
         };
     }
-    let Some(uuid) = pools.get(&pool).and_then(|p| p.uuid) else {
+    let Some(uuid) = pools.get(&source).and_then(|p| p.uuid) else {
         return call();
     };
     // What the pool must grow by: the request less what it keeps unused.
-    let growth = |pools: &HashMap<usize, Pool>| {
-        pools.get(&pool).map_or(size, |p| {
-            size.saturating_sub(p.charged.saturating_sub(p.live))
-        })
-    };
-    let mut need = growth(pools);
-    if need > 0 && crate::hooks::reserve(l, &uuid, need, limit).is_err() {
-        resync_all(l, pools);
-        need = growth(pools);
-        if let Err(r) = crate::hooks::reserve(l, &uuid, need, limit) {
-            return r;
-        }
+    let unused = |p: &Pool| p.charged.saturating_sub(p.live);
+    if let Err(r) = grow(l, pools, source, uuid, size, limit, unused) {
+        return r;
     }
-    let p = pools.entry(pool).or_insert_with(|| Pool::on(Some(uuid)));
-    p.charged = p.charged.saturating_add(need);
+    let p = pools.entry(source).or_insert_with(|| Pool::on(Some(uuid)));
     let r = call();
     if r == CUDA_SUCCESS {
         p.live = p.live.saturating_add(size);
         allocations.insert(key(), (pool, size));
     }
-    resync(l, pool, p);
+    resync(l, source, p);
+    r
+}
+
+/// Charge `source` (on `uuid`) what it must grow by to hold `size` more bytes: `size` less what
+/// `unused` says it holds unused. Where that is past the limit, every charge is first set to
+/// what the driver reports (it may have released memory since) and the growth taken again.
+fn grow(
+    l: &Limited,
+    pools: &mut HashMap<Source, Pool>,
+    source: Source,
+    uuid: CUuuid,
+    size: u64,
+    limit: u64,
+    unused: impl Fn(&Pool) -> u64,
+) -> Result<(), CUresult> {
+    let growth = |pools: &HashMap<Source, Pool>| {
+        pools
+            .get(&source)
+            .map_or(size, |p| size.saturating_sub(unused(p)))
+    };
+    let mut need = growth(pools);
+    if need > 0 && crate::hooks::reserve(l, &uuid, need, limit).is_err() {
+        resync_all(l, pools);
+        need = growth(pools);
+        crate::hooks::reserve(l, &uuid, need, limit)?;
+    }
+    let p = pools.entry(source).or_insert_with(|| Pool::on(Some(uuid)));
+    p.charged = p.charged.saturating_add(need);
+    Ok(())
+}
+
+/// Make `call`, a graph launch or upload that maps `memory` (bytes by device ordinal, its
+/// allocation nodes') within the memory limit: each device's graph memory is first charged what
+/// it must grow by (the bytes less what it holds unused), and after the call what the driver
+/// reports.
+pub(crate) fn graph_memory(
+    memory: &[(CUdevice, u64)],
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let (l, limit) = match limited() {
+        Err(r) => return r,
+        Ok(None) => return call(),
+        Ok(Some(x)) => x,
+    };
+    if memory.is_empty() {
+        return call();
+    }
+    let mut guard = lock(&l.pools);
+    let pools = &mut guard.pools;
+    let mut charged = Vec::with_capacity(memory.len());
+    let mut refused = None;
+    for &(dev, bytes) in memory {
+        let source = Source::Graphs(dev);
+        let unused = |p: &Pool| {
+            graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+                .map_or(0, |used| p.charged.saturating_sub(used))
+        };
+        let r = device_uuid(l, On::Ordinal(dev))
+            .and_then(|uuid| grow(l, pools, source, uuid, bytes, limit, unused));
+        charged.push(source);
+        if let Err(r) = r {
+            refused = Some(r);
+            break;
+        }
+    }
+    let r = refused.unwrap_or_else(call);
+    for source in charged {
+        if let Some(p) = pools.get_mut(&source) {
+            resync(l, source, p);
+        }
+    }
     r
 }
 
@@ -186,11 +294,12 @@ pub(crate) fn free(l: &Limited, ptr: u64, call: impl FnOnce() -> CUresult) -> CU
     }
     let Pools { pools, allocations } = &mut *guard;
     if let Some((pool, size)) = allocations.remove(&ptr) {
-        if let Some(p) = pools.get_mut(&pool) {
+        let source = Source::Pool(pool);
+        if let Some(p) = pools.get_mut(&source) {
             p.live = p.live.saturating_sub(size);
-            resync(l, pool, p);
+            resync(l, source, p);
             if p.destroyed && p.live == 0 {
-                pools.remove(&pool);
+                pools.remove(&source);
             }
         }
     }
@@ -212,7 +321,7 @@ impl Pool {
 fn note(l: &Limited, pool: usize, uuid: Option<CUuuid>) {
     lock(&l.pools)
         .pools
-        .entry(pool)
+        .entry(Source::Pool(pool))
         .or_insert_with(|| Pool::on(uuid));
 }
 
@@ -266,7 +375,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     // SAFETY: forwarding the caller's argument.
     let r = unsafe { f(pool) };
     if r == CUDA_SUCCESS {
-        if let Some(p) = guard.pools.get_mut(&(pool as usize)) {
+        if let Some(p) = guard.pools.get_mut(&Source::Pool(pool as usize)) {
             p.destroyed = true;
         }
         resync_all(l, &mut guard.pools);
@@ -282,6 +391,25 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
     let r = unsafe { f(pool, keep) };
     if let (CUDA_SUCCESS, Ok(Some((l, _)))) = (r, limited()) {
         refresh(l);
+    }
+    r
+}
+
+/// Trimming gives back the graph memory no graph uses: the device's charge follows.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    let f = real!(
+        slots::CU_DEVICE_GRAPH_MEM_TRIM,
+        unsafe extern "C" fn(CUdevice) -> CUresult
+    );
+    // SAFETY: forwarding the caller's argument.
+    let r = unsafe { f(dev) };
+    if let (CUDA_SUCCESS, Ok(Some((l, _)))) = (r, limited()) {
+        let mut guard = lock(&l.pools);
+        let source = Source::Graphs(dev);
+        if let Some(p) = guard.pools.get_mut(&source) {
+            resync(l, source, p);
+        }
     }
     r
 }

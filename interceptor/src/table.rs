@@ -198,6 +198,18 @@ pub fn entries() -> &'static [Entry] {
                 graph::cuGraphExecDestroy as *const () as usize,
             ),
             e(
+                &gr::CU_GRAPH_UPLOAD,
+                graph::cuGraphUpload as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_UPLOAD_PTSZ,
+                graph::cuGraphUpload_ptsz as *const () as usize,
+            ),
+            e(
+                &pl::CU_DEVICE_GRAPH_MEM_TRIM,
+                pool::cuDeviceGraphMemTrim as *const () as usize,
+            ),
+            e(
                 &nv::GET_MEMORY_INFO,
                 nvml::nvmlDeviceGetMemoryInfo as *const () as usize,
             ),

@@ -24,6 +24,12 @@
  *                                   from the pool again and freed, the pool trimmed, a plain
  *                                   100 MiB again; then cuMemAllocAsync (the device's pool) of
  *                                   200 MiB and of 100 MiB; prints each result code
+ *   cudatest graphmem MIB1 MIB2     a graph that allocates MIB1 (a memory allocation node) and
+ *                                   frees it (a free node): launched, then a plain MIB2
+ *                                   allocation, launched again, the graph memory trimmed, MIB2
+ *                                   again (held), the graph launched and uploaded once more;
+ *                                   prints each result code
+ *   cudatest asyncalloc MIB         cuMemAllocAsync on the default stream and cuMemFreeAsync
  *   cudatest procs                  NVML's compute processes on device 0 (_v3 and v1): how many,
  *                                   and whether this process is among them (with $CUDATEST_PIDS
  *                                   set, every pid)
@@ -79,6 +85,28 @@ static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner
     k.gx = outer;
     if (r == 0) r = add_kernel(&node, *graph, NULL, 0, &k);
     if (r == 0) r = add_child(&node, *graph, NULL, 0, child);
+    return r;
+}
+
+static void *proc(const char *name);
+static void device0(void *prop);
+
+/* graphmem's graph, instantiated: an allocation of `mib` on device 0, then its free. */
+static CUresult alloc_graph(void **exec, size_t mib) {
+    CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
+    CUresult (*add_alloc)(void **, void *, void **, size_t, void *) = sym("cuGraphAddMemAllocNode");
+    CUresult (*add_free)(void **, void *, void **, size_t, CUdeviceptr) = sym("cuGraphAddMemFreeNode");
+    CUresult (*instantiate)(void **, void *, unsigned long long) = sym("cuGraphInstantiateWithFlags");
+    /* CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps (88 bytes), access descriptors, size, address. */
+    struct { unsigned char props[88]; const void *access; size_t naccess; size_t bytesize; CUdeviceptr dptr; } p;
+    memset(&p, 0, sizeof p);
+    device0(p.props);
+    p.bytesize = mib << 20;
+    void *graph = NULL, *alloc_node = NULL, *free_node = NULL;
+    CUresult r = create(&graph, 0);
+    if (r == 0) r = add_alloc(&alloc_node, graph, NULL, 0, &p);
+    if (r == 0) r = add_free(&free_node, graph, &alloc_node, 1, p.dptr);
+    if (r == 0) r = instantiate(exec, graph, 0);
     return r;
 }
 
@@ -142,7 +170,8 @@ static double seconds(void) {
 }
 
 /* A CUmemPoolProps (or CUmemAllocationProp) for pinned device memory on device 0. */
-static void device0(Prop *prop) {
+static void device0(void *p) {
+    Prop *prop = p;
     memset(prop, 0, sizeof *prop);
     prop->type = 1;
     prop->location.type = 1;
@@ -342,6 +371,37 @@ int main(int argc, char **argv) {
         printf("async 100 %d\n", r2);
         if (r == 0) free_async(x, NULL);
         if (r2 == 0) free_async(y, NULL);
+    } else if (strcmp(cmd, "graphmem") == 0 && argc == 4) {
+        CUresult (*launch)(void *, void *) = sym("cuGraphLaunch");
+        CUresult (*upload)(void *, void *) = proc("cuGraphUpload");
+        CUresult (*trim)(int) = proc("cuDeviceGraphMemTrim");
+        CUresult (*sync)(void) = sym("cuCtxSynchronize");
+        int a = atoi(argv[2]), b = atoi(argv[3]);
+        void *exec = NULL;
+        CUresult r = alloc_graph(&exec, (size_t)a);
+        if (r != 0) {
+            printf("graph %d %d\n", a, r);
+            return 18;
+        }
+        printf("graph %d launch %d\n", a, launch(exec, NULL));
+        sync();
+        printf("plain %d %d\n", b, alloc(b, 0));
+        printf("graph %d again %d\n", a, launch(exec, NULL));
+        sync();
+        printf("trim %d\n", trim(0));
+        /* alloc() does not free: the MIB2 stay held for what follows. */
+        printf("plain %d %d\n", b, alloc(b, 1));
+        printf("graph %d held %d\n", a, launch(exec, NULL));
+        sync();
+        printf("upload %d held %d\n", a, upload(exec, NULL));
+    } else if (strcmp(cmd, "asyncalloc") == 0 && argc == 3) {
+        CUresult (*async)(CUdeviceptr *, size_t, void *) = proc("cuMemAllocAsync");
+        CUresult (*free_async)(CUdeviceptr, void *) = sym("cuMemFreeAsync");
+        int mib = atoi(argv[2]);
+        CUdeviceptr x = 0;
+        CUresult r = async(&x, (size_t)mib << 20, NULL);
+        printf("async %d %d\n", mib, r);
+        if (r == 0) free_async(x, NULL);
     } else if (strcmp(cmd, "procs") == 0) {
         void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW);
         if (!nvml) { printf("dlopen %s\n", dlerror()); return 10; }

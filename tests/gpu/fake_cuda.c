@@ -18,6 +18,8 @@
  * as a real one takes a few hundred. A kernel of N blocks is N blocks of work on a device that
  * does FAKE_CAPACITY blocks a second; a process's SM percent is its rate of the last 100 ms.
  * Memory pools keep freed memory up to their release threshold (default 0), in 2 MiB steps.
+ * A graph's memory allocation nodes are mapped from the device's graph memory when the graph is
+ * launched or uploaded; the graph memory keeps what it maps until cuDeviceGraphMemTrim.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -325,9 +327,18 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned
     return r;
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flags) { (void)flags; return alloc_on(current, size, p); }
+/* While every stream is being captured ($FAKE_CUDA_CAPTURING), an asynchronous allocation only
+ * becomes a graph's allocation node: an address, no memory. */
+static int captured(CUdeviceptr *p, size_t size) {
+    if (!getenv("FAKE_CUDA_CAPTURING")) return 0;
+    *p = next_ptr;
+    next_ptr += (size + 0xfffff) & ~0xfffffull;
+    return 1;
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     (void)s;
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (captured(p, size)) return CUDA_SUCCESS;
     return pool_alloc(pool_index(default_pool(current)), size, p);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) { return cuMemAllocAsync(p, size, s); }
@@ -424,6 +435,7 @@ EXPORT CUresult cuMemPoolTrimTo(void *pool, size_t keep) {
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
     (void)s;
+    if (captured(p, size)) return CUDA_SUCCESS;
     return pool_alloc(pool_index(pool), size, p);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *pool, CUstream s) {
@@ -431,7 +443,10 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, void *
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return release(p); }
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return release(p); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return release(p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    (void)s;
+    return getenv("FAKE_CUDA_CAPTURING") ? CUDA_SUCCESS : release(p);
+}
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -480,16 +495,26 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
     return launched((unsigned long long)c->gx * c->gy * c->gz);
 }
 
-/* Graphs: enough for the interceptor to read a graph's kernels, and for a launch to run them. */
+/* Graphs: enough for the interceptor to read a graph's kernels and memory nodes, and for a
+ * launch to run them and map their memory. */
 #define MAX_GRAPH_NODES 16
 typedef struct fake_graph fake_graph;
-typedef struct { int type; unsigned long long blocks; fake_graph *child; } fake_node;
+/* blocks: a kernel's; bytes and dev: an allocation's, or a free's (of the allocation it frees). */
+typedef struct { int type; unsigned long long blocks; fake_graph *child; unsigned long long bytes, ptr; int dev; } fake_node;
 struct fake_graph { size_t n; fake_node nodes[MAX_GRAPH_NODES]; };
-typedef struct { unsigned long long blocks; } fake_exec;
+/* mem: bytes its allocation nodes map on each device; kept: those its free nodes leave live. */
+typedef struct { unsigned long long blocks, mem[MAX_DEVICES], kept[MAX_DEVICES]; } fake_exec;
 /* CUDA_KERNEL_NODE_PARAMS_v2. */
 typedef struct { CUfunction func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } KernelNodeParams;
+/* CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps (88 bytes, a CUmemAllocationProp's head first), the
+ * access descriptors, the size and the address. */
+typedef struct { CUmemAllocationProp prop; void *win32; unsigned char rest[64]; const void *access; size_t naccess; size_t bytesize; CUdeviceptr dptr; } MemAllocNodeParams;
 #define NODE_KERNEL 0
 #define NODE_GRAPH 5
+#define NODE_MEM_ALLOC 10
+#define NODE_MEM_FREE 11
+/* Each device's graph memory: what it holds from the device, and what graphs' allocations use. */
+static unsigned long long graph_reserved[MAX_DEVICES], graph_live[MAX_DEVICES];
 
 EXPORT CUresult cuGraphCreate(fake_graph **g, unsigned flags) {
     (void)flags;
@@ -505,11 +530,36 @@ static CUresult add_node(fake_node **out, fake_graph *g, fake_node n) {
 EXPORT CUresult cuGraphAddKernelNode_v2(fake_node **out, fake_graph *g, void *deps, size_t ndeps,
                                         const KernelNodeParams *p) {
     (void)deps; (void)ndeps;
-    return add_node(out, g, (fake_node){NODE_KERNEL, (unsigned long long)p->gx * p->gy * p->gz, NULL});
+    return add_node(out, g, (fake_node){NODE_KERNEL, (unsigned long long)p->gx * p->gy * p->gz, NULL, 0, 0, 0});
 }
 EXPORT CUresult cuGraphAddChildGraphNode(fake_node **out, fake_graph *g, void *deps, size_t ndeps, fake_graph *child) {
     (void)deps; (void)ndeps;
-    return add_node(out, g, (fake_node){NODE_GRAPH, 0, child});
+    return add_node(out, g, (fake_node){NODE_GRAPH, 0, child, 0, 0, 0});
+}
+EXPORT CUresult cuGraphAddMemAllocNode(fake_node **out, fake_graph *g, void *deps, size_t ndeps, MemAllocNodeParams *p) {
+    (void)deps; (void)ndeps;
+    if (p->prop.location.type != 1 || p->prop.location.id < 0 || p->prop.location.id >= ndev || p->bytesize == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    p->dptr = next_ptr;
+    next_ptr += (p->bytesize + 0xfffff) & ~0xfffffull;
+    return add_node(out, g, (fake_node){NODE_MEM_ALLOC, 0, NULL, p->bytesize, p->dptr, p->prop.location.id});
+}
+EXPORT CUresult cuGraphAddMemFreeNode(fake_node **out, fake_graph *g, void *deps, size_t ndeps, CUdeviceptr ptr) {
+    (void)deps; (void)ndeps;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->nodes[i].type == NODE_MEM_ALLOC && g->nodes[i].ptr == ptr)
+            return add_node(out, g, (fake_node){NODE_MEM_FREE, 0, NULL, g->nodes[i].bytes, ptr, g->nodes[i].dev});
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuGraphMemAllocNodeGetParams(fake_node *n, MemAllocNodeParams *p) {
+    if (n->type != NODE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->prop.type = 1;
+    p->prop.location.type = 1;
+    p->prop.location.id = n->dev;
+    p->bytesize = n->bytes;
+    p->dptr = n->ptr;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphGetNodes(fake_graph *g, fake_node **nodes, size_t *n) {
     if (nodes) {
@@ -533,25 +583,75 @@ EXPORT CUresult cuGraphChildGraphNodeGetGraph(fake_node *n, fake_graph **g) {
     *g = n->child;
     return CUDA_SUCCESS;
 }
-static unsigned long long graph_blocks(const fake_graph *g) {
-    unsigned long long total = 0;
-    for (size_t i = 0; i < g->n; i++)
-        total += g->nodes[i].type == NODE_KERNEL ? g->nodes[i].blocks : graph_blocks(g->nodes[i].child);
-    return total;
+/* Add g's kernels' blocks and its memory nodes' bytes (child graphs included) to e. */
+static void graph_cost(fake_exec *e, const fake_graph *g) {
+    for (size_t i = 0; i < g->n; i++) {
+        const fake_node *n = &g->nodes[i];
+        switch (n->type) {
+        case NODE_KERNEL: e->blocks += n->blocks; break;
+        case NODE_GRAPH: graph_cost(e, n->child); break;
+        case NODE_MEM_ALLOC: e->mem[n->dev] += n->bytes; e->kept[n->dev] += n->bytes; break;
+        case NODE_MEM_FREE: e->kept[n->dev] -= n->bytes; break;
+        }
+    }
+}
+static void exec_of(fake_exec *e, const fake_graph *g) {
+    memset(e, 0, sizeof *e);
+    graph_cost(e, g);
 }
 EXPORT CUresult cuGraphInstantiateWithFlags(fake_exec **e, fake_graph *g, unsigned long long flags) {
     (void)flags;
     *e = malloc(sizeof **e);
     if (!*e) return CUDA_ERROR_OUT_OF_MEMORY;
-    (*e)->blocks = graph_blocks(g);
+    exec_of(*e, g);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphExecUpdate_v2(fake_exec *e, fake_graph *g, void *info) {
     (void)info;
-    e->blocks = graph_blocks(g);
+    exec_of(e, g);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) { (void)s; return launched(e->blocks); }
+/* Map what e's allocation nodes need from each device's graph memory, growing it where what it
+ * holds unused is short. */
+static CUresult map_graph(const fake_exec *e) {
+    for (int d = 0; d < ndev; d++) {
+        unsigned long long unused = graph_reserved[d] - graph_live[d];
+        if (e->mem[d] > unused && used[d] + (e->mem[d] - unused) > FAKE_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int d = 0; d < ndev; d++) {
+        unsigned long long unused = graph_reserved[d] - graph_live[d];
+        if (e->mem[d] > unused) {
+            used[d] += e->mem[d] - unused;
+            graph_reserved[d] += e->mem[d] - unused;
+            publish(d);
+        }
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphUpload(fake_exec *e, CUstream s) { (void)s; return map_graph(e); }
+EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) {
+    (void)s;
+    CUresult r = map_graph(e);
+    if (r != CUDA_SUCCESS) return r;
+    for (int d = 0; d < ndev; d++) graph_live[d] += e->kept[d];
+    return launched(e->blocks);
+}
+/* CUgraphMem_attribute: 0 used now, 2 reserved now. */
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
+    if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+    case 0: *(unsigned long long *)value = graph_live[d]; return CUDA_SUCCESS;
+    case 2: *(unsigned long long *)value = graph_reserved[d]; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    used[d] -= graph_reserved[d] - graph_live[d];
+    graph_reserved[d] = graph_live[d];
+    publish(d);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGraphExecDestroy(fake_exec *e) { free(e); return CUDA_SUCCESS; }
 
 /* Every stream is being captured into a graph while $FAKE_CUDA_CAPTURING is set. */
@@ -624,6 +724,12 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuGraphNodeGetType", (void *)cuGraphNodeGetType},
     {"cuGraphKernelNodeGetParams_v2", (void *)cuGraphKernelNodeGetParams_v2},
     {"cuGraphChildGraphNodeGetGraph", (void *)cuGraphChildGraphNodeGetGraph},
+    {"cuGraphAddMemAllocNode", (void *)cuGraphAddMemAllocNode},
+    {"cuGraphAddMemFreeNode", (void *)cuGraphAddMemFreeNode},
+    {"cuGraphMemAllocNodeGetParams", (void *)cuGraphMemAllocNodeGetParams},
+    {"cuGraphUpload", (void *)cuGraphUpload},
+    {"cuDeviceGetGraphMemAttribute", (void *)cuDeviceGetGraphMemAttribute},
+    {"cuDeviceGraphMemTrim", (void *)cuDeviceGraphMemTrim},
     {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
     {"cuGraphLaunch", (void *)cuGraphLaunch},
     {"cuGraphExecUpdate_v2", (void *)cuGraphExecUpdate_v2},

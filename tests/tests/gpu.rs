@@ -416,6 +416,24 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
         "keep alloc 0\nkeep free 0\nplain 100 2\nkeep again 0\ntrim 0\nplain 100 0\n\
          async 100 0\nasync 100 2\n"
     );
+    // A graph's memory allocation nodes are mapped when it is launched or uploaded, and the
+    // device's graph memory keeps them until trimmed: charged as a pool is.
+    assert_eq!(
+        sh_ok(env, id, "cudatest graphmem 200 100").await,
+        "graph 200 launch 0\nplain 100 2\ngraph 200 again 0\ntrim 0\nplain 100 0\n\
+         graph 200 held 2\nupload 200 held 2\n"
+    );
+    // An asynchronous allocation on a stream being captured only adds a node to the graph: it is
+    // not refused (the graph's launches are charged), where the same allocation is otherwise.
+    assert_eq!(
+        sh_ok(
+            env,
+            id,
+            "cudatest asyncalloc 300; FAKE_CUDA_CAPTURING=1 cudatest asyncalloc 300"
+        )
+        .await,
+        "async 300 2\nasync 300 0\n"
+    );
     // A context's memory is charged, as the driver reports it for the process: the fake's
     // contexts take $FAKE_CUDA_CONTEXT_MIB.
     let info = sh_ok(env, id, "FAKE_CUDA_CONTEXT_MIB=100 cudatest info").await;

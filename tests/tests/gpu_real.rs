@@ -111,6 +111,19 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     ] {
         step(&env, &id, what, &cmd).await;
     }
+    // Not yet run on a GPU (written without one): the graph memory of allocation nodes.
+    let out = step(
+        &env,
+        &id,
+        "a graph's memory nodes count from its launch until the graph memory is trimmed",
+        "cudatest graphmem 1024 1280",
+    )
+    .await;
+    assert_eq!(
+        out,
+        "graph 1024 launch 0\nplain 1536 2\ngraph 1024 again 0\ntrim 0\nplain 1536 0\n\
+         graph 1024 held 2\nupload 1024 held 2\n"
+    );
     let out = step(
         &env,
         &id,
