@@ -121,7 +121,7 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     .await;
     assert_eq!(
         out,
-        "graph 1024 launch 0\nplain 1536 2\ngraph 1024 again 0\ntrim 0\nplain 1536 0\n\
+        "graph 1024 launch 0\nplain 1280 2\ngraph 1024 again 0\ntrim 0\nplain 1280 0\n\
          graph 1024 held 2\nupload 1024 held 2\n"
     );
     let out = step(
