@@ -4,8 +4,9 @@
 //! is instantiated — the blocks of every kernel node and the bytes of every memory allocation
 //! node, child graphs included — and charged at each `cuGraphLaunch` (blocks, see `hooks`) and
 //! `cuGraphLaunch` or `cuGraphUpload` (memory, see `pool::graph_memory`). `cuGraphExecUpdate`
-//! takes the cost again from the new graph; a single node's parameters set on an instantiated
-//! graph (`cuGraphExecKernelNodeSetParams`) are not seen.
+//! takes the cost again from the new graph; a kernel or child graph node's parameters set on an
+//! instantiated graph (`cuGraphExecKernelNodeSetParams`, `cuGraphExecChildGraphNodeSetParams`,
+//! `cuGraphExecNodeSetParams`) change it by that node's blocks.
 //!
 //! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
 //! documents, and they are meant to be called from C only.
@@ -40,6 +41,14 @@ pub mod slots {
     pub static CU_GRAPH_EXEC_UPDATE: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate");
     pub static CU_GRAPH_EXEC_UPDATE_V2: Slot = Slot::new(Lib::Cuda, c"cuGraphExecUpdate_v2");
     pub static CU_GRAPH_UPLOAD: Slot = Slot::new(Lib::Cuda, c"cuGraphUpload");
+    pub static CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: Slot =
+        Slot::new(Lib::Cuda, c"cuGraphExecKernelNodeSetParams");
+    pub static CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2: Slot =
+        Slot::new(Lib::Cuda, c"cuGraphExecKernelNodeSetParams_v2");
+    pub static CU_GRAPH_EXEC_CHILD_GRAPH_NODE_SET_PARAMS: Slot =
+        Slot::new(Lib::Cuda, c"cuGraphExecChildGraphNodeSetParams");
+    pub static CU_GRAPH_EXEC_NODE_SET_PARAMS: Slot =
+        Slot::new(Lib::Cuda, c"cuGraphExecNodeSetParams");
     pub static CU_GRAPH_UPLOAD_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuGraphUpload_ptsz");
     // Not hooked: what a graph's nodes are read with.
     pub static CU_GRAPH_GET_NODES: Slot = Slot::new(Lib::Cuda, c"cuGraphGetNodes");
@@ -69,6 +78,10 @@ const MAX_DEPTH: u32 = 8;
 const MAX_EXECS: usize = 1 << 16;
 /// Devices a graph's memory is counted on (an allocation node names one the driver knows).
 const MAX_DEVICES: usize = 64;
+/// A graph's top-level kernel and child graph nodes whose blocks are kept, for a later change of
+/// one node's parameters; a change to a node past them is charged without taking its old blocks
+/// off.
+const MAX_KEPT_NODES: usize = 1024;
 
 /// What a launch of an instantiated graph takes.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -77,9 +90,29 @@ pub(crate) struct Cost {
     pub blocks: u64,
     /// The bytes its memory allocation nodes map, by device ordinal.
     pub memory: Vec<(CUdevice, u64)>,
+    /// The blocks of its top-level kernel and child graph nodes, by node handle.
+    nodes: HashMap<usize, u64>,
 }
 
 impl Cost {
+    /// Node `node`'s blocks are `blocks` now.
+    fn reprice(&mut self, node: CUgraphNode, blocks: u64) {
+        let old = match self.nodes.get_mut(&(node as usize)) {
+            Some(old) => std::mem::replace(old, blocks),
+            None => {
+                if self.nodes.len() < MAX_KEPT_NODES {
+                    self.nodes.insert(node as usize, blocks);
+                }
+                0
+            }
+        };
+        self.blocks = self
+            .blocks
+            .saturating_sub(old)
+            .saturating_add(blocks)
+            .max(1);
+    }
+
     fn allocate(&mut self, dev: CUdevice, bytes: u64) {
         if let Some((_, b)) = self.memory.iter_mut().find(|(d, _)| *d == dev) {
             *b = b.saturating_add(bytes);
@@ -203,11 +236,20 @@ fn graph_cost(api: &impl Graphs, graph: CUgraph, depth: u32, budget: &mut usize,
     for node in nodes {
         match api.kind(node) {
             Some(CU_GRAPH_NODE_TYPE_KERNEL) => {
-                cost.blocks = cost.blocks.saturating_add(api.kernel_blocks(node));
+                let blocks = api.kernel_blocks(node);
+                cost.blocks = cost.blocks.saturating_add(blocks);
+                if depth == 0 && cost.nodes.len() < MAX_KEPT_NODES {
+                    cost.nodes.insert(node as usize, blocks);
+                }
             }
             Some(CU_GRAPH_NODE_TYPE_GRAPH) => {
                 if let Some(child) = api.child(node) {
+                    let before = cost.blocks;
                     graph_cost(api, child, depth + 1, budget, cost);
+                    if depth == 0 && cost.nodes.len() < MAX_KEPT_NODES {
+                        cost.nodes
+                            .insert(node as usize, cost.blocks.saturating_sub(before));
+                    }
                 }
             }
             Some(CU_GRAPH_NODE_TYPE_MEM_ALLOC) => {
@@ -303,9 +345,134 @@ struct MemAllocNodeParams {
 const _: () = assert!(std::mem::size_of::<MemAllocNodeParams>() == 120);
 const _: () = assert!(std::mem::offset_of!(MemAllocNodeParams, bytesize) == 104);
 
-/// The head of `CUDA_KERNEL_NODE_PARAMS`, alike in `_v2`: the function, then the grid.
+/// After `exec`'s node `node` was given new parameters, its cost takes `blocks` (where a core
+/// limit is in force and the graph's cost is known).
+fn repriced(r: CUresult, exec: CUgraphExec, node: CUgraphNode, blocks: impl FnOnce() -> u64) {
+    if r != CUDA_SUCCESS || !limited() {
+        return;
+    }
+    let blocks = blocks();
+    if let Some(c) = lock(&COSTS)
+        .as_mut()
+        .and_then(|m| m.get_mut(&(exec as usize)))
+    {
+        c.reprice(node, blocks);
+    }
+}
+
+/// The grid of the `CUDA_KERNEL_NODE_PARAMS` (any version) at `params`, in blocks.
+fn params_blocks(params: *const KernelNodeParamsHead) -> u64 {
+    // SAFETY: the caller's, null (the driver's to refuse) or a struct whose head this is.
+    unsafe { params.as_ref() }.map_or(0, |h| {
+        crate::hooks::blocks(h.grid_dim_x, h.grid_dim_y, h.grid_dim_z)
+    })
+}
+
+/// The blocks of the graph a child graph node now holds.
+fn child_blocks(child: CUgraph) -> u64 {
+    let mut cost = Cost::default();
+    graph_cost(&Driver, child, 1, &mut { MAX_NODES }, &mut cost);
+    cost.blocks
+}
+
+type SetKernelParams =
+    unsafe extern "C" fn(CUgraphExec, CUgraphNode, *const KernelNodeParamsHead) -> CUresult;
+
+fn set_kernel_params(
+    slot: &Slot,
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const KernelNodeParamsHead,
+) -> CUresult {
+    let real = real!(slot, SetKernelParams);
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { real(exec, node, params) };
+    repriced(r, exec, node, || params_blocks(params));
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const KernelNodeParamsHead,
+) -> CUresult {
+    set_kernel_params(
+        &slots::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS,
+        exec,
+        node,
+        params,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecKernelNodeSetParams_v2(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const KernelNodeParamsHead,
+) -> CUresult {
+    set_kernel_params(
+        &slots::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2,
+        exec,
+        node,
+        params,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecChildGraphNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    child: CUgraph,
+) -> CUresult {
+    let real = real!(
+        slots::CU_GRAPH_EXEC_CHILD_GRAPH_NODE_SET_PARAMS,
+        unsafe extern "C" fn(CUgraphExec, CUgraphNode, CUgraph) -> CUresult
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { real(exec, node, child) };
+    repriced(r, exec, node, || child_blocks(child));
+    r
+}
+
+/// The head of `CUgraphNodeParams` (CUDA 12.2): the node's type, then (after three reserved
+/// ints) its type's parameters.
 #[repr(C)]
-struct KernelNodeParamsHead {
+pub struct GraphNodeParamsHead {
+    kind: i32,
+    reserved: [i32; 3],
+    /// A kernel node's `CUDA_KERNEL_NODE_PARAMS_v3`, or a child graph node's graph.
+    params: KernelNodeParamsHead,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecNodeSetParams(
+    exec: CUgraphExec,
+    node: CUgraphNode,
+    params: *const GraphNodeParamsHead,
+) -> CUresult {
+    let real = real!(
+        slots::CU_GRAPH_EXEC_NODE_SET_PARAMS,
+        unsafe extern "C" fn(CUgraphExec, CUgraphNode, *const GraphNodeParamsHead) -> CUresult
+    );
+    // SAFETY: forwarding the caller's arguments.
+    let r = unsafe { real(exec, node, params) };
+    // SAFETY: the caller's, null (the driver's to refuse) or the struct cuda.h lays out.
+    match unsafe { params.as_ref() } {
+        Some(p) if p.kind == CU_GRAPH_NODE_TYPE_KERNEL => {
+            repriced(r, exec, node, || params_blocks(&p.params));
+        }
+        Some(p) if p.kind == CU_GRAPH_NODE_TYPE_GRAPH => {
+            repriced(r, exec, node, || child_blocks(p.params.func));
+        }
+        _ => {}
+    }
+    r
+}
+
+/// The head of `CUDA_KERNEL_NODE_PARAMS`, alike in `_v2` and `_v3`: the function, then the grid.
+#[repr(C)]
+pub struct KernelNodeParamsHead {
     func: *mut c_void,
     grid_dim_x: u32,
     grid_dim_y: u32,
@@ -590,5 +757,26 @@ mod tests {
             cost.allocate(dev, 1);
         }
         assert_eq!(cost.memory.len(), MAX_DEVICES);
+    }
+
+    #[test]
+    fn a_nodes_new_parameters_replace_its_blocks_however_often_they_change() {
+        // Graph 1: a kernel of 7 blocks (node 0x100) and a child graph (node 0x104) holding none.
+        let mut cost = Cost::default();
+        graph_cost(&Allocating, 1 as CUgraph, 0, &mut { MAX_NODES }, &mut cost);
+        assert_eq!(cost.nodes.get(&0x100), Some(&7));
+        assert_eq!(cost.nodes.get(&0x104), Some(&0));
+        for _ in 0..3 {
+            cost.reprice(0x100 as CUgraphNode, 1000);
+            cost.reprice(0x104 as CUgraphNode, 500);
+        }
+        assert_eq!(cost.blocks, 1500);
+        cost.reprice(0x100 as CUgraphNode, 1);
+        assert_eq!(cost.blocks, 501);
+        // A node not kept (past the bound, or never seen) is charged without taking anything
+        // off, once; later changes to it are exact.
+        cost.reprice(0x999 as CUgraphNode, 100);
+        cost.reprice(0x999 as CUgraphNode, 100);
+        assert_eq!(cost.blocks, 601);
     }
 }

@@ -198,6 +198,22 @@ pub fn entries() -> &'static [Entry] {
                 graph::cuGraphExecDestroy as *const () as usize,
             ),
             e(
+                &gr::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS,
+                graph::cuGraphExecKernelNodeSetParams as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS_V2,
+                graph::cuGraphExecKernelNodeSetParams_v2 as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_EXEC_CHILD_GRAPH_NODE_SET_PARAMS,
+                graph::cuGraphExecChildGraphNodeSetParams as *const () as usize,
+            ),
+            e(
+                &gr::CU_GRAPH_EXEC_NODE_SET_PARAMS,
+                graph::cuGraphExecNodeSetParams as *const () as usize,
+            ),
+            e(
                 &gr::CU_GRAPH_UPLOAD,
                 graph::cuGraphUpload as *const () as usize,
             ),

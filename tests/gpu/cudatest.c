@@ -45,7 +45,9 @@
  *                                   holding half the blocks in a kernel node and half in a
  *                                   kernel node of a child graph ($CUDATEST_GRAPH=update:
  *                                   instantiated from the same shape with a block a node, then
- *                                   updated to it with cuGraphExecUpdate)
+ *                                   updated to it with cuGraphExecUpdate; =setparams: its
+ *                                   kernel node and child graph node given the real grid and
+ *                                   child with cuGraphExec{Kernel,ChildGraph}NodeSetParams)
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -70,8 +72,9 @@ static CUresult (*getproc)(const char *, void **, int, unsigned long long);
 
 static void *sym(const char *name);
 
-/* burn's graph: a kernel node of `outer` blocks, and a child graph with one of `inner`. */
-static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner, unsigned outer) {
+/* burn's graph: a kernel node of `outer` blocks, and a child graph with one of `inner`; the
+ * kernel node and the child graph node are stored where `nodes` points, if not null. */
+static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner, unsigned outer, void **nodes) {
     CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
     CUresult (*add_kernel)(void **, void *, void *, size_t, void *) = sym("cuGraphAddKernelNode_v2");
     CUresult (*add_child)(void **, void *, void *, size_t, void *) = sym("cuGraphAddChildGraphNode");
@@ -84,7 +87,9 @@ static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner
     if (r == 0) r = add_kernel(&node, child, NULL, 0, &k);
     k.gx = outer;
     if (r == 0) r = add_kernel(&node, *graph, NULL, 0, &k);
+    if (r == 0 && nodes) nodes[0] = node;
     if (r == 0) r = add_child(&node, *graph, NULL, 0, child);
+    if (r == 0 && nodes) nodes[1] = node;
     return r;
 }
 
@@ -453,15 +458,31 @@ int main(int argc, char **argv) {
         if (getenv("CUDATEST_GRAPH")) {
             CUresult (*instantiate)(void **, void *, unsigned long long) = sym("cuGraphInstantiateWithFlags");
             void *graph = NULL;
-            CUresult r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2);
+            void *small_nodes[2] = {NULL, NULL};
+            CUresult r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2, NULL);
             if (strcmp(getenv("CUDATEST_GRAPH"), "update") == 0) {
                 /* The same shape with a block a node, instantiated, then updated to the real one. */
                 CUresult (*update)(void *, void *, void *) = sym("cuGraphExecUpdate_v2");
                 void *small = NULL;
                 char info[64] = {0};
-                if (r == 0) r = burn_graph(&small, fn, params, 1, 1);
+                if (r == 0) r = burn_graph(&small, fn, params, 1, 1, NULL);
                 if (r == 0) r = instantiate(&exec, small, 0);
                 if (r == 0) r = update(exec, graph, info);
+            } else if (strcmp(getenv("CUDATEST_GRAPH"), "setparams") == 0) {
+                /* The same shape with a block a node, instantiated, then its kernel node given the
+                 * real grid and its child graph node the real child graph. */
+                CUresult (*set_kernel)(void *, void *, const void *) = proc("cuGraphExecKernelNodeSetParams");
+                CUresult (*set_child)(void *, void *, void *) = sym("cuGraphExecChildGraphNodeSetParams");
+                CUresult (*child_of)(void *, void **) = sym("cuGraphChildGraphNodeGetGraph");
+                struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
+                    {fn, blocks - blocks / 2, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
+                void *small = NULL, *big_nodes[2] = {NULL, NULL}, *big_child = NULL;
+                r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2, big_nodes);
+                if (r == 0) r = child_of(big_nodes[1], &big_child);
+                if (r == 0) r = burn_graph(&small, fn, params, 1, 1, small_nodes);
+                if (r == 0) r = instantiate(&exec, small, 0);
+                if (r == 0) r = set_kernel(exec, small_nodes[0], &k);
+                if (r == 0) r = set_child(exec, small_nodes[1], big_child);
             } else if (r == 0) {
                 r = instantiate(&exec, graph, 0);
             }

@@ -503,7 +503,12 @@ typedef struct fake_graph fake_graph;
 typedef struct { int type; unsigned long long blocks; fake_graph *child; unsigned long long bytes, ptr; int dev; } fake_node;
 struct fake_graph { size_t n; fake_node nodes[MAX_GRAPH_NODES]; };
 /* mem: bytes its allocation nodes map on each device; kept: those its free nodes leave live. */
-typedef struct { unsigned long long blocks, mem[MAX_DEVICES], kept[MAX_DEVICES]; } fake_exec;
+typedef struct {
+    unsigned long long blocks, mem[MAX_DEVICES], kept[MAX_DEVICES];
+    /* The graph it was made from, and the blocks each of that graph's nodes runs in it. */
+    const fake_graph *graph;
+    unsigned long long node_blocks[MAX_GRAPH_NODES];
+} fake_exec;
 /* CUDA_KERNEL_NODE_PARAMS_v2. */
 typedef struct { CUfunction func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } KernelNodeParams;
 /* CUDA_MEM_ALLOC_NODE_PARAMS: CUmemPoolProps (88 bytes, a CUmemAllocationProp's head first), the
@@ -595,9 +600,33 @@ static void graph_cost(fake_exec *e, const fake_graph *g) {
         }
     }
 }
+static unsigned long long blocks_of(const fake_graph *g) {
+    fake_exec e;
+    memset(&e, 0, sizeof e);
+    graph_cost(&e, g);
+    return e.blocks;
+}
 static void exec_of(fake_exec *e, const fake_graph *g) {
     memset(e, 0, sizeof *e);
     graph_cost(e, g);
+    e->graph = g;
+    for (size_t i = 0; i < g->n; i++)
+        e->node_blocks[i] = g->nodes[i].type == NODE_KERNEL ? g->nodes[i].blocks
+                            : g->nodes[i].type == NODE_GRAPH ? blocks_of(g->nodes[i].child) : 0;
+}
+/* Node n of e's graph runs `blocks` blocks in e from now on. */
+static CUresult set_node_blocks(fake_exec *e, const fake_node *n, int type, unsigned long long blocks) {
+    if (n < e->graph->nodes || n >= e->graph->nodes + e->graph->n || n->type != type) return CUDA_ERROR_INVALID_VALUE;
+    size_t i = (size_t)(n - e->graph->nodes);
+    e->blocks = e->blocks - e->node_blocks[i] + blocks;
+    e->node_blocks[i] = blocks;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(fake_exec *e, const fake_node *n, const KernelNodeParams *p) {
+    return set_node_blocks(e, n, NODE_KERNEL, (unsigned long long)p->gx * p->gy * p->gz);
+}
+EXPORT CUresult cuGraphExecChildGraphNodeSetParams(fake_exec *e, const fake_node *n, const fake_graph *child) {
+    return set_node_blocks(e, n, NODE_GRAPH, blocks_of(child));
 }
 EXPORT CUresult cuGraphInstantiateWithFlags(fake_exec **e, fake_graph *g, unsigned long long flags) {
     (void)flags;
@@ -728,6 +757,8 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuGraphAddMemFreeNode", (void *)cuGraphAddMemFreeNode},
     {"cuGraphMemAllocNodeGetParams", (void *)cuGraphMemAllocNodeGetParams},
     {"cuGraphUpload", (void *)cuGraphUpload},
+    {"cuGraphExecKernelNodeSetParams_v2", (void *)cuGraphExecKernelNodeSetParams_v2},
+    {"cuGraphExecChildGraphNodeSetParams", (void *)cuGraphExecChildGraphNodeSetParams},
     {"cuDeviceGetGraphMemAttribute", (void *)cuDeviceGetGraphMemAttribute},
     {"cuDeviceGraphMemTrim", (void *)cuDeviceGraphMemTrim},
     {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},

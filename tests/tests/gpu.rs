@@ -1021,10 +1021,22 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
     let cooperative = burn(sh_ok(&env, &limited, "CUDATEST_COOP=1 cudatest burn 8 1000").await);
     let graphs = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=1 cudatest burn 8 1000").await);
     let updated = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=update cudatest burn 4 1000").await);
+    let set = burn(
+        sh_ok(
+            &env,
+            &limited,
+            "CUDATEST_GRAPH=setparams cudatest burn 4 1000",
+        )
+        .await,
+    );
     for (how, pct) in [
         ("cooperative launches", cooperative),
         ("graph launches", graphs),
         ("launches of an updated graph", updated),
+        (
+            "launches of a graph whose nodes were given new parameters",
+            set,
+        ),
     ] {
         assert!(
             (15..=45).contains(&pct),

@@ -183,6 +183,15 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         )
         .await,
     );
+    let set = burn(
+        step(
+            &env,
+            &id,
+            "30% alone, through a graph whose nodes were given new parameters",
+            &format!("CUDATEST_GRAPH=setparams {spin} cudatest burn 10 512"),
+        )
+        .await,
+    );
     let n = gpu_container(&image, "neighbour", &[]);
     let neighbour = env.d.run_container(&pod, &n, &cfg).await.unwrap();
     traces.add_container(&neighbour);
@@ -220,12 +229,13 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     let beside: Vec<f64> = beside.into_iter().map(share).collect();
     println!(
         "== the core limit, 30%: alone {:.0}% ({:.0}% through cooperative launches, {:.0}% \
-         through graphs, {:.0}% through an updated graph), beside a busy neighbour {:.0?}% of \
-         the unlimited rate",
+         through graphs, {:.0}% through an updated graph, {:.0}% through one given new \
+         parameters), beside a busy neighbour {:.0?}% of the unlimited rate",
         share(limited_alone),
         share(cooperative),
         share(graphs),
         share(updated),
+        share(set),
         beside
     );
     // Alone, the rate follows the GPU's time closely. Beside a neighbour, a time-slice the
@@ -236,6 +246,7 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         ("cooperative launches", cooperative),
         ("graphs", graphs),
         ("an updated graph", updated),
+        ("a graph given new parameters", set),
     ] {
         assert!((20.0..=36.0).contains(&share(rate)), "{how}");
     }
