@@ -31,18 +31,29 @@ impl Inner {
             self.refresh(&c).await;
         }
         phases.done("refresh");
-        let mut pod = self.store.pod(pod_id)?;
+        let pod = self.store.pod(pod_id)?;
         // The shim's shutdown and the CNI DEL overlap: the network namespace is pinned by a bind
         // mount, not by the infra process, so the plugins find it whatever the shim is doing.
-        let ((), network) = tokio::join!(self.teardown_pod(pod_id), self.teardown_network(&pod));
+        // The DEL is the longer: the final states are recorded while it runs.
+        let (stopped, network) =
+            tokio::join!(self.stop_processes(pod_id), self.teardown_network(&pod));
         phases.done("shim, infra and network");
+        stopped?;
+        network
+    }
+
+    /// Stop the pod's processes ([`teardown_pod`](Self::teardown_pod)), then record its
+    /// containers' final states and the pod as not ready: it is, whatever becomes of its
+    /// network (a failed DEL is retried by the next stop or the remove).
+    async fn stop_processes(&self, pod_id: &str) -> Result<(), Status> {
+        self.teardown_pod(pod_id).await;
         // The shim is gone, and so is what its Watch stream told: the final states are read
         // from the exit records it left (the stream's task may not have seen its end yet).
         self.store.set_watched(pod_id, false);
         for c in self.store.pod_containers(pod_id) {
             let _ = self.refresh(&c).await;
         }
-        network?;
+        let mut pod = self.store.pod(pod_id)?;
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
             self.store.save_pod(&pod)?;
