@@ -457,7 +457,10 @@ pub unsafe extern "C" fn cuGraphExecNodeSetParams(
     );
     // SAFETY: forwarding the caller's arguments.
     let r = unsafe { real(exec, node, params) };
-    // SAFETY: the caller's, null (the driver's to refuse) or the struct cuda.h lays out.
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    // SAFETY: the driver took them: the struct cuda.h lays out.
     match unsafe { params.as_ref() } {
         Some(p) if p.kind == CU_GRAPH_NODE_TYPE_KERNEL => {
             repriced(r, exec, node, || params_blocks(&p.params));
