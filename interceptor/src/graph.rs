@@ -65,7 +65,7 @@ pub mod slots {
 
 /// `CUgraphNodeType`s.
 const CU_GRAPH_NODE_TYPE_KERNEL: i32 = 0;
-const CU_GRAPH_NODE_TYPE_GRAPH: i32 = 5;
+const CU_GRAPH_NODE_TYPE_GRAPH: i32 = 4;
 const CU_GRAPH_NODE_TYPE_MEM_ALLOC: i32 = 10;
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`: `cuGraphInstantiateWithParams` uploads the graph too.
 const CU_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;

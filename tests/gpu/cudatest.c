@@ -42,12 +42,14 @@
  *                                   blocks a second instead. With $CUDATEST_COOP set, the
  *                                   launches are cuLaunchCooperativeKernel's; with
  *                                   $CUDATEST_GRAPH set, each is a cuGraphLaunch of a graph
- *                                   holding half the blocks in a kernel node and half in a
+ *                                   holding one block in a kernel node and the rest in a
  *                                   kernel node of a child graph ($CUDATEST_GRAPH=update:
  *                                   instantiated from the same shape with a block a node, then
- *                                   updated to it with cuGraphExecUpdate; =setparams: its
- *                                   kernel node and child graph node given the real grid and
- *                                   child with cuGraphExec{Kernel,ChildGraph}NodeSetParams)
+ *                                   updated to it with cuGraphExecUpdate; =setparams and
+ *                                   =setchild: its kernel node and child graph node given the
+ *                                   real grid and child with
+ *                                   cuGraphExec{Kernel,ChildGraph}NodeSetParams, setparams with
+ *                                   all but one block in the outer kernel)
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -457,10 +459,15 @@ int main(int argc, char **argv) {
         CUresult (*graph_launch)(void *, void *) = NULL;
         if (getenv("CUDATEST_GRAPH")) {
             CUresult (*instantiate)(void **, void *, unsigned long long) = sym("cuGraphInstantiateWithFlags");
-            void *graph = NULL;
-            void *small_nodes[2] = {NULL, NULL};
-            CUresult r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2, NULL);
-            if (strcmp(getenv("CUDATEST_GRAPH"), "update") == 0) {
+            const char *mode = getenv("CUDATEST_GRAPH");
+            int set_kernel_mode = strcmp(mode, "setparams") == 0, set_child_mode = strcmp(mode, "setchild") == 0;
+            /* All but one block sit in the node a mode tests, so that a hook missing it would see
+             * a cost far below the real one: the child graph's kernel, or for setparams the outer
+             * kernel. */
+            unsigned inner = set_kernel_mode ? 1 : blocks - 1, outer = set_kernel_mode ? blocks - 1 : 1;
+            void *graph = NULL, *big_nodes[2] = {NULL, NULL};
+            CUresult r = burn_graph(&graph, fn, params, inner, outer, big_nodes);
+            if (strcmp(mode, "update") == 0) {
                 /* The same shape with a block a node, instantiated, then updated to the real one. */
                 CUresult (*update)(void *, void *, void *) = sym("cuGraphExecUpdate_v2");
                 void *small = NULL;
@@ -468,16 +475,15 @@ int main(int argc, char **argv) {
                 if (r == 0) r = burn_graph(&small, fn, params, 1, 1, NULL);
                 if (r == 0) r = instantiate(&exec, small, 0);
                 if (r == 0) r = update(exec, graph, info);
-            } else if (strcmp(getenv("CUDATEST_GRAPH"), "setparams") == 0) {
+            } else if (set_kernel_mode || set_child_mode) {
                 /* The same shape with a block a node, instantiated, then its kernel node given the
                  * real grid and its child graph node the real child graph. */
                 CUresult (*set_kernel)(void *, void *, const void *) = proc("cuGraphExecKernelNodeSetParams");
                 CUresult (*set_child)(void *, void *, void *) = sym("cuGraphExecChildGraphNodeSetParams");
                 CUresult (*child_of)(void *, void **) = sym("cuGraphChildGraphNodeGetGraph");
                 struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
-                    {fn, blocks - blocks / 2, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
-                void *small = NULL, *big_nodes[2] = {NULL, NULL}, *big_child = NULL;
-                r = burn_graph(&graph, fn, params, blocks / 2, blocks - blocks / 2, big_nodes);
+                    {fn, outer, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
+                void *small = NULL, *small_nodes[2] = {NULL, NULL}, *big_child = NULL;
                 if (r == 0) r = child_of(big_nodes[1], &big_child);
                 if (r == 0) r = burn_graph(&small, fn, params, 1, 1, small_nodes);
                 if (r == 0) r = instantiate(&exec, small, 0);

@@ -515,7 +515,7 @@ typedef struct { CUfunction func; unsigned gx, gy, gz, bx, by, bz, shared; void 
  * access descriptors, the size and the address. */
 typedef struct { CUmemAllocationProp prop; void *win32; unsigned char rest[64]; const void *access; size_t naccess; size_t bytesize; CUdeviceptr dptr; } MemAllocNodeParams;
 #define NODE_KERNEL 0
-#define NODE_GRAPH 5
+#define NODE_GRAPH 4
 #define NODE_MEM_ALLOC 10
 #define NODE_MEM_FREE 11
 /* Each device's graph memory: what it holds from the device, and what graphs' allocations use. */

@@ -1021,21 +1021,21 @@ async fn the_core_limit_steers_by_the_containers_own_use_not_a_busy_neighbours()
     let cooperative = burn(sh_ok(&env, &limited, "CUDATEST_COOP=1 cudatest burn 8 1000").await);
     let graphs = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=1 cudatest burn 8 1000").await);
     let updated = burn(sh_ok(&env, &limited, "CUDATEST_GRAPH=update cudatest burn 4 1000").await);
-    let set = burn(
-        sh_ok(
-            &env,
-            &limited,
-            "CUDATEST_GRAPH=setparams cudatest burn 4 1000",
-        )
-        .await,
-    );
+    let graph_burn = |mode: &'static str| {
+        let cmd = format!("CUDATEST_GRAPH={mode} cudatest burn 4 1000");
+        let (env, limited) = (&env, &limited);
+        async move { burn(sh_ok(env, limited, &cmd).await) }
+    };
+    let set_kernel = graph_burn("setparams").await;
+    let set_child = graph_burn("setchild").await;
     for (how, pct) in [
         ("cooperative launches", cooperative),
         ("graph launches", graphs),
         ("launches of an updated graph", updated),
+        ("a graph whose kernel node was given a new grid", set_kernel),
         (
-            "launches of a graph whose nodes were given new parameters",
-            set,
+            "a graph whose child graph node was given a new graph",
+            set_child,
         ),
     ] {
         assert!(

@@ -187,8 +187,17 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         step(
             &env,
             &id,
-            "30% alone, through a graph whose nodes were given new parameters",
+            "30% alone, through a graph whose kernel node was given a new grid",
             &format!("CUDATEST_GRAPH=setparams {spin} cudatest burn 10 512"),
+        )
+        .await,
+    );
+    let set_child = burn(
+        step(
+            &env,
+            &id,
+            "30% alone, through a graph whose child graph node was given a new graph",
+            &format!("CUDATEST_GRAPH=setchild {spin} cudatest burn 10 512"),
         )
         .await,
     );
@@ -229,13 +238,15 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     let beside: Vec<f64> = beside.into_iter().map(share).collect();
     println!(
         "== the core limit, 30%: alone {:.0}% ({:.0}% through cooperative launches, {:.0}% \
-         through graphs, {:.0}% through an updated graph, {:.0}% through one given new \
-         parameters), beside a busy neighbour {:.0?}% of the unlimited rate",
+         through graphs, {:.0}% through an updated graph, {:.0}% and {:.0}% through ones given \
+         a new grid and a new child graph), beside a busy neighbour {:.0?}% of the unlimited \
+         rate",
         share(limited_alone),
         share(cooperative),
         share(graphs),
         share(updated),
         share(set),
+        share(set_child),
         beside
     );
     // Alone, the rate follows the GPU's time closely. Beside a neighbour, a time-slice the
@@ -246,7 +257,8 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         ("cooperative launches", cooperative),
         ("graphs", graphs),
         ("an updated graph", updated),
-        ("a graph given new parameters", set),
+        ("a graph given a new grid", set),
+        ("a graph given a new child graph", set_child),
     ] {
         assert!((20.0..=36.0).contains(&share(rate)), "{how}");
     }
