@@ -356,6 +356,20 @@ const V2_SINCE_3020: &[&str] = &[
     "cuDeviceTotalMem",
 ];
 
+/// Names whose meaning changed with a later CUDA, as `cuda.h` maps them: (name, from version,
+/// entry point), the newest first for each name.
+const RENAMED: &[(&str, i32, &str)] = &[
+    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
+    ("cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags"),
+    ("cuGraphInstantiate", 11000, "cuGraphInstantiate_v2"),
+    ("cuGraphExecUpdate", 12000, "cuGraphExecUpdate_v2"),
+    (
+        "cuGraphExecKernelNodeSetParams",
+        12000,
+        "cuGraphExecKernelNodeSetParams_v2",
+    ),
+];
+
 /// What `cuGetProcAddress(symbol, …, version, flags)` should hand out instead of the driver's
 /// `found`: the hook for the entry point `found` is (by address), or else the hook for the
 /// variant the driver's rules select for that name and version (per-thread-stream `_ptsz`,
@@ -378,10 +392,14 @@ pub fn redirect(
     if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 {
         candidates.push(format!("{base}_ptsz"));
     }
-    if (version >= CUDA_VERSION_V2_API && V2_SINCE_3020.contains(&base))
-        || (version >= 12000 && base == "cuGetProcAddress")
-    {
+    if version >= CUDA_VERSION_V2_API && V2_SINCE_3020.contains(&base) {
         candidates.push(format!("{base}_v2"));
+    }
+    if let Some((_, _, to)) = RENAMED
+        .iter()
+        .find(|(name, since, _)| *name == base && version >= *since)
+    {
+        candidates.push(to.to_string());
     }
     candidates.push(base.to_string());
     candidates.iter().find_map(|c| {
@@ -449,6 +467,27 @@ mod tests {
         assert_eq!(
             hook(c"cuCtxCreate", 12000, 0),
             Some(context::cuCtxCreate_v2 as *const () as *mut c_void)
+        );
+        // A graph call whose signature changed: the hook for the one the version means.
+        assert_eq!(
+            hook(c"cuGraphInstantiate", 12040, 0),
+            Some(graph::cuGraphInstantiateWithFlags as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGraphInstantiate", 11080, 0),
+            Some(graph::cuGraphInstantiate_v2 as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGraphInstantiate", 10020, 0),
+            Some(graph::cuGraphInstantiate as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGraphExecKernelNodeSetParams", 12000, 0),
+            Some(graph::cuGraphExecKernelNodeSetParams_v2 as *const () as *mut c_void)
+        );
+        assert_eq!(
+            hook(c"cuGraphExecUpdate", 11080, 0),
+            Some(graph::cuGraphExecUpdate as *const () as *mut c_void)
         );
         assert_eq!(hook(c"cuCtxSynchronize", 12000, 0), None);
         assert_eq!(
