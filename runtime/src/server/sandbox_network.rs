@@ -69,10 +69,12 @@ impl Inner {
         Ok(ips)
     }
 
-    /// With no pod left, the spare network namespace goes too: an idle node holds none.
+    /// With no pod left, the spare network namespace goes too: an idle node holds none. In the
+    /// background: it may wait for a spare being made and for the unmount, which no caller needs.
     pub(super) fn drop_spare_netns_if_idle(&self) {
         if !self.store.has_pods() {
-            self.netns_spares.drain();
+            let spares = self.netns_spares.clone();
+            tokio::task::spawn_blocking(move || spares.drain());
         }
     }
 
