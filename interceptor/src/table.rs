@@ -431,65 +431,90 @@ mod tests {
     fn unknown_pointers_map_by_name_and_version() {
         // No real driver here: every slot is missing, so only the name rules apply.
         let p = 0x1000 as *mut c_void;
-        let hook = |name: &CStr, version, flags| redirect(name, p, version, flags);
-        assert_eq!(
-            hook(c"cuMemAlloc", 12000, 0),
-            Some(hooks::cuMemAlloc_v2 as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuMemAlloc", 3000, 0),
-            Some(hooks::cuMemAlloc as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(
+        let ptsz = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+        let cases: &[(&CStr, i32, u64, usize)] = &[
+            (
+                c"cuMemAlloc",
+                12000,
+                0,
+                hooks::cuMemAlloc_v2 as *const () as usize,
+            ),
+            (
+                c"cuMemAlloc",
+                3000,
+                0,
+                hooks::cuMemAlloc as *const () as usize,
+            ),
+            (
                 c"cuMemAllocAsync",
                 12000,
-                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                ptsz,
+                hooks::cuMemAllocAsync_ptsz as *const () as usize,
             ),
-            Some(hooks::cuMemAllocAsync_ptsz as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(
+            (
                 c"cuLaunchCooperativeKernel",
                 12000,
-                CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+                ptsz,
+                hooks::cuLaunchCooperativeKernel_ptsz as *const () as usize,
             ),
-            Some(hooks::cuLaunchCooperativeKernel_ptsz as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGetProcAddress", 12000, 0),
-            Some(hooks::cuGetProcAddress_v2 as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGetProcAddress", 11030, 0),
-            Some(hooks::cuGetProcAddress as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuCtxCreate", 12000, 0),
-            Some(context::cuCtxCreate_v2 as *const () as *mut c_void)
-        );
-        // A graph call whose signature changed: the hook for the one the version means.
-        assert_eq!(
-            hook(c"cuGraphInstantiate", 12040, 0),
-            Some(graph::cuGraphInstantiateWithFlags as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGraphInstantiate", 11080, 0),
-            Some(graph::cuGraphInstantiate_v2 as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGraphInstantiate", 10020, 0),
-            Some(graph::cuGraphInstantiate as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGraphExecKernelNodeSetParams", 12000, 0),
-            Some(graph::cuGraphExecKernelNodeSetParams_v2 as *const () as *mut c_void)
-        );
-        assert_eq!(
-            hook(c"cuGraphExecUpdate", 11080, 0),
-            Some(graph::cuGraphExecUpdate as *const () as *mut c_void)
-        );
-        assert_eq!(hook(c"cuCtxSynchronize", 12000, 0), None);
+            (
+                c"cuGetProcAddress",
+                12000,
+                0,
+                hooks::cuGetProcAddress_v2 as *const () as usize,
+            ),
+            (
+                c"cuGetProcAddress",
+                11030,
+                0,
+                hooks::cuGetProcAddress as *const () as usize,
+            ),
+            (
+                c"cuCtxCreate",
+                12000,
+                0,
+                context::cuCtxCreate_v2 as *const () as usize,
+            ),
+            // A graph call whose signature changed: the hook for the one the version means.
+            (
+                c"cuGraphInstantiate",
+                12040,
+                0,
+                graph::cuGraphInstantiateWithFlags as *const () as usize,
+            ),
+            (
+                c"cuGraphInstantiate",
+                11080,
+                0,
+                graph::cuGraphInstantiate_v2 as *const () as usize,
+            ),
+            (
+                c"cuGraphInstantiate",
+                10020,
+                0,
+                graph::cuGraphInstantiate as *const () as usize,
+            ),
+            (
+                c"cuGraphExecKernelNodeSetParams",
+                12000,
+                0,
+                graph::cuGraphExecKernelNodeSetParams_v2 as *const () as usize,
+            ),
+            (
+                c"cuGraphExecUpdate",
+                11080,
+                0,
+                graph::cuGraphExecUpdate as *const () as usize,
+            ),
+        ];
+        for &(name, version, flags, want) in cases {
+            assert_eq!(
+                redirect(name, p, version, flags),
+                Some(want as *mut c_void),
+                "{name:?} at {version}, flags {flags}"
+            );
+        }
+        assert_eq!(redirect(c"cuCtxSynchronize", p, 12000, 0), None);
         assert_eq!(
             redirect(c"cuMemAlloc", std::ptr::null_mut(), 12000, 0),
             None
