@@ -140,13 +140,16 @@ pub(crate) fn cost(exec: CUgraphExec) -> u64 {
 }
 
 /// Make `call`, a launch or upload of `exec`, within the memory limit: the graph memory it may
-/// map is reserved first (see `pool::graph_memory`).
+/// map is reserved first (see `pool::graph_memory`). The graph's memory is looked up only where
+/// a memory limit is in force: a launch is a hot path.
 pub(crate) fn mapping(exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
-    let memory = lock(&COSTS)
-        .as_ref()
-        .and_then(|m| m.get(&(exec as usize)).map(|c| c.memory.clone()))
-        .unwrap_or_default();
-    crate::pool::graph_memory(&memory, call)
+    let memory = || {
+        lock(&COSTS)
+            .as_ref()
+            .and_then(|m| m.get(&(exec as usize)).map(|c| c.memory.clone()))
+            .unwrap_or_default()
+    };
+    crate::pool::graph_memory(memory, call)
 }
 
 /// Whether a core or memory limit is in force: only then is a graph's cost worth reading.
@@ -175,7 +178,7 @@ fn instantiate(
 ) -> CUresult {
     let cost = read_cost(graph);
     let r = match &cost {
-        Some(c) if uploads => crate::pool::graph_memory(&c.memory, call),
+        Some(c) if uploads => crate::pool::graph_memory(|| c.memory.clone(), call),
         _ => call(),
     };
     if let (CUDA_SUCCESS, Some(cost), false) = (r, cost, exec.is_null()) {

@@ -242,12 +242,12 @@ fn grow(
     Ok(())
 }
 
-/// Make `call`, a graph launch or upload that maps `memory` (bytes by device ordinal, its
-/// allocation nodes') within the memory limit: each device's graph memory is first charged what
-/// it must grow by (the bytes less what it holds unused), and after the call what the driver
-/// reports.
+/// Make `call`, a graph launch or upload that maps `memory()` (bytes by device ordinal, its
+/// allocation nodes'; asked only where a memory limit is in force) within the limit: each
+/// device's graph memory is first charged what it must grow by (the bytes less what it holds
+/// unused), and after the call what the driver reports.
 pub(crate) fn graph_memory(
-    memory: &[(CUdevice, u64)],
+    memory: impl FnOnce() -> Vec<(CUdevice, u64)>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (l, limit) = match limited() {
@@ -255,6 +255,7 @@ pub(crate) fn graph_memory(
         Ok(None) => return call(),
         Ok(Some(x)) => x,
     };
+    let memory = memory();
     if memory.is_empty() {
         return call();
     }
@@ -262,7 +263,7 @@ pub(crate) fn graph_memory(
     let pools = &mut guard.pools;
     let mut charged = Vec::with_capacity(memory.len());
     let mut refused = None;
-    for &(dev, bytes) in memory {
+    for (dev, bytes) in memory {
         let source = Source::Graphs(dev);
         let unused = |p: &Pool| {
             graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
