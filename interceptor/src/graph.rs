@@ -168,22 +168,23 @@ fn read_cost(graph: CUgraph) -> Option<Cost> {
     })
 }
 
-/// Instantiate `graph` into `*exec` with `call` (which maps its memory too where `uploads`), and
-/// keep its cost.
+/// Instantiate `graph` (anew or in place) with `call`, which maps its memory too where
+/// `uploads`, and keep its cost for the instantiated graph `exec` names after success.
 fn instantiate(
-    exec: *mut CUgraphExec,
     graph: CUgraph,
     uploads: bool,
     call: impl FnOnce() -> CUresult,
+    exec: impl FnOnce() -> Option<CUgraphExec>,
 ) -> CUresult {
     let cost = read_cost(graph);
     let r = match &cost {
         Some(c) if uploads => crate::pool::graph_memory(|| c.memory.clone(), call),
         _ => call(),
     };
-    if let (CUDA_SUCCESS, Some(cost), false) = (r, cost, exec.is_null()) {
-        // SAFETY: the driver wrote the new handle there.
-        keep(unsafe { *exec }, cost);
+    if let (CUDA_SUCCESS, Some(cost)) = (r, cost) {
+        if let Some(exec) = exec() {
+            keep(exec, cost);
+        }
     }
     r
 }
@@ -523,8 +524,14 @@ macro_rules! instantiate_hook {
                 slots::$slot,
                 unsafe extern "C" fn(*mut CUgraphExec, CUgraph, $($ty),*) -> CUresult
             );
-            // SAFETY: forwarding the caller's arguments to the real entry point.
-            instantiate(exec, graph, $uploads, || unsafe { real(exec, graph, $($arg),*) })
+            instantiate(
+                graph,
+                $uploads,
+                // SAFETY: forwarding the caller's arguments to the real entry point.
+                || unsafe { real(exec, graph, $($arg),*) },
+                // SAFETY: after success the driver wrote the new handle there.
+                || (!exec.is_null()).then(|| unsafe { *exec }),
+            )
         }
     };
 }
@@ -566,13 +573,8 @@ macro_rules! update_hook {
                 slots::$slot,
                 unsafe extern "C" fn(CUgraphExec, CUgraph, $($ty),*) -> CUresult
             );
-            let cost = read_cost(graph);
             // SAFETY: forwarding the caller's arguments to the real entry point.
-            let r = unsafe { real(exec, graph, $($arg),*) };
-            if let (CUDA_SUCCESS, Some(cost)) = (r, cost) {
-                keep(exec, cost);
-            }
-            r
+            instantiate(graph, false, || unsafe { real(exec, graph, $($arg),*) }, || Some(exec))
         }
     };
 }
