@@ -69,6 +69,9 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef struct { int type; int requestedHandleTypes; struct { int type; int id; } location; void *win32; unsigned char flags[8]; } Prop;
 
+/* CUDA_KERNEL_NODE_PARAMS_v2. */
+typedef struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } KernelNodeParams;
+
 static void *cuda;
 static CUresult (*getproc)(const char *, void **, int, unsigned long long);
 
@@ -80,8 +83,7 @@ static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner
     CUresult (*create)(void **, unsigned) = sym("cuGraphCreate");
     CUresult (*add_kernel)(void **, void *, void *, size_t, void *) = sym("cuGraphAddKernelNode_v2");
     CUresult (*add_child)(void **, void *, void *, size_t, void *) = sym("cuGraphAddChildGraphNode");
-    /* CUDA_KERNEL_NODE_PARAMS_v2 */
-    struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
+    KernelNodeParams k =
         {fn, inner, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
     void *child = NULL, *node = NULL;
     CUresult r = create(graph, 0);
@@ -481,7 +483,7 @@ int main(int argc, char **argv) {
                 CUresult (*set_kernel)(void *, void *, const void *) = proc("cuGraphExecKernelNodeSetParams");
                 CUresult (*set_child)(void *, void *, void *) = sym("cuGraphExecChildGraphNodeSetParams");
                 CUresult (*child_of)(void *, void **) = sym("cuGraphChildGraphNodeGetGraph");
-                struct { void *func; unsigned gx, gy, gz, bx, by, bz, shared; void **params, **extra; void *kern, *ctx; } k =
+                KernelNodeParams k =
                     {fn, outer, 1, 1, 1, 1, 1, 0, params, NULL, NULL, NULL};
                 void *small = NULL, *small_nodes[2] = {NULL, NULL}, *big_child = NULL;
                 if (r == 0) r = child_of(big_nodes[1], &big_child);
