@@ -130,16 +130,21 @@ static CUuuid uuid_of(int minor) {
     return u;
 }
 
+/* A fresh device address for `size` bytes, with a 1 MiB gap after it. */
+static unsigned long long new_address(unsigned long long size) {
+    unsigned long long at = next_ptr;
+    next_ptr += ((size + 0xfffff) & ~0xfffffull) + 0x100000;
+    return at;
+}
+
 static unsigned long long record(unsigned long long size, int dev, int pool) {
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].key == 0) {
-            allocs[i].key = next_ptr;
+            allocs[i].key = new_address(size);
             allocs[i].size = size;
             allocs[i].dev = dev;
             allocs[i].pool = pool;
             if (pool < 0) used[dev] += size;
-            next_ptr += (size + 0xfffff) & ~0xfffffull;
-            next_ptr += 0x100000;
             return allocs[i].key;
         }
     }
@@ -331,8 +336,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned int flag
  * becomes a graph's allocation node: an address, no memory. */
 static int captured(CUdeviceptr *p, size_t size) {
     if (!getenv("FAKE_CUDA_CAPTURING")) return 0;
-    *p = next_ptr;
-    next_ptr += (size + 0xfffff) & ~0xfffffull;
+    *p = new_address(size);
     return 1;
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
@@ -545,8 +549,7 @@ EXPORT CUresult cuGraphAddMemAllocNode(fake_node **out, fake_graph *g, void *dep
     (void)deps; (void)ndeps;
     if (p->prop.location.type != 1 || p->prop.location.id < 0 || p->prop.location.id >= ndev || p->bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    p->dptr = next_ptr;
-    next_ptr += (p->bytesize + 0xfffff) & ~0xfffffull;
+    p->dptr = new_address(p->bytesize);
     return add_node(out, g, (fake_node){NODE_MEM_ALLOC, 0, NULL, p->bytesize, p->dptr, p->prop.location.id});
 }
 EXPORT CUresult cuGraphAddMemFreeNode(fake_node **out, fake_graph *g, void *deps, size_t ndeps, CUdeviceptr ptr) {
