@@ -787,4 +787,27 @@ mod tests {
         cost.reprice(0x999 as CUgraphNode, 100);
         assert_eq!(cost.blocks, 601);
     }
+
+    #[test]
+    fn the_nodes_kept_for_new_parameters_are_bounded() {
+        let mut cost = Cost::default();
+        for node in 1..=2 * MAX_KEPT_NODES {
+            cost.reprice(node as CUgraphNode, 1);
+        }
+        assert_eq!(cost.nodes.len(), MAX_KEPT_NODES);
+        assert_eq!(cost.blocks, 2 * MAX_KEPT_NODES as u64);
+    }
+
+    #[test]
+    fn costs_are_kept_for_a_bounded_number_of_graphs() {
+        // Handles far from any other test's.
+        let base = 1usize << 40;
+        for i in 0..MAX_EXECS + 10 {
+            keep((base + i) as CUgraphExec, Cost::default());
+        }
+        let mut costs = lock(&COSTS);
+        let m = costs.as_mut().unwrap();
+        assert!(m.len() <= MAX_EXECS, "{} graphs kept", m.len());
+        m.retain(|k, _| *k < base);
+    }
 }
