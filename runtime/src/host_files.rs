@@ -23,13 +23,15 @@ const ROOT_RECORD_DIRS: [&str; 4] = [
     "cni-cache",
 ];
 
-/// Per-pod directories under `root_dir/pods/`: hostname, hosts and resolv.conf, bind-mounted into
-/// the containers, keep their 0644 so a non-root process there can read them.
+/// Per-pod directories of hostname, hosts and resolv.conf, bind-mounted into the containers:
+/// their files keep 0644 so a non-root process there can read them. Under `state_dir`; under
+/// `root_dir` for pods made by older daemons.
+pub const POD_FILES: &str = "pod-files";
 const ROOT_POD_FILES: &str = "pods";
 
 /// Under `state_dir`: directories of one subdirectory per pod, container, bundle, network
 /// namespace or `crishim run`, and whether their regular files are tightened to 0600.
-const STATE_DIRS: [(&str, bool); 5] = [
+const STATE_DIRS: [(&str, bool); 6] = [
     // shim.sock, shim.pid, infra.pid, shim.log, <container>.state.json; libcontainer's root `runc/`;
     // `lean/` and `create-view/`, empty: the roots of the shim's own mount namespaces (lean_ns.rs)
     ("pods", true),
@@ -37,6 +39,8 @@ const STATE_DIRS: [(&str, bool); 5] = [
     ("containers", true),
     // `crishim bundle`: the record and the default log
     ("bundles", true),
+    // hostname, hosts and resolv.conf, which the containers read (see POD_FILES)
+    (POD_FILES, false),
     // pinned network namespaces: bind mounts, left as they are
     ("netns", false),
     // `crishim run`: emptyDir volumes and logs, whose content is the containers'
@@ -145,6 +149,7 @@ mod tests {
             "containers/c1/rootfs/etc",
             "runs/u1/vol",
             "bundles/b1",
+            "pod-files/p2",
         ] {
             mk(&state.join(d));
         }
@@ -153,6 +158,7 @@ mod tests {
         let files = [
             (root.join("records/pods/p1.json"), 0o644),
             (root.join("pods/p1/resolv.conf"), 0o644),
+            (state.join("pod-files/p2/hosts"), 0o644),
             (state.join("containers/c1/config.json"), 0o644),
             (state.join("containers/c1/exec-1.json"), 0o666),
             (state.join("containers/c1/rootfs/etc/passwd"), 0o644),
@@ -178,6 +184,8 @@ mod tests {
             state.join("containers/c1"),
             state.join("runs/u1"),
             state.join("bundles/b1"),
+            state.join("pod-files"),
+            state.join("pod-files/p2"),
         ] {
             assert_eq!(mode(&d), 0o700, "{}", d.display());
         }
@@ -191,6 +199,7 @@ mod tests {
         }
         // What containers see through mounts keeps its mode.
         assert_eq!(mode(&root.join("pods/p1/resolv.conf")), 0o644);
+        assert_eq!(mode(&state.join("pod-files/p2/hosts")), 0o644);
         assert_eq!(mode(&state.join("containers/c1/rootfs/etc")), 0o755);
         assert_eq!(mode(&state.join("containers/c1/rootfs/etc/passwd")), 0o644);
         assert_eq!(mode(&state.join("runs/u1/vol")), 0o755);

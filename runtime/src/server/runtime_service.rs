@@ -195,7 +195,22 @@ impl Inner {
         self.config.state_dir.join("pods").join(pod_id)
     }
 
+    /// hostname, hosts and resolv.conf of a pod, bind-mounted into its containers. They live on
+    /// the state tmpfs: they matter only while the pod runs, and a pod start then makes no files
+    /// on the node's disk. A pod made by an older daemon keeps its files under `root_dir`.
     pub(super) fn pod_files_dir(&self, pod_id: &str) -> PathBuf {
+        let legacy = self.legacy_pod_files_dir(pod_id);
+        if legacy.exists() {
+            return legacy;
+        }
+        self.config
+            .state_dir
+            .join(crate::host_files::POD_FILES)
+            .join(pod_id)
+    }
+
+    /// Where daemons before the move to the state tmpfs kept a pod's files.
+    pub(super) fn legacy_pod_files_dir(&self, pod_id: &str) -> PathBuf {
         self.config.root_dir.join("pods").join(pod_id)
     }
 
