@@ -291,6 +291,18 @@ fn runtime() {
     seed("records", "container", ctr.as_bytes());
     let cache = r#"{"kind":"crishim-cni-cache/v1","containerId":"p1","ifName":"eth0","netns":"/run/netns/p1","cniArgs":"K8S_POD_NAME=p","config":{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]},"result":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0","sandbox":"/run/netns/p1"}],"ips":[{"address":"10.88.0.2/16","interface":0}]}}"#;
     seed("records", "cni-cache", cache.as_bytes());
+    // A journal after a pod's life: put, update, a second key, a removal (its bytes after the
+    // magic, as the target takes them).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let j = crishim_runtime::journal::Journal::open(&path, 1 << 16, dir.path()).unwrap();
+    j.put("p1", pod.as_bytes()).unwrap();
+    j.put("c1", ctr.as_bytes()).unwrap();
+    j.put("p1", pod.replace("Ready", "NotReady").as_bytes())
+        .unwrap();
+    j.remove("c1").unwrap();
+    drop(j);
+    seed("journal", "pod-life", &std::fs::read(&path).unwrap()[8..]);
     let mounts = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n\
                   32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
                   49 22 0:49 / /var/lib/kubelet/pods/u/volumes/kubernetes.io~empty-dir/a\\040b rw master:3 - tmpfs tmpfs rw\n\

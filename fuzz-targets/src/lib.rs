@@ -23,7 +23,7 @@ mod streaming;
 
 pub use images::{hosts_toml, image_reference, registry_reply, tar_unpack, www_authenticate};
 pub use ledger::{ledger_seed, vgpu_ledger};
-pub use runtime::{cni_result, config_toml, mountinfo, pod_manifest, records};
+pub use runtime::{cni_result, config_toml, journal, mountinfo, pod_manifest, records};
 pub use shim::shim_protocol;
 pub use streaming::{
     portforward_spdy, portforward_ws, remotecommand_spdy, remotecommand_ws, spdy_frames,
@@ -49,6 +49,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("hosts_toml", hosts_toml),
     ("shim_protocol", shim_protocol),
     ("records", records),
+    ("journal", journal),
     ("mountinfo", mountinfo),
     ("cni_result", cni_result),
     ("pod_manifest", pod_manifest),

@@ -34,6 +34,40 @@ pub fn records(data: &[u8]) {
     let _ = serde_json::from_slice::<ContainerState>(data);
 }
 
+/// A records or CNI cache journal as start-up finds it (its bytes after the magic): replayed
+/// alone, then opened as a file, where a damaged tail is cut off and the rest must read back.
+pub fn journal(data: &[u8]) {
+    use crishim_runtime::journal::{replay, Journal, MAGIC};
+    const CAP: u32 = 1 << 16;
+    let file = [&MAGIC[..], data].concat();
+    let Ok(r) = replay(&file[..], CAP) else {
+        return;
+    };
+    assert!(r.valid_end <= file.len() as u64);
+    for slot in r.index.values() {
+        assert!(slot.value_at + u64::from(slot.value_len) <= slot.at + slot.frame_len);
+        assert!(slot.at + slot.frame_len <= r.valid_end);
+    }
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("journal");
+    std::fs::write(&path, &file).expect("writing the journal");
+    let j = Journal::open(&path, CAP, &dir.path().join("quarantine")).expect("opening it");
+    let mut keys = j.keys();
+    keys.sort();
+    let mut want: Vec<_> = r.index.keys().cloned().collect();
+    want.sort();
+    assert_eq!(keys, want);
+    for k in &keys {
+        let v = j.get(k).expect("reading a value").expect("a live key");
+        assert_eq!(v.len() as u32, r.index[k].value_len);
+    }
+    // Reopened (rewritten if it was damaged), it holds the same keys and no damage.
+    drop(j);
+    let again = replay(&std::fs::read(&path).expect("the journal")[..], CAP).expect("a replay");
+    assert!(again.damaged.is_empty());
+    assert_eq!(again.index.len(), keys.len());
+}
+
 /// What a CNI plugin prints (the first line is the interface asked for), also read as a
 /// network config list and as a single config.
 pub fn cni_result(data: &[u8]) {

@@ -12,6 +12,7 @@ pub mod cri_client;
 pub mod daemon;
 pub mod gpu;
 pub mod host_files;
+pub mod journal;
 pub mod metrics;
 pub mod records;
 pub mod runtimes;

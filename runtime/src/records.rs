@@ -1,5 +1,5 @@
-//! The daemon's records of pods and containers: in memory for serving, and one JSON file each on
-//! disk, written atomically (temp file + rename), so a restart finds them and a torn write cannot
+//! The daemon's records of pods and containers: in memory for serving, and on disk as JSON in a
+//! journal per kind (see [`crate::journal`]), so a restart finds them and a torn write cannot
 //! corrupt them. CRI configs are kept as their protobuf encoding. A record that cannot be read at
 //! start-up is moved to `<root_dir>/records/quarantine/`, and its pod's or container's files are
 //! kept.
@@ -11,6 +11,8 @@ use crishim_proto::cri;
 use crishim_proto::hostfs;
 use crishim_proto::shim::ContainerState;
 use crishim_proto::shown::shown;
+
+use crate::journal::Journal;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
@@ -161,21 +163,28 @@ pub struct Loaded<T> {
     pub quarantined: Vec<String>,
 }
 
-/// A directory of `<id>.json` records, root's alone (0700, files 0600). Records that cannot be
-/// read go to the sibling `quarantine/` directory as `<dir name>-<file name>`.
-#[derive(Debug, Clone)]
+/// A directory of records, root's alone (0700): a [`Journal`] (`journal`, 0600) keyed by id, each
+/// value a record's JSON. Records that cannot be read go to the sibling `quarantine/` directory as
+/// `<dir name>-<id>.json`. `<id>.json` files that daemons before the journal wrote are moved into
+/// it at start-up.
+#[derive(Clone)]
 pub struct RecordDir {
     dir: PathBuf,
+    journal: std::sync::Arc<Journal>,
 }
+
+/// The journal's file name in a record directory.
+pub const JOURNAL: &str = "journal";
 
 impl RecordDir {
     pub fn new(dir: PathBuf) -> std::io::Result<Self> {
         hostfs::create_private_dir(&dir)?;
-        Ok(RecordDir { dir })
-    }
-
-    fn path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.json"))
+        let quarantine = dir.parent().unwrap_or(&dir).join(QUARANTINE);
+        let journal = Journal::open(&dir.join(JOURNAL), MAX_RECORD_BYTES as u32, &quarantine)?;
+        Ok(RecordDir {
+            dir,
+            journal: std::sync::Arc::new(journal),
+        })
     }
 
     /// Where unreadable records are kept for a person to look at: `<records>/quarantine/`.
@@ -183,20 +192,18 @@ impl RecordDir {
         self.dir.parent().unwrap_or(&self.dir).join(QUARANTINE)
     }
 
+    /// Records `value` under `id`, durably (one append and one `fdatasync`).
     pub fn save<T: Serialize>(&self, id: &str, value: &T) -> std::io::Result<()> {
-        let json = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-        write_atomic(&self.path(id), &json)
+        let json = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+        Ok(self.journal.put(id, &json)?)
     }
 
     pub fn remove(&self, id: &str) -> std::io::Result<()> {
-        match std::fs::remove_file(self.path(id)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
+        Ok(self.journal.remove(id)?)
     }
 
-    /// Remove the temporary files of writes that a crash cut short. Only at start-up, when no
-    /// write of this process is under way.
+    /// Remove the temporary files of writes that a crash cut short (by daemons before the
+    /// journal). Only at start-up, when no write of this process is under way.
     pub fn remove_temporaries(&self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
@@ -211,15 +218,39 @@ impl RecordDir {
     }
 
     /// Every readable record. One that cannot be read (an I/O error, over the size cap, not
-    /// JSON of the right shape, or naming another id than its file) is moved to quarantine and
-    /// reported, never fatal. Files left with a looser mode are tightened to 0600.
+    /// JSON of the right shape, or naming another id than its key) is moved to quarantine and
+    /// reported, never fatal. Older daemons' `<id>.json` files are moved into the journal first.
     pub fn load_all<T: for<'de> Deserialize<'de> + Record>(&self) -> Loaded<T> {
         let mut loaded = Loaded {
             records: Vec::new(),
             quarantined: Vec::new(),
         };
+        self.migrate_files(&mut loaded.quarantined);
+        for id in self.journal.keys() {
+            let parsed = match self.journal.get(&id) {
+                Ok(Some(bytes)) => match serde_json::from_slice::<T>(&bytes) {
+                    Ok(r) if r.id() == id => Ok(r),
+                    Ok(r) => Err((bytes, format!("it names id {:?}", shown(r.id())))),
+                    Err(e) => Err((bytes, e.to_string())),
+                },
+                Ok(None) => continue,
+                Err(e) => Err((Vec::new(), e.to_string())),
+            };
+            match parsed {
+                Ok(r) => loaded.records.push(r),
+                Err((bytes, error)) => {
+                    self.quarantine_bytes(&id, &bytes, &error);
+                    loaded.quarantined.push(id);
+                }
+            }
+        }
+        loaded
+    }
+
+    /// Moves each `<id>.json` file into the journal; one that cannot be read goes to quarantine.
+    fn migrate_files(&self, quarantined: &mut Vec<String>) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return loaded;
+            return;
         };
         for e in entries.flatten() {
             let p = e.path();
@@ -230,48 +261,61 @@ impl RecordDir {
                 .file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            match read_record::<T>(&p).and_then(|r| {
-                if r.id() == stem {
-                    Ok(r)
-                } else {
-                    Err(format!("it names id {:?}", shown(r.id())))
-                }
-            }) {
-                Ok(r) => {
-                    if let Err(e) = hostfs::tighten(&p, hostfs::FILE_MODE) {
-                        tracing::warn!(path = %p.display(), error = %e, "tightening a record's mode");
+            let moved = read_capped(&p)
+                .and_then(|bytes| self.journal.put(&stem, &bytes).map_err(|e| e.to_string()));
+            match moved {
+                Ok(()) => {
+                    if let Err(e) = std::fs::remove_file(&p) {
+                        tracing::warn!(path = %p.display(), error = %e, "removing a record moved into the journal");
                     }
-                    loaded.records.push(r)
                 }
                 Err(error) => {
                     self.quarantine(&p, &error);
-                    loaded.quarantined.push(stem);
+                    quarantined.push(stem);
                 }
             }
         }
-        loaded
     }
 
-    /// Move the unreadable record `p` into quarantine (under a fresh name if one is taken).
-    fn quarantine(&self, p: &Path, error: &str) {
-        let q = self.quarantine_dir();
+    /// The quarantine's file for `name`, under a fresh name if one is taken.
+    fn quarantine_path(&self, name: &str) -> PathBuf {
         let kind = self.dir.file_name().unwrap_or_default().to_string_lossy();
-        let name = p.file_name().unwrap_or_default().to_string_lossy();
-        let mut to = q.join(format!("{kind}-{name}"));
+        let q = self.quarantine_dir();
+        let to = q.join(format!("{kind}-{name}"));
         if to.exists() {
-            to = q.join(format!("{kind}-{name}.{}", now_nanos()));
+            return q.join(format!("{kind}-{name}.{}", now_nanos()));
         }
-        let moved = hostfs::create_private_dir(&q)
+        to
+    }
+
+    /// Keep the unreadable record `id` in quarantine as it was, and drop it from the journal.
+    fn quarantine_bytes(&self, id: &str, bytes: &[u8], error: &str) {
+        let to = self.quarantine_path(&format!("{id}.json"));
+        let kept = hostfs::create_private_dir(&self.quarantine_dir())
+            .and_then(|()| hostfs::write_private(&to, bytes))
+            .and_then(|()| Ok(self.journal.remove(id)?));
+        self.report_quarantine(id, error, kept);
+    }
+
+    /// Move the unreadable record file `p` into quarantine.
+    fn quarantine(&self, p: &Path, error: &str) {
+        let name = p.file_name().unwrap_or_default().to_string_lossy();
+        let to = self.quarantine_path(&name);
+        let moved = hostfs::create_private_dir(&self.quarantine_dir())
             .and_then(|()| crishim_proto::record::rename_synced(p, &to));
+        self.report_quarantine(&name, error, moved);
+    }
+
+    fn report_quarantine(&self, name: &str, error: &str, moved: std::io::Result<()>) {
         match moved {
             Ok(()) => tracing::warn!(
-                record = %shown(&name),
+                record = %shown(name),
                 error = %shown(error),
-                quarantine = %q.display(),
+                quarantine = %self.quarantine_dir().display(),
                 "moved an unreadable record to quarantine; its pod or container's files are kept"
             ),
             Err(e) => tracing::warn!(
-                record = %shown(&name),
+                record = %shown(name),
                 error = %shown(error),
                 move_error = %e,
                 "skipping an unreadable record that could not be moved to quarantine"
@@ -283,7 +327,8 @@ impl RecordDir {
 /// The quarantine's directory name, beside `pods/` and `containers/`.
 pub const QUARANTINE: &str = "quarantine";
 
-fn read_record<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, String> {
+/// The bytes of a record file, up to [`MAX_RECORD_BYTES`].
+fn read_capped(p: &Path) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let f = std::fs::File::open(p).map_err(|e| e.to_string())?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
@@ -298,7 +343,7 @@ fn read_record<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, String> {
     if buf.len() as u64 > MAX_RECORD_BYTES {
         return Err(format!("over the {MAX_RECORD_BYTES}-byte cap"));
     }
-    serde_json::from_slice(&buf).map_err(|e| e.to_string())
+    Ok(buf)
 }
 
 pub use crishim_proto::record::{now_nanos, write_atomic};
@@ -376,7 +421,6 @@ mod tests {
 
     #[test]
     fn unreadable_records_go_to_quarantine() {
-        use std::os::unix::fs::PermissionsExt;
         let root = tempfile::tempdir().unwrap();
         let rd = RecordDir::new(root.path().join("pods")).unwrap();
         rd.save("good", &pod_record("good")).unwrap();
@@ -393,14 +437,16 @@ mod tests {
             .unwrap()
             .set_len(MAX_RECORD_BYTES + 1)
             .unwrap();
-        std::fs::set_permissions(
-            dir.join("good.json"),
-            std::fs::Permissions::from_mode(0o644),
+        // An older daemon's record file: moved into the journal.
+        std::fs::write(
+            dir.join("old.json"),
+            serde_json::to_vec_pretty(&pod_record("old")).unwrap(),
         )
         .unwrap();
         let loaded = rd.load_all::<PodRecord>();
-        assert_eq!(loaded.records.len(), 1);
-        assert_eq!(loaded.records[0].id, "good");
+        let mut ids: Vec<_> = loaded.records.iter().map(|r| r.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(ids, ["good", "old"]);
         let mut q = loaded.quarantined.clone();
         q.sort();
         assert_eq!(q, ["adir", "huge", "liar", "torn"]);
@@ -420,16 +466,26 @@ mod tests {
         );
         assert_eq!(rd.quarantine_dir(), root.path().join("quarantine"));
         assert_eq!(
-            std::fs::metadata(dir.join("good.json"))
-                .unwrap()
-                .permissions()
-                .mode()
-                & 0o777,
-            0o600,
-            "a loose record is tightened"
+            std::fs::read(rd.quarantine_dir().join("pods-torn.json")).unwrap(),
+            b"{",
+            "kept as it was"
         );
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            left,
+            [JOURNAL],
+            "every file was moved into the journal or quarantine"
+        );
+        // Moved for good: a reopened directory still has them, and only them.
+        let again = RecordDir::new(dir.clone()).unwrap().load_all::<PodRecord>();
+        assert_eq!(again.records.len(), 2);
+        assert!(again.quarantined.is_empty());
         // A second torn record of the same name does not overwrite the first one's copy.
         std::fs::write(dir.join("torn.json"), b"[").unwrap();
+        drop(again);
         assert_eq!(rd.load_all::<PodRecord>().quarantined, ["torn"]);
         assert_eq!(std::fs::read_dir(rd.quarantine_dir()).unwrap().count(), 5);
     }
@@ -441,10 +497,11 @@ mod tests {
         std::fs::write(dir.path().join("a.json"), b"{}").unwrap();
         std::fs::write(dir.path().join("a.json.123.4.tmp"), b"{").unwrap();
         rd.remove_temporaries();
-        let left: Vec<_> = std::fs::read_dir(dir.path())
+        let mut left: Vec<_> = std::fs::read_dir(dir.path())
             .unwrap()
-            .map(|e| e.unwrap().file_name())
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
-        assert_eq!(left, vec![std::ffi::OsString::from("a.json")]);
+        left.sort();
+        assert_eq!(left, ["a.json", JOURNAL]);
     }
 }

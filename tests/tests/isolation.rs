@@ -241,22 +241,19 @@ async fn nobody_sees_nothing_under_root_dir_and_state_dir() {
         let name = p.file_name().unwrap().to_string_lossy();
         if md.is_dir() {
             assert_eq!(md.mode() & 0o077, 0, "{} is open to others", p.display());
-        } else if name.ends_with(".json") {
+        } else if name.ends_with(".json") || name == "journal" {
             assert_eq!(md.mode() & 0o7777, 0o600, "{}", p.display());
             private_files += 1;
         }
     }
     let bundle = state_dir.join("containers").join(&ctr);
     assert_eq!(mode(&bundle.join("config.json")), 0o600);
-    assert_eq!(
-        mode(&root_dir.join(format!("records/pods/{pod}.json"))),
-        0o600
+    assert_eq!(mode(&root_dir.join("records/pods/journal")), 0o600);
+    assert_eq!(mode(&root_dir.join("records/containers/journal")), 0o600);
+    assert!(
+        private_files >= 4,
+        "the journals and config.json were checked"
     );
-    assert_eq!(
-        mode(&root_dir.join(format!("records/containers/{ctr}.json"))),
-        0o600
-    );
-    assert!(private_files >= 3, "records and config.json were checked");
     // The roots of what the container sees keep their image modes.
     let upper = root_dir.join("images/containers").join(&ctr).join("upper");
     assert_eq!(
@@ -282,8 +279,6 @@ async fn a_daemon_started_on_a_loose_tree_tightens_it() {
         root.join("records"),
         root.join("records/pods"),
         root.join("records/containers"),
-        root.join("pods"),
-        root.join("pods").join(&pod),
         root.join("images"),
         root.join("images/blobs/sha256"),
         root.join("images/snapshots"),
@@ -294,13 +289,15 @@ async fn a_daemon_started_on_a_loose_tree_tightens_it() {
         state.join("pods"),
         state.join("pods").join(&pod),
         state.join("pods").join(&pod).join("runc"),
+        state.join("pod-files"),
+        state.join("pod-files").join(&pod),
         state.join("containers"),
         state.join("containers").join(&ctr),
     ]
     .into();
     let files: Vec<PathBuf> = [
-        root.join(format!("records/pods/{pod}.json")),
-        root.join(format!("records/containers/{ctr}.json")),
+        root.join("records/pods/journal"),
+        root.join("records/containers/journal"),
         root.join("images/meta.redb"),
         state.join("containers").join(&ctr).join("config.json"),
     ]
@@ -382,7 +379,7 @@ async fn corrupt_records_are_quarantined_and_their_files_kept() {
     // Their directories are kept, not collected as strays.
     for d in [
         state.join("pods").join(&bad_pod),
-        root.join("pods").join(&bad_pod),
+        state.join("pod-files").join(&bad_pod),
         state.join("containers").join(&bad_ctr),
         root.join("images/containers").join(&bad_ctr),
     ] {

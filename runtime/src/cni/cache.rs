@@ -1,5 +1,7 @@
-//! The result cache: one JSON file per pod, `<cache_dir>/<pod id>.json`, holding the network
-//! config and runtime arguments ADD ran with and, once ADD is done, its final result.
+//! The result cache: one entry per pod, keyed by its id, holding the network config and runtime
+//! arguments ADD ran with and, once ADD is done, its final result. The entries are kept in a
+//! [`Journal`] at `<cache_dir>/journal` (see [`crate::journal`]); `<pod id>.json` files of older
+//! daemons are moved into it when it is first opened.
 //!
 //! The entry is written before the first plugin runs (so that a crash during ADD still
 //! leaves DEL the config to undo it with), updated with the result when ADD succeeds, and
@@ -7,11 +9,21 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::journal::Journal;
+
 pub const CACHE_KIND: &str = "crishim-cni-cache/v1";
+
+/// The journal's file name in the cache directory.
+pub const JOURNAL: &str = "journal";
+
+/// The largest entry: a network config list and a plugin's result (its stdout is kept up to
+/// 1 MiB), with room to spare.
+const MAX_ENTRY_BYTES: u32 = 8 << 20;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -33,35 +45,102 @@ pub struct CacheEntry {
     pub result: Option<Value>,
 }
 
-pub fn path(dir: &Path, id: &str) -> PathBuf {
-    dir.join(format!("{id}.json"))
+/// The cache in `dir`, root's alone; its journal is opened at first use. Clones share it.
+#[derive(Clone)]
+pub struct Cache {
+    dir: PathBuf,
+    journal: Arc<Mutex<Option<Arc<Journal>>>>,
 }
 
-/// The entry of `id`: `Ok(None)` when there is none.
-pub fn load(dir: &Path, id: &str) -> Result<Option<CacheEntry>, String> {
-    let p = path(dir, id);
-    let data = match std::fs::read(&p) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("reading {}: {e}", p.display())),
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("dir", &self.dir).finish()
+    }
+}
+
+impl Cache {
+    pub fn new(dir: PathBuf) -> Self {
+        Cache {
+            dir,
+            journal: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn journal(&self) -> std::io::Result<Arc<Journal>> {
+        let mut slot = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(j) = &*slot {
+            return Ok(j.clone());
+        }
+        crishim_proto::hostfs::create_private_dir(&self.dir)?;
+        let journal = Journal::open(
+            &self.dir.join(JOURNAL),
+            MAX_ENTRY_BYTES,
+            &self.dir.join("quarantine"),
+        )?;
+        move_files_into(&self.dir, &journal);
+        let journal = Arc::new(journal);
+        *slot = Some(journal.clone());
+        Ok(journal)
+    }
+
+    /// The entry of `id`: `Ok(None)` when there is none.
+    pub fn load(&self, id: &str) -> Result<Option<CacheEntry>, String> {
+        let journal = self
+            .journal()
+            .map_err(|e| format!("opening the CNI cache in {}: {e}", self.dir.display()))?;
+        let data = match journal.get(id) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(format!("reading the CNI cache entry of {id}: {e}")),
+        };
+        serde_json::from_slice(&data)
+            .map(Some)
+            .map_err(|e| format!("{id}: invalid cache entry: {e}"))
+    }
+
+    /// Writes the entry, durably.
+    pub fn store(&self, entry: &CacheEntry) -> std::io::Result<()> {
+        let data = serde_json::to_vec(entry).expect("serializing a cache entry");
+        Ok(self.journal()?.put(&entry.container_id, &data)?)
+    }
+
+    /// Removes the entry; a missing one is fine.
+    pub fn remove(&self, id: &str) -> std::io::Result<()> {
+        Ok(self.journal()?.remove(id)?)
+    }
+}
+
+/// Moves the `<id>.json` entries of older daemons into `journal`, as they are (a damaged one is
+/// reported when it is loaded, as before). One over the cap is left where it is.
+fn move_files_into(dir: &Path, journal: &Journal) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
     };
-    serde_json::from_slice(&data)
-        .map(Some)
-        .map_err(|e| format!("{}: invalid cache entry: {e}", p.display()))
-}
-
-/// Writes the entry atomically (a temp file renamed over it), root's alone.
-pub fn store(dir: &Path, entry: &CacheEntry) -> std::io::Result<()> {
-    crishim_proto::hostfs::create_private_dir(dir)?;
-    let data = serde_json::to_vec_pretty(entry).expect("serializing a cache entry");
-    crishim_proto::record::write_atomic(&path(dir, &entry.container_id), &data)
-}
-
-/// Removes the entry; a missing one is fine.
-pub fn remove(dir: &Path, id: &str) -> std::io::Result<()> {
-    match std::fs::remove_file(path(dir, id)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    for e in entries.flatten() {
+        let p = e.path();
+        let (Some(stem), Some("json")) = (
+            p.file_stem().and_then(|s| s.to_str()),
+            p.extension().and_then(|x| x.to_str()),
+        ) else {
+            continue;
+        };
+        let moved = match std::fs::metadata(&p) {
+            Ok(m) if m.len() <= u64::from(MAX_ENTRY_BYTES) => std::fs::read(&p)
+                .and_then(|data| Ok(journal.put(stem, &data)?))
+                .and_then(|()| std::fs::remove_file(&p)),
+            Ok(m) => Err(std::io::Error::other(format!(
+                "{} bytes, over the {MAX_ENTRY_BYTES}-byte cap",
+                m.len()
+            ))),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = moved {
+            tracing::warn!(path = %p.display(), error = %e, "moving a CNI cache file into the journal");
+        }
     }
 }
 
@@ -73,8 +152,8 @@ mod tests {
     #[test]
     fn store_load_remove() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cni");
-        assert_eq!(load(&cache, "abc").unwrap(), None);
+        let cache = Cache::new(dir.path().join("cni"));
+        assert_eq!(cache.load("abc").unwrap(), None);
         let mut entry = CacheEntry {
             kind: CACHE_KIND.into(),
             container_id: "abc".into(),
@@ -86,22 +165,45 @@ mod tests {
             config: json!({"name": "n", "plugins": [{"type": "bridge"}]}),
             result: None,
         };
-        store(&cache, &entry).unwrap();
-        assert_eq!(load(&cache, "abc").unwrap().as_ref(), Some(&entry));
+        cache.store(&entry).unwrap();
+        assert_eq!(cache.load("abc").unwrap().as_ref(), Some(&entry));
         entry.result = Some(json!({"cniVersion": "1.0.0"}));
-        store(&cache, &entry).unwrap();
-        assert_eq!(load(&cache, "abc").unwrap(), Some(entry));
-        let names: Vec<_> = std::fs::read_dir(&cache)
+        cache.store(&entry).unwrap();
+        assert_eq!(cache.load("abc").unwrap().as_ref(), Some(&entry));
+        // Durable: a new cache on the directory finds it.
+        let again = Cache::new(cache.dir().to_path_buf());
+        assert_eq!(again.load("abc").unwrap(), Some(entry));
+        let names: Vec<_> = std::fs::read_dir(cache.dir())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["abc.json"], "no temp file left");
-        remove(&cache, "abc").unwrap();
-        remove(&cache, "abc").unwrap();
-        assert_eq!(load(&cache, "abc").unwrap(), None);
-        std::fs::write(path(&cache, "bad"), "{").unwrap();
-        assert!(load(&cache, "bad")
+        assert_eq!(names, [JOURNAL], "no temp file left");
+        cache.remove("abc").unwrap();
+        cache.remove("abc").unwrap();
+        assert_eq!(cache.load("abc").unwrap(), None);
+    }
+
+    #[test]
+    fn an_older_daemons_files_are_moved_in_and_a_damaged_one_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("cni");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(
+            d.join("old.json"),
+            serde_json::to_vec_pretty(&json!({
+                "kind": CACHE_KIND, "containerId": "old", "ifName": "eth0", "netns": "",
+                "cniArgs": "", "config": {"name": "n"}
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        std::fs::write(d.join("bad.json"), "{").unwrap();
+        let cache = Cache::new(d.clone());
+        assert_eq!(cache.load("old").unwrap().unwrap().if_name, "eth0");
+        assert!(cache
+            .load("bad")
             .unwrap_err()
             .contains("invalid cache entry"));
+        assert!(!d.join("old.json").exists() && !d.join("bad.json").exists());
     }
 }

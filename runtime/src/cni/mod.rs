@@ -13,7 +13,7 @@
 //!   is run for the whole list and the plugin's error returned. [`Cni::teardown`] (DEL) runs
 //!   all of them in reverse, with the config and `prevResult` cached by ADD, even when some
 //!   fail; it succeeds when the netns is already gone (`CNI_NETNS` is then empty).
-//! - Cache: `<cache_dir>/<pod id>.json` (see [`cache`]), removed after a successful DEL.
+//! - Cache: an entry per pod in `<cache_dir>/journal` (see [`cache`]), removed after a successful DEL.
 //! - [`netns`]: pinning a network namespace to a file.
 
 pub mod cache;
@@ -45,7 +45,7 @@ pub struct CniConfig {
     pub conf_dir: PathBuf,
     /// Plugin binaries, searched in order (default `/opt/cni/bin`, `/usr/lib/cni`).
     pub bin_dirs: Vec<PathBuf>,
-    /// Cached ADD results, one `<pod id>.json` each (e.g. `<state_dir>/cni`).
+    /// Cached ADD results, in a journal (e.g. `<root_dir>/cni-cache`).
     pub cache_dir: PathBuf,
     /// The limit for one plugin call.
     pub timeout: Duration,
@@ -238,6 +238,7 @@ impl CniError {
 pub struct Cni {
     config: CniConfig,
     exec: Exec,
+    cache: cache::Cache,
 }
 
 /// Everything one ADD/DEL/CHECK pass over a list needs.
@@ -253,7 +254,18 @@ struct Pass<'a> {
 impl Cni {
     pub fn new(config: CniConfig) -> Self {
         let exec = Exec::new(config.bin_dirs.clone(), config.timeout);
-        Cni { config, exec }
+        let cache = cache::Cache::new(config.cache_dir.clone());
+        Cni {
+            config,
+            exec,
+            cache,
+        }
+    }
+
+    /// The result cache, for tests that look at what ADD left there.
+    #[cfg(test)]
+    pub(crate) fn cache(&self) -> &cache::Cache {
+        &self.cache
     }
 
     pub fn config(&self) -> &CniConfig {
@@ -280,7 +292,7 @@ impl Cni {
     /// pod IP after a daemon restart).
     pub fn cached_result(&self, id: &str) -> Result<Option<NetworkResult>, CniError> {
         check_id(id)?;
-        let Some(entry) = cache::load(&self.config.cache_dir, id).map_err(CniError::Io)? else {
+        let Some(entry) = self.cache.load(id).map_err(CniError::Io)? else {
             return Ok(None);
         };
         match entry.result {
@@ -386,7 +398,7 @@ impl Cni {
                 let prev = prev.filter(|_| list.has_cached_results());
                 match CniError::from_many(self.del_all(&pass, prev.as_ref()).await) {
                     Ok(()) => {
-                        if let Err(err) = cache::remove(&self.config.cache_dir, &req.id) {
+                        if let Err(err) = self.cache.remove(&req.id) {
                             tracing::warn!(pod = %req.id, "removing CNI cache entry: {err}");
                         }
                     }
@@ -407,7 +419,7 @@ impl Cni {
     /// a cache entry nor a config this is [`CniError::NoConfig`] (nothing could be run).
     pub async fn teardown(&self, req: &PodNetwork) -> Result<(), CniError> {
         check_id(&req.id)?;
-        let entry = match cache::load(&self.config.cache_dir, &req.id) {
+        let entry = match self.cache.load(&req.id) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(pod = %req.id, "ignoring the CNI cache entry: {e}");
@@ -455,7 +467,8 @@ impl Cni {
         };
         tracing::info!(pod = %req.id, network = %list.name, netns = %netns, "CNI DEL");
         CniError::from_many(self.del_all(&pass, prev.as_ref()).await)?;
-        cache::remove(&self.config.cache_dir, &req.id)
+        self.cache
+            .remove(&req.id)
             .map_err(|e| CniError::Io(format!("removing the CNI cache entry of {}: {e}", req.id)))
     }
 
@@ -463,7 +476,7 @@ impl Cni {
     /// Skipped (Ok) for older lists and `disableCheck`; an error when nothing is cached.
     pub async fn check(&self, req: &PodNetwork) -> Result<(), CniError> {
         check_id(&req.id)?;
-        let entry = cache::load(&self.config.cache_dir, &req.id).map_err(CniError::Io)?;
+        let entry = self.cache.load(&req.id).map_err(CniError::Io)?;
         let Some((entry, prev)) = entry.and_then(|e| e.result.clone().map(|r| (e, r))) else {
             return Err(CniError::InvalidRequest(format!(
                 "no cached CNI result for {}",
@@ -521,7 +534,7 @@ impl Cni {
     }
 
     fn store(&self, entry: &CacheEntry) -> Result<(), CniError> {
-        cache::store(&self.config.cache_dir, entry).map_err(|e| {
+        self.cache.store(entry).map_err(|e| {
             CniError::Io(format!(
                 "writing the CNI cache entry in {}: {e}",
                 self.config.cache_dir.display()

@@ -118,8 +118,12 @@ impl Fake {
         std::fs::create_dir(&self.calls).unwrap();
     }
 
-    fn cache_file(&self, id: &str) -> PathBuf {
-        cache::path(&self.cache, id)
+    /// Whether the cache holds an entry for `id`, as a daemon opening it now would find it.
+    fn cached(&self, id: &str) -> bool {
+        cache::Cache::new(self.cache.clone())
+            .load(id)
+            .unwrap()
+            .is_some()
     }
 }
 
@@ -273,7 +277,7 @@ async fn cni_add_chains_prev_result_and_del_runs_in_reverse_with_cached_result()
     }
 
     // The cache has the config and the result.
-    let cached = cache::load(&f.cache, "sandbox1").unwrap().unwrap();
+    let cached = cni.cache().load("sandbox1").unwrap().unwrap();
     assert_eq!(cached.result.as_ref(), Some(&r.raw));
     assert_eq!(cached.config, three_plugins("1.0.0"));
     assert_eq!(cni.cached_result("sandbox1").unwrap(), Some(r.clone()));
@@ -297,7 +301,7 @@ async fn cni_add_chains_prev_result_and_del_runs_in_reverse_with_cached_result()
         calls[1].stdin["runtimeConfig"],
         json!({"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]})
     );
-    assert!(!f.cache_file("sandbox1").exists());
+    assert!(!f.cached("sandbox1"));
     assert_eq!(cni.cached_result("sandbox1").unwrap(), None);
     // DEL again (nothing cached): the current config, no prevResult; still fine.
     f.clear_calls();
@@ -344,7 +348,7 @@ async fn cni_failed_add_is_undone_and_names_the_plugin() {
         calls[4].stdin["prevResult"]["ips"][0]["address"],
         "10.9.0.2/24"
     );
-    assert!(!f.cache_file("sb").exists());
+    assert!(!f.cached("sb"));
 }
 
 #[tokio::test]
@@ -365,7 +369,7 @@ async fn cni_failed_undo_keeps_the_cache_for_teardown() {
         matches!(&err, CniError::Plugin { plugin, msg, code: None, .. } if plugin == "b" && msg == "b-add-broken"),
         "{err:?}"
     );
-    let cached = cache::load(&f.cache, "sb").unwrap().unwrap();
+    let cached = cni.cache().load("sb").unwrap().unwrap();
     assert_eq!(cached.result, None);
     // A later teardown retries with the cached config.
     f.plugin("a", "", "", "");
@@ -373,7 +377,7 @@ async fn cni_failed_undo_keeps_the_cache_for_teardown() {
     f.clear_calls();
     cni.teardown(&pod("sb")).await.unwrap();
     assert_eq!(seq(&f.calls()), ["c DEL", "b DEL", "a DEL"]);
-    assert!(!f.cache_file("sb").exists());
+    assert!(!f.cached("sb"));
 }
 
 #[tokio::test]
@@ -406,7 +410,7 @@ async fn cni_del_runs_every_plugin_and_aggregates_errors() {
         text.contains("CNI plugin a DEL failed: a-del-failed"),
         "{text}"
     );
-    assert!(f.cache_file("sb").exists(), "kept for a retry");
+    assert!(f.cached("sb"), "kept for a retry");
     // A plugin that is gone is reported, the others still run.
     std::fs::remove_file(f.bin.join("b")).unwrap();
     f.plugin("a", "", "", "");
@@ -434,7 +438,7 @@ async fn cni_missing_plugin_fails_before_running_anything() {
     assert!(matches!(&err, CniError::PluginNotFound { plugin, .. } if plugin == "nosuchplugin"));
     assert!(err.to_string().contains(&f.bin.display().to_string()));
     assert!(f.calls().is_empty());
-    assert!(!f.cache_file("sb").exists());
+    assert!(!f.cached("sb"));
 }
 
 #[tokio::test]
@@ -587,5 +591,5 @@ async fn cni_bad_requests_and_results() {
         "{err:?}"
     );
     assert_eq!(seq(&f.calls()), ["a ADD", "a DEL"]);
-    assert!(!f.cache_file("sb").exists());
+    assert!(!f.cached("sb"));
 }

@@ -1,0 +1,738 @@
+//! A durable map from keys to values kept as one append-only file of checksummed frames: each
+//! write is one append and one `fdatasync`. A file per value, replaced by rename, costs a new inode,
+//! a second `fsync` (of the directory) and a freed inode on every write; on a pod start that was
+//! a sixth of the node's CPU (see the README's figures).
+//!
+//! Layout: the 8-byte [`MAGIC`], then frames of `len: u32 LE`, `crc32(payload): u32 LE` and a
+//! `payload` of `op: u8` (1 put, 2 remove), `key_len: u8`, the key, and for a put the value.
+//! The latest frame of a key wins. At open the file is replayed up to its first frame that is
+//! incomplete or fails its checks: that is where a crash cut an unacknowledged append short (an
+//! append is acknowledged only after its `fdatasync`). The bytes from there on are copied to the
+//! quarantine directory for a person, and cut off. When the file holds more than twice its live
+//! frames, it is rewritten with only those (temp file, `fdatasync`, rename, directory `fsync`).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crishim_proto::hostfs;
+
+pub const MAGIC: &[u8; 8] = b"crjrnl01";
+const HEAD: u64 = 8;
+const OP_PUT: u8 = 1;
+const OP_REMOVE: u8 = 2;
+/// Keys are record ids: 64 hex digits today.
+pub const MAX_KEY: usize = 255;
+/// Rewrite only past this size, so small journals are never rewritten.
+const COMPACT_AT: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a crishim journal (its first bytes are not the journal's magic)")]
+    NotAJournal { path: PathBuf },
+    #[error("key {0:?} is empty or over {MAX_KEY} bytes")]
+    BadKey(String),
+    #[error("a value of {len} bytes is over the {max}-byte cap")]
+    TooLarge { len: usize, max: u32 },
+    #[error("{path}: an earlier write failed half-way and could not be undone; restart the daemon to recover the journal")]
+    Poisoned { path: PathBuf },
+}
+
+impl From<JournalError> for std::io::Error {
+    fn from(e: JournalError) -> Self {
+        let kind = match &e {
+            JournalError::Io { source, .. } => source.kind(),
+            JournalError::BadKey(_) | JournalError::TooLarge { .. } => {
+                std::io::ErrorKind::InvalidInput
+            }
+            _ => std::io::ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e.to_string())
+    }
+}
+
+/// Where a key's latest value sits in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    /// The frame's first byte.
+    pub at: u64,
+    /// The whole frame, head included.
+    pub frame_len: u64,
+    pub value_at: u64,
+    pub value_len: u32,
+}
+
+/// What a replay found: the live keys, and the byte ranges it skipped.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Replay {
+    pub index: HashMap<String, Slot>,
+    /// Bytes of live frames, the magic not counted.
+    pub live: u64,
+    /// The end of the last valid frame.
+    pub valid_end: u64,
+    /// Ranges that are not valid frames: a frame that damage or a crash cut short, up to the next
+    /// valid frame or the end of the file.
+    pub damaged: Vec<(u64, u64)>,
+}
+
+/// Bytes that can be read at any offset: the journal file, or a slice for the fuzz target.
+pub trait Source {
+    /// Fills `buf` from `at`; the caller never reads past [`Source::size`].
+    fn read_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()>;
+    fn size(&self) -> u64;
+}
+
+impl Source for [u8] {
+    fn read_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        let at = at as usize;
+        buf.copy_from_slice(&self[at..at + buf.len()]);
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.len() as u64
+    }
+}
+
+/// The file, with its length when it was opened.
+struct FileSource<'a>(&'a File, u64);
+
+impl Source for FileSource<'_> {
+    fn read_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, at)
+    }
+    fn size(&self) -> u64 {
+        self.1
+    }
+}
+
+/// One valid frame, as found in a source.
+struct Found {
+    op: u8,
+    key: String,
+    slot: Slot,
+}
+
+/// How many bytes a replay may hash while looking for the next valid frame past damage: bounds
+/// the work on a file of garbage whose every byte claims a long frame.
+const RESYNC_BUDGET: u64 = 64 << 20;
+
+/// Replays the frames of `src` after its magic. Past a frame that is cut short or fails its
+/// checks, looks for the next valid frame byte by byte (a value is JSON, which holds no raw
+/// control bytes, so no frame head can hide inside one). Never allocates for a value. Errors are
+/// the source's.
+pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Replay> {
+    let mut out = Replay {
+        valid_end: HEAD,
+        ..Replay::default()
+    };
+    let mut budget = RESYNC_BUDGET;
+    let mut at = HEAD;
+    while at < src.size() {
+        let mut unbounded = u64::MAX;
+        let found = match frame_at(src, at, max_value, &mut unbounded)? {
+            Some(f) => Some((at, f)),
+            None => {
+                let next = resync(src, at + 1, max_value, &mut budget)?;
+                let damaged_to = next.as_ref().map_or(src.size(), |(n, _)| *n);
+                out.damaged.push((at, damaged_to));
+                next
+            }
+        };
+        let Some((start, f)) = found else { break };
+        if let Some(old) = out.index.remove(&f.key) {
+            out.live -= old.frame_len;
+        }
+        at = start + f.slot.frame_len;
+        out.valid_end = at;
+        if f.op == OP_PUT {
+            out.live += f.slot.frame_len;
+            out.index.insert(f.key, f.slot);
+        }
+    }
+    Ok(out)
+}
+
+/// The first valid frame at or after `from`, within the hashing `budget`.
+fn resync<S: Source + ?Sized>(
+    src: &S,
+    from: u64,
+    max_value: u32,
+    budget: &mut u64,
+) -> std::io::Result<Option<(u64, Found)>> {
+    for at in from..src.size() {
+        if *budget == 0 {
+            return Ok(None);
+        }
+        if let Some(f) = frame_at(src, at, max_value, budget)? {
+            return Ok(Some((at, f)));
+        }
+    }
+    Ok(None)
+}
+
+/// The frame at `at` if it is whole and valid. Hashing its payload counts against `budget`.
+fn frame_at<S: Source + ?Sized>(
+    src: &S,
+    at: u64,
+    max_value: u32,
+    budget: &mut u64,
+) -> std::io::Result<Option<Found>> {
+    let size = src.size();
+    if at + 10 > size {
+        return Ok(None);
+    }
+    let mut head = [0u8; 10];
+    src.read_at(&mut head, at)?;
+    let len = u64::from(u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")));
+    let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
+    let (op, key_len) = (head[8], u64::from(head[9]));
+    let max_payload = 2 + MAX_KEY as u64 + u64::from(max_value);
+    if len > max_payload || len < 2 + key_len || key_len == 0 || at + 8 + len > size {
+        return Ok(None);
+    }
+    let value_len = len - 2 - key_len;
+    if !matches!(op, OP_PUT | OP_REMOVE) || (op == OP_REMOVE && value_len != 0) {
+        return Ok(None);
+    }
+    if *budget < len {
+        *budget = 0;
+        return Ok(None);
+    }
+    *budget -= len;
+    let mut key = vec![0u8; key_len as usize];
+    src.read_at(&mut key, at + 10)?;
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&head[8..10]);
+    hasher.update(&key);
+    let mut buf = vec![0u8; value_len.min(64 << 10) as usize];
+    let mut done = 0;
+    while done < value_len {
+        let n = (value_len - done).min(buf.len() as u64) as usize;
+        src.read_at(&mut buf[..n], at + 10 + key_len + done)?;
+        hasher.update(&buf[..n]);
+        done += n as u64;
+    }
+    let Ok(key) = String::from_utf8(key) else {
+        return Ok(None);
+    };
+    if hasher.finalize() != crc {
+        return Ok(None);
+    }
+    Ok(Some(Found {
+        op,
+        key,
+        slot: Slot {
+            at,
+            frame_len: 8 + len,
+            value_at: at + 10 + key_len,
+            value_len: value_len as u32,
+        },
+    }))
+}
+
+/// One frame, ready to append.
+fn frame(op: u8, key: &str, value: &[u8]) -> Vec<u8> {
+    let len = 2 + key.len() + value.len();
+    let mut f = Vec::with_capacity(8 + len);
+    f.extend_from_slice(&(len as u32).to_le_bytes());
+    f.extend_from_slice(&[0; 4]);
+    f.push(op);
+    f.push(key.len() as u8);
+    f.extend_from_slice(key.as_bytes());
+    f.extend_from_slice(value);
+    let crc = crc32fast::hash(&f[8..]);
+    f[4..8].copy_from_slice(&crc.to_le_bytes());
+    f
+}
+
+pub struct Journal {
+    path: PathBuf,
+    max_value: u32,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    file: File,
+    end: u64,
+    index: HashMap<String, Slot>,
+    live: u64,
+    /// A failed append could not be cut back off: nothing more may be appended after it.
+    poisoned: bool,
+}
+
+impl Journal {
+    /// Opens (or creates, 0600) the journal at `path`, replaying it. A damaged or cut-short tail
+    /// is copied to `quarantine/<file name>-tail-<nanos>` and cut off.
+    pub fn open(path: &Path, max_value: u32, quarantine: &Path) -> Result<Journal, JournalError> {
+        let io = |source| JournalError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        // A rewrite a crash interrupted: the journal itself is still whole.
+        let _ = std::fs::remove_file(path.with_extension("compact"));
+        let file = open_rw(path, false).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut start = vec![0u8; len.min(HEAD) as usize];
+        file.read_exact_at(&mut start, 0).map_err(io)?;
+        if len < HEAD && MAGIC.starts_with(&start) {
+            // New, or a crash came before its magic was synced.
+            file.set_len(0).map_err(io)?;
+            file.write_all_at(MAGIC, 0).map_err(io)?;
+            file.sync_data().map_err(io)?;
+            if let Some(dir) = path.parent() {
+                hostfs::sync_dir(dir).map_err(io)?;
+            }
+        }
+        let mut magic = [0u8; 8];
+        let read = file.read_exact_at(&mut magic, 0);
+        if read.is_err() || &magic != MAGIC {
+            return Err(JournalError::NotAJournal {
+                path: path.to_path_buf(),
+            });
+        }
+        let size = file.metadata().map_err(io)?.len();
+        let replay = replay(&FileSource(&file, size), max_value).map_err(io)?;
+        for &(from, to) in &replay.damaged {
+            keep_damage(path, &file, from, to, quarantine);
+        }
+        let journal = Journal {
+            path: path.to_path_buf(),
+            max_value,
+            inner: Mutex::new(Inner {
+                file,
+                end: size,
+                index: replay.index,
+                live: replay.live,
+                poisoned: false,
+            }),
+        };
+        let mut inner = journal.lock();
+        if replay.damaged.is_empty() {
+            journal.compact_if_sparse(&mut inner);
+        } else if let Err(e) = journal.compact(&mut inner) {
+            // Damage stays behind in the file (found and skipped again at the next start), but
+            // a cut-short last frame must go: the next append follows the last valid frame.
+            tracing::warn!(path = %path.display(), error = %e, "rewriting a damaged journal");
+            if replay.damaged.last().is_some_and(|&(_, to)| to == size) {
+                inner.file.set_len(replay.valid_end).map_err(io)?;
+                inner.file.sync_data().map_err(io)?;
+                inner.end = replay.valid_end;
+            }
+        }
+        drop(inner);
+        Ok(journal)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves `Inner` consistent: every change to it comes
+        // after its write succeeded.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().index.keys().cloned().collect()
+    }
+
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, JournalError> {
+        let inner = self.lock();
+        let Some(slot) = inner.index.get(key) else {
+            return Ok(None);
+        };
+        let mut value = vec![0u8; slot.value_len as usize];
+        inner
+            .file
+            .read_exact_at(&mut value, slot.value_at)
+            .map_err(|source| self.io(source))?;
+        Ok(Some(value))
+    }
+
+    /// Sets `key` to `value`, durably: on return the value survives a crash.
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<(), JournalError> {
+        check_key(key)?;
+        if value.len() > self.max_value as usize {
+            return Err(JournalError::TooLarge {
+                len: value.len(),
+                max: self.max_value,
+            });
+        }
+        self.append(OP_PUT, key, value)
+    }
+
+    /// Removes `key`, durably; a missing key writes nothing.
+    pub fn remove(&self, key: &str) -> Result<(), JournalError> {
+        if !self.lock().index.contains_key(key) {
+            return Ok(());
+        }
+        self.append(OP_REMOVE, key, &[])
+    }
+
+    fn append(&self, op: u8, key: &str, value: &[u8]) -> Result<(), JournalError> {
+        let f = frame(op, key, value);
+        let mut inner = self.lock();
+        if inner.poisoned {
+            return Err(JournalError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        let at = inner.end;
+        let written = inner
+            .file
+            .write_all_at(&f, at)
+            .and_then(|()| inner.file.sync_data());
+        if let Err(source) = written {
+            // Cut off what may have reached the file, so that the next append follows valid
+            // frames. A failed fdatasync leaves the page cache's state unknown: the file is
+            // cut and synced again, and if that fails too nothing more is appended.
+            let undone = inner.file.set_len(at).and_then(|()| inner.file.sync_data());
+            if undone.is_err() {
+                inner.poisoned = true;
+            }
+            return Err(self.io(source));
+        }
+        inner.end = at + f.len() as u64;
+        if let Some(old) = inner.index.remove(key) {
+            inner.live -= old.frame_len;
+        }
+        if op == OP_PUT {
+            let slot = Slot {
+                at,
+                frame_len: f.len() as u64,
+                value_at: at + 10 + key.len() as u64,
+                value_len: value.len() as u32,
+            };
+            inner.index.insert(key.to_string(), slot);
+            inner.live += slot.frame_len;
+        }
+        self.compact_if_sparse(&mut inner);
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> JournalError {
+        JournalError::Io {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Rewrites the file with only its live frames once they are under half of it. A failure
+    /// leaves the old file, which is still whole, in use.
+    fn compact_if_sparse(&self, inner: &mut Inner) {
+        if inner.end < COMPACT_AT || inner.end < 2 * (HEAD + inner.live) {
+            return;
+        }
+        if let Err(e) = self.compact(inner) {
+            tracing::warn!(path = %self.path.display(), error = %e, "rewriting the journal without its old frames");
+        }
+    }
+
+    fn compact(&self, inner: &mut Inner) -> std::io::Result<()> {
+        let tmp = self.path.with_extension("compact");
+        let mut out = open_rw(&tmp, true)?;
+        let copied = (|| {
+            out.write_all(MAGIC)?;
+            let mut index = HashMap::with_capacity(inner.index.len());
+            let mut at = HEAD;
+            let mut buf = Vec::new();
+            for (key, slot) in &inner.index {
+                buf.resize(slot.frame_len as usize, 0);
+                inner.file.read_exact_at(&mut buf, slot.at)?;
+                out.write_all(&buf)?;
+                let slot = Slot {
+                    at,
+                    value_at: slot.value_at - slot.at + at,
+                    ..*slot
+                };
+                at += slot.frame_len;
+                index.insert(key.clone(), slot);
+            }
+            out.sync_data()?;
+            crishim_proto::record::rename_synced(&tmp, &self.path)?;
+            Ok((index, at))
+        })();
+        match copied {
+            Ok((index, end)) => {
+                inner.file = out;
+                inner.index = index;
+                inner.end = end;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Opens `path` to read and write, creating it root's alone (0600); `truncate` empties it.
+fn open_rw(path: &Path, truncate: bool) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(truncate)
+        .mode(hostfs::FILE_MODE)
+        .open(path)
+}
+
+fn check_key(key: &str) -> Result<(), JournalError> {
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(JournalError::BadKey(key.chars().take(64).collect()));
+    }
+    Ok(())
+}
+
+/// Copies the damaged bytes from `from` to `to` of the journal into quarantine, for a person.
+fn keep_damage(path: &Path, file: &File, from: u64, to: u64, quarantine: &Path) {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let dest = quarantine.join(format!(
+        "{name}-damaged-{from}-{}",
+        crishim_proto::record::now_nanos()
+    ));
+    // A frame cut short by a crash is a few KiB; of damage, at most 32 MiB is kept.
+    let keep = (to - from).min(32 << 20);
+    let kept = (|| {
+        hostfs::create_private_dir(quarantine)?;
+        let mut buf = vec![0u8; keep as usize];
+        file.read_exact_at(&mut buf, from)?;
+        hostfs::write_private(&dest, &buf)
+    })();
+    match kept {
+        Ok(()) => tracing::warn!(
+            journal = %path.display(),
+            offset = from,
+            bytes = to - from,
+            kept = %dest.display(),
+            "skipped bytes of the journal that are no valid frame: a write a crash cut short (never acknowledged) or damage"
+        ),
+        Err(e) => tracing::warn!(
+            journal = %path.display(),
+            offset = from,
+            bytes = to - from,
+            error = %e,
+            "skipped bytes of the journal that are no valid frame; they could not be kept"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixture {
+        _t: tempfile::TempDir,
+        path: PathBuf,
+        quarantine: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let t = tempfile::tempdir().unwrap();
+        Fixture {
+            path: t.path().join("journal"),
+            quarantine: t.path().join("quarantine"),
+            _t: t,
+        }
+    }
+
+    impl Fixture {
+        fn open(&self) -> Journal {
+            Journal::open(&self.path, 1 << 20, &self.quarantine).unwrap()
+        }
+        fn len(&self) -> u64 {
+            std::fs::metadata(&self.path).unwrap().len()
+        }
+    }
+
+    #[test]
+    fn the_latest_write_of_each_key_survives_a_reopen() {
+        let f = fixture();
+        let j = f.open();
+        j.put("a", b"1").unwrap();
+        j.put("b", b"2").unwrap();
+        j.put("a", b"3").unwrap();
+        j.remove("b").unwrap();
+        j.put("c", b"").unwrap();
+        drop(j);
+        let j = f.open();
+        let mut keys = j.keys();
+        keys.sort();
+        assert_eq!(keys, ["a", "c"]);
+        assert_eq!(j.get("a").unwrap().unwrap(), b"3");
+        assert_eq!(j.get("c").unwrap().unwrap(), b"");
+        assert_eq!(j.get("b").unwrap(), None);
+    }
+
+    #[test]
+    fn the_file_is_root_only() {
+        use std::os::unix::fs::MetadataExt;
+        let f = fixture();
+        f.open().put("a", b"1").unwrap();
+        assert_eq!(std::fs::metadata(&f.path).unwrap().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn removing_a_missing_key_writes_nothing() {
+        let f = fixture();
+        let j = f.open();
+        let before = f.len();
+        j.remove("nothing").unwrap();
+        assert_eq!(f.len(), before);
+    }
+
+    #[test]
+    fn a_cut_short_append_is_cut_off_and_kept_in_quarantine() {
+        let f = fixture();
+        let j = f.open();
+        j.put("a", b"kept").unwrap();
+        let whole = f.len();
+        j.put("b", b"cut short").unwrap();
+        drop(j);
+        // A crash during the last append: the file ends 3 bytes into its value.
+        let cut = whole + 8 + 2 + 1 + 3;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f.path)
+            .unwrap()
+            .set_len(cut)
+            .unwrap();
+        let j = f.open();
+        assert_eq!(j.keys(), ["a"]);
+        assert_eq!(f.len(), whole, "the torn frame is cut off");
+        let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            std::fs::read(kept[0].path()).unwrap().len() as u64,
+            cut - whole
+        );
+        // Appends go on after the last whole frame.
+        j.put("c", b"after").unwrap();
+        drop(j);
+        let mut keys = f.open().keys();
+        keys.sort();
+        assert_eq!(keys, ["a", "c"]);
+    }
+
+    #[test]
+    fn a_flipped_bit_costs_only_its_frame() {
+        let f = fixture();
+        let j = f.open();
+        j.put("a", b"first").unwrap();
+        let second = f.len();
+        j.put("b", b"second").unwrap();
+        let third = f.len();
+        j.put("c", b"third").unwrap();
+        drop(j);
+        let mut bytes = std::fs::read(&f.path).unwrap();
+        bytes[second as usize + 12] ^= 0x40;
+        std::fs::write(&f.path, &bytes).unwrap();
+        let j = f.open();
+        let mut keys = j.keys();
+        keys.sort();
+        assert_eq!(
+            keys,
+            ["a", "c"],
+            "the frames after the damaged one are found"
+        );
+        assert_eq!(j.get("c").unwrap().unwrap(), b"third");
+        let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
+            .unwrap()
+            .flatten()
+            .collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            std::fs::read(kept[0].path()).unwrap(),
+            &bytes[second as usize..third as usize],
+            "the damaged frame is kept as it was"
+        );
+        // Rewritten without it: the next start finds no damage.
+        drop(j);
+        let j = f.open();
+        assert_eq!(j.keys().len(), 2);
+        assert_eq!(std::fs::read_dir(&f.quarantine).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn garbage_claiming_long_frames_everywhere_is_skipped_within_the_budget() {
+        // Every offset claims a frame of nearly the cap that runs past the end.
+        let mut bytes = MAGIC.to_vec();
+        for _ in 0..4096 {
+            bytes.extend_from_slice(&[0xf0, 0xff, 0x00, 0x00, 1, 1]);
+        }
+        bytes.extend_from_slice(&frame(OP_PUT, "z", b"after"));
+        let r = replay(&bytes[..], 1 << 20).unwrap();
+        assert_eq!(r.index.keys().collect::<Vec<_>>(), ["z"]);
+        assert_eq!(r.damaged, [(HEAD, bytes.len() as u64 - 16)]);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_journal_is_refused_not_overwritten() {
+        let f = fixture();
+        std::fs::write(&f.path, b"{\"id\": \"x\"}").unwrap();
+        let e = Journal::open(&f.path, 1 << 20, &f.quarantine)
+            .err()
+            .unwrap();
+        assert!(matches!(e, JournalError::NotAJournal { .. }), "{e}");
+        assert_eq!(std::fs::read(&f.path).unwrap(), b"{\"id\": \"x\"}");
+    }
+
+    #[test]
+    fn oversized_values_and_bad_keys_are_refused() {
+        let f = fixture();
+        let j = Journal::open(&f.path, 16, &f.quarantine).unwrap();
+        assert!(matches!(
+            j.put("a", &[0; 17]),
+            Err(JournalError::TooLarge { len: 17, max: 16 })
+        ));
+        assert!(matches!(j.put("", b"x"), Err(JournalError::BadKey(_))));
+        assert!(matches!(
+            j.put(&"k".repeat(256), b"x"),
+            Err(JournalError::BadKey(_))
+        ));
+        j.put(&"k".repeat(255), &[7; 16]).unwrap();
+    }
+
+    #[test]
+    fn a_frame_over_the_cap_ends_the_replay_before_anything_is_allocated() {
+        // A head claiming 4 GiB: replay stops at it without reading on.
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&frame(OP_PUT, "a", b"1"));
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+        bytes.extend_from_slice(&[0; 8]);
+        let r = replay(&bytes[..], 1 << 20).unwrap();
+        assert_eq!(r.index.len(), 1);
+        assert_eq!(r.valid_end, HEAD + frame(OP_PUT, "a", b"1").len() as u64);
+        assert_eq!(r.damaged, [(r.valid_end, bytes.len() as u64)]);
+    }
+
+    #[test]
+    fn rewriting_keeps_every_live_value_and_shrinks_the_file() {
+        let f = fixture();
+        let j = f.open();
+        let value = vec![b'x'; 4096];
+        // 600 rewrites of 4 keys: 2.4 MiB appended, 16 KiB live.
+        for i in 0..600 {
+            j.put(&format!("k{}", i % 4), &value).unwrap();
+        }
+        j.put("k0", b"last").unwrap();
+        assert!(f.len() < COMPACT_AT + 8192, "rewritten: {} bytes", f.len());
+        drop(j);
+        let j = f.open();
+        assert_eq!(j.keys().len(), 4);
+        assert_eq!(j.get("k0").unwrap().unwrap(), b"last");
+        assert_eq!(j.get("k3").unwrap().unwrap(), value);
+        assert!(!f.path.with_extension("compact").exists());
+    }
+}
