@@ -82,6 +82,9 @@ pub struct Replay {
     /// Ranges that are not valid frames: a frame that damage or a crash cut short, up to the next
     /// valid frame or the end of the file.
     pub damaged: Vec<(u64, u64)>,
+    /// The keys that damage before the last valid frame seems to name (a cut-short last frame
+    /// is a crash's unacknowledged write, not damage): their latest value may be lost.
+    pub suspect: Vec<String>,
 }
 
 /// Bytes that can be read at any offset: the journal file, or a slice for the fuzz target.
@@ -144,6 +147,9 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
                 let next = resync(src, at + 1, max_value, &mut budget)?;
                 let damaged_to = next.as_ref().map_or(src.size(), |(n, _)| *n);
                 out.damaged.push((at, damaged_to));
+                if next.is_some() {
+                    out.suspect.extend(named_key(src, at, damaged_to)?);
+                }
                 next
             }
         };
@@ -159,6 +165,25 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
         }
     }
     Ok(out)
+}
+
+/// The key a damaged frame at `at` names, if its head and key are whole and look like an id.
+fn named_key<S: Source + ?Sized>(src: &S, at: u64, to: u64) -> std::io::Result<Option<String>> {
+    let mut len = [0u8; 1];
+    if at + 10 > to {
+        return Ok(None);
+    }
+    src.read_at(&mut len, at + 9)?;
+    let n = u64::from(len[0]);
+    if n == 0 || at + 10 + n > to {
+        return Ok(None);
+    }
+    let mut key = vec![0u8; n as usize];
+    src.read_at(&mut key, at + 10)?;
+    let plausible = key
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    Ok(plausible.then(|| String::from_utf8(key).expect("ASCII")))
 }
 
 /// The first valid frame at or after `from`, within the hashing `budget`.
@@ -258,6 +283,7 @@ pub struct Journal {
     path: PathBuf,
     max_value: u32,
     inner: Mutex<Inner>,
+    suspect: Vec<String>,
 }
 
 struct Inner {
@@ -270,8 +296,9 @@ struct Inner {
 }
 
 impl Journal {
-    /// Opens (or creates, 0600) the journal at `path`, replaying it. A damaged or cut-short tail
-    /// is copied to `quarantine/<file name>-tail-<nanos>` and cut off.
+    /// Opens (or creates, 0600) the journal at `path`, replaying it. Bytes that are no valid
+    /// frame are copied to `quarantine/<file name>-damaged-<offset>-<nanos>`, and the journal is
+    /// rewritten without them.
     pub fn open(path: &Path, max_value: u32, quarantine: &Path) -> Result<Journal, JournalError> {
         let io = |source| JournalError::Io {
             path: path.to_path_buf(),
@@ -314,6 +341,7 @@ impl Journal {
                 live: replay.live,
                 poisoned: false,
             }),
+            suspect: replay.suspect,
         };
         let mut inner = journal.lock();
         if replay.damaged.is_empty() {
@@ -336,6 +364,11 @@ impl Journal {
         // A panic while holding the lock leaves `Inner` consistent: every change to it comes
         // after its write succeeded.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keys whose latest value damage found at open may have taken (see [`Replay::suspect`]).
+    pub fn suspect_keys(&self) -> &[String] {
+        &self.suspect
     }
 
     pub fn keys(&self) -> Vec<String> {
@@ -364,18 +397,21 @@ impl Journal {
                 max: self.max_value,
             });
         }
-        self.append(OP_PUT, key, value)
+        self.append(OP_PUT, key, value, true)
     }
 
-    /// Removes `key`, durably; a missing key writes nothing.
+    /// Removes `key`; a missing key writes nothing. Not synced on its own: the next put's
+    /// `fdatasync` carries it. A removal a crash loses brings back the record of something
+    /// already gone, which start-up recovery finds dead and the kubelet removes again, as
+    /// with the unlinked record files before the journal.
     pub fn remove(&self, key: &str) -> Result<(), JournalError> {
         if !self.lock().index.contains_key(key) {
             return Ok(());
         }
-        self.append(OP_REMOVE, key, &[])
+        self.append(OP_REMOVE, key, &[], false)
     }
 
-    fn append(&self, op: u8, key: &str, value: &[u8]) -> Result<(), JournalError> {
+    fn append(&self, op: u8, key: &str, value: &[u8], sync: bool) -> Result<(), JournalError> {
         let f = frame(op, key, value);
         let mut inner = self.lock();
         if inner.poisoned {
@@ -384,10 +420,13 @@ impl Journal {
             });
         }
         let at = inner.end;
-        let written = inner
-            .file
-            .write_all_at(&f, at)
-            .and_then(|()| inner.file.sync_data());
+        let written = inner.file.write_all_at(&f, at).and_then(|()| {
+            if sync {
+                inner.file.sync_data()
+            } else {
+                Ok(())
+            }
+        });
         if let Err(source) = written {
             // Cut off what may have reached the file, so that the next append follows valid
             // frames. A failed fdatasync leaves the page cache's state unknown: the file is
@@ -607,6 +646,10 @@ mod tests {
             .unwrap();
         let j = f.open();
         assert_eq!(j.keys(), ["a"]);
+        assert!(
+            j.suspect_keys().is_empty(),
+            "a crash's cut-short write is no damage"
+        );
         assert_eq!(f.len(), whole, "the torn frame is cut off");
         let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
             .unwrap()
@@ -646,6 +689,7 @@ mod tests {
             ["a", "c"],
             "the frames after the damaged one are found"
         );
+        assert_eq!(j.suspect_keys(), ["b"], "the damaged frame's key is named");
         assert_eq!(j.get("c").unwrap().unwrap(), b"third");
         let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
             .unwrap()

@@ -226,7 +226,26 @@ impl RecordDir {
             quarantined: Vec::new(),
         };
         self.migrate_files(&mut loaded.quarantined);
+        // A key damage took a later write of: what is left of it may be stale (a pod still
+        // `Creating`, a container removed), so it is kept aside, and its files with it.
+        let suspect = self.journal.suspect_keys();
+        for id in suspect {
+            match self.journal.get(id) {
+                Ok(Some(bytes)) => self.quarantine_bytes(
+                    id,
+                    &bytes,
+                    "a later write of this record was damaged on disk; this is the one before it",
+                ),
+                _ => {
+                    tracing::warn!(record = %shown(id), "a write of this record was damaged on disk; its files are kept")
+                }
+            }
+            loaded.quarantined.push(id.clone());
+        }
         for id in self.journal.keys() {
+            if suspect.contains(&id) {
+                continue;
+            }
             let parsed = match self.journal.get(&id) {
                 Ok(Some(bytes)) => match serde_json::from_slice::<T>(&bytes) {
                     Ok(r) if r.id() == id => Ok(r),
@@ -488,6 +507,43 @@ mod tests {
         drop(again);
         assert_eq!(rd.load_all::<PodRecord>().quarantined, ["torn"]);
         assert_eq!(std::fs::read_dir(rd.quarantine_dir()).unwrap().count(), 5);
+    }
+
+    #[test]
+    fn a_record_whose_later_write_was_damaged_is_kept_aside() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("pods");
+        let rd = RecordDir::new(dir.clone()).unwrap();
+        let creating = PodRecord {
+            state: PodState::Creating,
+            ..pod_record("p1")
+        };
+        rd.save("p1", &creating).unwrap();
+        let damaged_at = std::fs::metadata(dir.join(JOURNAL)).unwrap().len();
+        rd.save("p1", &pod_record("p1")).unwrap();
+        rd.save("p2", &pod_record("p2")).unwrap();
+        drop(rd);
+        // A flipped bit in the value of p1's Ready write, which p2's write followed.
+        let mut bytes = std::fs::read(dir.join(JOURNAL)).unwrap();
+        bytes[damaged_at as usize + 20] ^= 1;
+        std::fs::write(dir.join(JOURNAL), &bytes).unwrap();
+        let loaded = RecordDir::new(dir).unwrap().load_all::<PodRecord>();
+        assert_eq!(
+            loaded
+                .records
+                .iter()
+                .map(|r| r.id.as_str())
+                .collect::<Vec<_>>(),
+            ["p2"],
+            "p1 is not rolled back as if it were still being created"
+        );
+        assert_eq!(loaded.quarantined, ["p1"]);
+        let kept: Vec<u8> =
+            std::fs::read(root.path().join(QUARANTINE).join("pods-p1.json")).unwrap();
+        assert_eq!(
+            serde_json::from_slice::<PodRecord>(&kept).unwrap().state,
+            PodState::Creating
+        );
     }
 
     #[test]
