@@ -590,6 +590,19 @@ mod tests {
         fn len(&self) -> u64 {
             std::fs::metadata(&self.path).unwrap().len()
         }
+        /// What the journal kept in quarantine.
+        fn kept(&self) -> Vec<Vec<u8>> {
+            std::fs::read_dir(&self.quarantine)
+                .unwrap()
+                .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+                .collect()
+        }
+    }
+
+    fn sorted_keys(j: &Journal) -> Vec<String> {
+        let mut keys = j.keys();
+        keys.sort();
+        keys
     }
 
     #[test]
@@ -603,9 +616,7 @@ mod tests {
         j.put("c", b"").unwrap();
         drop(j);
         let j = f.open();
-        let mut keys = j.keys();
-        keys.sort();
-        assert_eq!(keys, ["a", "c"]);
+        assert_eq!(sorted_keys(&j), ["a", "c"]);
         assert_eq!(j.get("a").unwrap().unwrap(), b"3");
         assert_eq!(j.get("c").unwrap().unwrap(), b"");
         assert_eq!(j.get("b").unwrap(), None);
@@ -651,21 +662,13 @@ mod tests {
             "a crash's cut-short write is no damage"
         );
         assert_eq!(f.len(), whole, "the torn frame is cut off");
-        let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
-            .unwrap()
-            .flatten()
-            .collect();
+        let kept = f.kept();
         assert_eq!(kept.len(), 1);
-        assert_eq!(
-            std::fs::read(kept[0].path()).unwrap().len() as u64,
-            cut - whole
-        );
+        assert_eq!(kept[0].len() as u64, cut - whole);
         // Appends go on after the last whole frame.
         j.put("c", b"after").unwrap();
         drop(j);
-        let mut keys = f.open().keys();
-        keys.sort();
-        assert_eq!(keys, ["a", "c"]);
+        assert_eq!(sorted_keys(&f.open()), ["a", "c"]);
     }
 
     #[test]
@@ -682,30 +685,23 @@ mod tests {
         bytes[second as usize + 12] ^= 0x40;
         std::fs::write(&f.path, &bytes).unwrap();
         let j = f.open();
-        let mut keys = j.keys();
-        keys.sort();
         assert_eq!(
-            keys,
+            sorted_keys(&j),
             ["a", "c"],
             "the frames after the damaged one are found"
         );
         assert_eq!(j.suspect_keys(), ["b"], "the damaged frame's key is named");
         assert_eq!(j.get("c").unwrap().unwrap(), b"third");
-        let kept: Vec<_> = std::fs::read_dir(&f.quarantine)
-            .unwrap()
-            .flatten()
-            .collect();
-        assert_eq!(kept.len(), 1);
         assert_eq!(
-            std::fs::read(kept[0].path()).unwrap(),
-            &bytes[second as usize..third as usize],
+            f.kept(),
+            [&bytes[second as usize..third as usize]],
             "the damaged frame is kept as it was"
         );
         // Rewritten without it: the next start finds no damage.
         drop(j);
         let j = f.open();
         assert_eq!(j.keys().len(), 2);
-        assert_eq!(std::fs::read_dir(&f.quarantine).unwrap().count(), 1);
+        assert_eq!(f.kept().len(), 1);
     }
 
     #[test]
