@@ -28,10 +28,11 @@ if [ "${1:-}" = "--pack" ]; then
     test_bin="$(cargo test --release -p crishim-tests --test gpu_real --no-run --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*gpu_real[^"]*\)".*/\1/p' | tail -1)"
     init="$(./hack/build-init.sh --release)"
+    pause="$(./hack/build-init.sh --release crishim-pause)"
     target_dir="${CARGO_TARGET_DIR:-target}"
     case "$target_dir" in /*) ;; *) target_dir="$PWD/$target_dir" ;; esac
     rel="$target_dir/release"
-    cp "$rel/crishim" "$rel/crishim-shim" "$rel/libcrishim_vgpu.so" "$init" "$out/"
+    cp "$rel/crishim" "$rel/crishim-shim" "$rel/libcrishim_vgpu.so" "$init" "$pause" "$out/"
     cp "$test_bin" "$out/gpu_real"
     # The node may lack these packages: the registry and the busybox the test images hold.
     cp /usr/bin/docker-registry /bin/busybox "$out/"

@@ -13,6 +13,8 @@ install -m 0755 "$rel"/crishim-shim /usr/local/bin/crishim-shim
 # The GPU interceptor: [gpu] interceptor defaults to this file next to the crishim binary.
 install -m 0755 "$rel"/libcrishim_vgpu.so /usr/local/bin/libcrishim_vgpu.so
 install -m 0755 "$(hack/build-init.sh --release)" /usr/local/bin/crishim-init
+# Each pod's infra process, exec'd by crishim-shim from its own directory.
+install -m 0755 "$(hack/build-init.sh --release crishim-pause)" /usr/local/bin/crishim-pause
 install -d -m 0755 /etc/crishim
 [ -f /etc/crishim/config.toml ] || install -m 0644 hack/config.toml /etc/crishim/config.toml
 

@@ -444,9 +444,7 @@ fn role(p: &HostProcess, daemon_pid: i32) -> Role {
         Role::Daemon
     } else if cmd.contains(WORKLOAD_ARG) {
         Role::Workload
-    } else if cmd.contains(PAUSE_ARG)
-        || (prog.ends_with("crishim-shim") && p.cmdline.get(1).is_some_and(|a| a == "infra"))
-    {
+    } else if cmd.contains(PAUSE_ARG) || prog == "crishim-pause" {
         Role::Infra
     } else if prog.ends_with("crishim-shim") || prog.ends_with("containerd-shim-runc-v2") {
         Role::Shim

@@ -294,6 +294,18 @@ pub mod frames {
     }
 }
 
+/// SIGKILL `pid` if it is still a shim or an infra process of crishim's (by its command line:
+/// pids get reused). Older infra processes are `crishim-shim infra`, newer `crishim-pause`.
+pub fn kill_if_ours(pid: i32) {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+    let name = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
+    if pid > 0 && (name == b"crishim-shim" || name == b"crishim-pause") {
+        // SAFETY: kill(2) on a positive pid; no memory is involved.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
 pub mod paths {
     use std::os::fd::{AsRawFd, OwnedFd};
     use std::path::{Path, PathBuf};

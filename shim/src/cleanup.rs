@@ -56,13 +56,7 @@ fn cleanup(dir: &Path) -> usize {
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
     {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmdline).contains("crishim-shim") {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        crishim_proto::shim::kill_if_ours(pid);
     }
     failures
 }

@@ -8,8 +8,6 @@
 //!   `--infra`, the detached OCI bundle) whose state lives in DIR; exits once its socket is ready.
 //! - `crishim-shim run --dir DIR --id ID --bundle BUNDLE`: run one bundle in the foreground
 //!   (`crishim bundle run`) and exit with its exit code.
-//! - `crishim-shim infra`: the pod's infra process (pins namespaces; PID 1 of a shared pid
-//!   namespace), confined to an empty root with no privileges; reports readiness on fd 3.
 //! - `crishim-shim cleanup --dir DIR`: kill and remove what a dead shim left behind.
 
 mod bus;
@@ -59,13 +57,12 @@ fn main() {
     }
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("infra") => infra::run(),
         Some("start") => start::run(&args[2..]),
         Some("run") => foreground::run(&args[2..]),
         Some("cleanup") => cleanup::run(&args[2..]),
         _ => {
             eprintln!(
-                "usage: crishim-shim start --dir DIR [--infra JSON] | run --dir DIR --id ID --bundle BUNDLE | infra | cleanup --dir DIR"
+                "usage: crishim-shim start --dir DIR [--infra JSON] | run --dir DIR --id ID --bundle BUNDLE | cleanup --dir DIR"
             );
             std::process::exit(2);
         }

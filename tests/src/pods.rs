@@ -1574,11 +1574,7 @@ impl Janitor {
                     .ok()
                     .and_then(|s| s.trim().parse::<i32>().ok());
                 if let Some(p) = pid.and_then(|pid| procs.iter().find(|p| p.pid == pid)) {
-                    if p.cmdline
-                        .first()
-                        .is_some_and(|a| a.ends_with("crishim-shim"))
-                        && p.cmdline.get(1).is_some_and(|a| a == "infra")
-                    {
+                    if p.cmdline.first().is_some_and(|a| a == "crishim-pause") {
                         roots.push(p.pid);
                     }
                 }

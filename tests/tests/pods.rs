@@ -164,12 +164,12 @@ async fn pod_and_container_full_lifecycle() {
     let tree = with_descendants(&host_processes(), &[shim[0].pid]);
     let infra: Vec<_> = tree
         .iter()
-        .filter(|p| p.cmdline == ["crishim-shim", "infra"])
+        .filter(|p| p.cmdline == ["crishim-pause"])
         .collect();
     assert_eq!(
         infra.len(),
         1,
-        "expected one `crishim-shim infra` under the shim: {tree:#?}"
+        "expected one `crishim-pause` under the shim: {tree:#?}"
     );
 
     // A container that prints, then runs until SIGTERM.
@@ -1047,9 +1047,9 @@ async fn pid_namespace_pod_is_shared_under_infra_and_container_is_private() {
     shared_traces.add_container(&a1);
     shared_traces.add_container(&a2);
     shared_traces.capture(d).await;
-    assert_eq!(pid1_command(d, &a2).await, "crishim-shim infra");
+    assert_eq!(pid1_command(d, &a2).await, "crishim-pause");
     let ps = d.exec_ok(&a2, &["ps"]).await;
-    for want in ["crishim-shim infra", m1.as_str(), m2.as_str()] {
+    for want in ["crishim-pause", m1.as_str(), m2.as_str()] {
         assert!(ps.contains(want), "ps in a2 does not show {want:?}:\n{ps}");
     }
     let ps = d.exec_ok(&a1, &["ps"]).await;

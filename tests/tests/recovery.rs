@@ -978,7 +978,7 @@ async fn zombie_storm_in_shared_pid_pod_leaves_no_zombies() {
     let pid1 = d.exec_ok(&id, &["cat", "/proc/1/cmdline"]).await;
     assert_eq!(
         pid1.trim_end_matches('\0'),
-        "crishim-shim\0infra",
+        "crishim-pause",
         "PID 1 of the shared pid namespace"
     );
     wait_for_log_line(

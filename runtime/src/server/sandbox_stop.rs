@@ -98,7 +98,7 @@ impl Inner {
                 .ok()
                 .and_then(|s| s.trim().parse::<i32>().ok())
             {
-                kill_if_ours(pid);
+                crishim_proto::shim::kill_if_ours(pid);
                 reap(pid).await;
             }
         }
@@ -191,16 +191,5 @@ fn kill_child(pid: i32) {
     let p = nix::unistd::Pid::from_raw(pid);
     if let Ok(WaitStatus::StillAlive) = waitpid(p, Some(WaitPidFlag::WNOHANG)) {
         let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
-    }
-}
-
-/// SIGKILL `pid` if it is still a live crishim-shim process (pids get reused).
-fn kill_if_ours(pid: i32) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    if String::from_utf8_lossy(&cmdline).contains("crishim-shim") {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
     }
 }

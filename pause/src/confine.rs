@@ -1,6 +1,6 @@
 //! Takes from the infra process everything a container could borrow through it: the host's files
 //! (`/proc/1/root` of a shared pid namespace), its capabilities and any new privileges. Done after
-//! exec, because the shim binary is dynamically linked and needs the host's root to start.
+//! exec, because a dynamically linked build needs the host's root to start.
 
 use std::io;
 

@@ -1,43 +1,33 @@
-//! The pod's infra process: crishim's own "pause". It is cloned into the pod's new namespaces, sets
-//! the hostname and brings loopback up, then execs `crishim-shim infra`, which only waits: it pins
-//! the namespaces, and as PID 1 of a shared pid namespace it reaps every orphan.
-//!
-//! Before it waits it confines itself ([`confine`], [`filter`]): a mount namespace of its own with
-//! an empty read-only root, no capabilities, `no_new_privs` and a seccomp filter. A container that
-//! can see it (shared pid namespace) and ptrace it finds nothing of the host behind it.
-
-mod confine;
-mod filter;
+//! The pod's infra process: cloned into the pod's new namespaces, where it sets the hostname and
+//! brings loopback up, then execs `crishim-pause` (the `pause/` crate), which confines itself and
+//! only waits.
 
 use std::ffi::CString;
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::io::Read;
+use std::os::fd::AsRawFd;
 
+use crishim_pause::READY_FD;
 use crishim_proto::shim::InfraSpec;
 use nix::sched::CloneFlags;
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::signal::Signal;
+use nix::sys::wait::waitpid;
 
 /// Longest readiness report read from the infra process.
 const MAX_REPORT: u64 = 4096;
 
-/// The descriptor on which `crishim-shim infra` reports `ok` or `error: ...`: a fixed number, so
-/// that its command line stays `crishim-shim infra`, as `ps` in a shared-pid pod shows it.
-const READY_FD: i32 = 3;
+/// The infra executable, installed next to `crishim-shim`.
+pub const PAUSE_BINARY: &str = "crishim-pause";
 
 /// Clone the infra process into new namespaces; returns its pid (in our pid namespace) once it has
 /// confined itself, or why it could not.
 pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("finding own executable: {e}"))?;
+    let exe = pause_binary()?;
     let exe = CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     // The infra process reports `ok` or its error on `w`; EOF means it died before.
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| format!("pipe for the infra process: {e}"))?;
     let ready_fd = w.as_raw_fd();
-    let argv = [
-        CString::new("crishim-shim").unwrap(),
-        CString::new("infra").unwrap(),
-    ];
+    let argv = [CString::new(PAUSE_BINARY).unwrap()];
     let hostname = spec.hostname.clone();
     let mut flags = CloneFlags::empty();
     for (on, f) in [
@@ -174,75 +164,15 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     })
 }
 
-/// `crishim-shim infra`: confine ourselves, report on [`READY_FD`], then wait.
-pub fn run() -> ! {
-    let set = signals();
-    // PID 1 ignores signals it has no handler for; blocking them and waiting makes them arrive.
-    let _ = set.thread_block();
-    let mut ready = ready_pipe();
-    let mut program = filter::program();
-    if let Err(e) = confine::empty_root().and_then(|()| confine::drop_privileges()) {
-        eprintln!("crishim-shim infra: {e}");
-        if let Some(r) = &mut ready {
-            let _ = r.write_all(format!("error: {e}").as_bytes());
-        }
-        // SAFETY: _exit ends the process at once, skipping atexit handlers.
-        unsafe { libc::_exit(1) }
+/// `crishim-pause` next to our own executable; its absence is a broken install.
+fn pause_binary() -> Result<std::path::PathBuf, String> {
+    let own = std::env::current_exe().map_err(|e| format!("finding own executable: {e}"))?;
+    let exe = own.with_file_name(PAUSE_BINARY);
+    if !exe.is_file() {
+        return Err(format!(
+            "the infra executable {} is missing: install crishim-pause next to crishim-shim",
+            exe.display()
+        ));
     }
-    if let Some(r) = &mut ready {
-        let _ = r.write_all(b"ok");
-    }
-    // The report pipe goes with every other descriptor.
-    std::mem::forget(ready);
-    confine::close_all_fds();
-    // Last, as it forbids everything but waiting; no_new_privs lets us load it without capabilities.
-    if filter::load(&mut program).is_err() {
-        // SAFETY: as above.
-        unsafe { libc::_exit(2) }
-    }
-    wait_loop(&set)
-}
-
-/// [`READY_FD`] when it is the pipe the shim left us (not when run by hand).
-fn ready_pipe() -> Option<std::fs::File> {
-    let st = nix::sys::stat::fstat(READY_FD).ok()?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFIFO {
-        return None;
-    }
-    // SAFETY: the shim handed this descriptor to us alone, for this report.
-    Some(unsafe { std::fs::File::from_raw_fd(READY_FD) })
-}
-
-fn signals() -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [
-        Signal::SIGCHLD,
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-    ] {
-        set.add(s);
-    }
-    set
-}
-
-/// Wait for signals; reap on SIGCHLD; exit cleanly on SIGTERM or SIGINT. Only calls that
-/// [`filter::ALLOWED`] lets through.
-fn wait_loop(set: &SigSet) -> ! {
-    loop {
-        match set.wait() {
-            Ok(Signal::SIGCHLD) => reap_all(),
-            // SAFETY: _exit is exit_group, with no atexit handlers to run.
-            Ok(Signal::SIGTERM) | Ok(Signal::SIGINT) => unsafe { libc::_exit(0) },
-            _ => {}
-        }
-    }
-}
-
-fn reap_all() {
-    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            break;
-        }
-    }
+    Ok(exe)
 }
