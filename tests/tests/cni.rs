@@ -315,8 +315,11 @@ impl Net {
             .unwrap_or_default()
     }
 
-    fn cache_file(&self, id: &str) -> PathBuf {
-        self.cache_dir().join(format!("{id}.json"))
+    /// The pods with a cache entry, as a daemon opening the cache now would find them.
+    fn cached(&self) -> Vec<String> {
+        crishim_runtime::cni::cache::Cache::new(self.cache_dir())
+            .ids()
+            .unwrap()
     }
 
     /// Asserts nothing of pod `id` is left: no IP reservation of it, no cache entry, no
@@ -332,7 +335,10 @@ impl Net {
             })
             .collect();
         assert!(owners.is_empty(), "IPs still reserved for {id}: {owners:?}");
-        assert!(!self.cache_file(id).exists(), "cache entry of {id} left");
+        assert!(
+            !self.cached().iter().any(|c| c == id),
+            "cache entry of {id} left"
+        );
         let rules = all_rules();
         assert!(!rules.contains(id), "iptables rules name {id}:\n{rules}");
         if let Some(ns) = ns {
@@ -623,7 +629,7 @@ async fn twenty_setup_teardown_cycles_leave_nothing() {
         !all_rules().contains(&net.tag),
         "iptables mention the test's pods"
     );
-    assert!(std::fs::read_dir(net.cache_dir()).unwrap().next().is_none());
+    assert_eq!(net.cached(), Vec::<String>::new(), "cache entries left");
 }
 
 #[tokio::test]

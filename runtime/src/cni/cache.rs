@@ -102,6 +102,11 @@ impl Cache {
             .map_err(|e| format!("{id}: invalid cache entry: {e}"))
     }
 
+    /// The pods that have an entry.
+    pub fn ids(&self) -> std::io::Result<Vec<String>> {
+        Ok(self.journal()?.keys())
+    }
+
     /// Writes the entry, durably.
     pub fn store(&self, entry: &CacheEntry) -> std::io::Result<()> {
         let data = serde_json::to_vec(entry).expect("serializing a cache entry");

@@ -133,10 +133,14 @@ impl Node {
         r.into_inner().containers
     }
 
-    fn record_file(&self, id: &str) -> std::path::PathBuf {
-        self.dir
-            .path()
-            .join(format!("root/records/containers/{id}.json"))
+    /// Whether the container's record is on disk, as a restarted daemon would find it.
+    fn recorded(&self, id: &str) -> bool {
+        crate::records::RecordDir::new(self.dir.path().join("root/records/containers"))
+            .unwrap()
+            .load_all::<crate::records::ContainerRecord>()
+            .records
+            .iter()
+            .any(|r| r.id == id)
     }
 }
 
@@ -163,7 +167,7 @@ async fn a_container_is_created_started_stopped_and_removed_through_its_shim() {
     assert!(std::fs::read_to_string(&config)
         .unwrap()
         .contains("SECRET=s3cr3t"));
-    assert!(node.record_file(&id).is_file());
+    assert!(node.recorded(&id));
     assert_eq!(
         state_of(&node.status(&id).await.unwrap()),
         CriState::ContainerCreated
@@ -198,7 +202,7 @@ async fn a_container_is_created_started_stopped_and_removed_through_its_shim() {
         node.shims.requests()
     );
     assert!(!node.host.mounted().contains(&id), "the rootfs is released");
-    assert!(!node.record_file(&id).exists(), "the record is gone");
+    assert!(!node.recorded(&id), "the record is gone");
     assert!(node.list().await.is_empty());
     assert_eq!(node.status(&id).await.unwrap_err().code(), Code::NotFound);
     node.remove(&id).await.expect("removing twice succeeds");
@@ -398,10 +402,7 @@ async fn recovery_rolls_back_half_creates_follows_live_pods_and_marks_dead_shims
     let node = Node::open(dir, shims);
     node.svc.recover().await;
 
-    assert!(
-        !node.record_file(&half.id).exists(),
-        "the half create is rolled back"
-    );
+    assert!(!node.recorded(&half.id), "the half create is rolled back");
     assert_eq!(
         node.status(&half.id).await.unwrap_err().code(),
         Code::NotFound
