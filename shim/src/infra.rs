@@ -167,6 +167,10 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
 /// `crishim-pause` next to our own executable; its absence is a broken install.
 fn pause_binary() -> Result<std::path::PathBuf, String> {
     let own = std::env::current_exe().map_err(|e| format!("finding own executable: {e}"))?;
+    pause_binary_beside(&own)
+}
+
+fn pause_binary_beside(own: &std::path::Path) -> Result<std::path::PathBuf, String> {
     let exe = own.with_file_name(PAUSE_BINARY);
     if !exe.is_file() {
         return Err(format!(
@@ -175,4 +179,26 @@ fn pause_binary() -> Result<std::path::PathBuf, String> {
         ));
     }
     Ok(exe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_pause_binary_is_named_in_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("crishim-shim");
+        let e = pause_binary_beside(&own).unwrap_err();
+        assert!(
+            e.contains(&dir.path().join(PAUSE_BINARY).display().to_string())
+                && e.contains("install crishim-pause next to crishim-shim"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join(PAUSE_BINARY), b"").unwrap();
+        assert_eq!(
+            pause_binary_beside(&own).unwrap(),
+            dir.path().join(PAUSE_BINARY)
+        );
+    }
 }

@@ -531,3 +531,18 @@ async fn wait_for(cond: impl Fn() -> bool) {
     }
     panic!("condition not met within 5 s");
 }
+
+#[tokio::test]
+async fn pod_files_are_on_the_state_tmpfs_unless_an_older_daemon_put_them_under_root_dir() {
+    let node = Node::new();
+    let inner = &node.svc.inner;
+    let state = node.dir.path().join("state");
+    assert_eq!(
+        inner.pod_files_dir("new"),
+        state.join(crate::host_files::POD_FILES).join("new")
+    );
+    let legacy = node.dir.path().join("root/pods/old");
+    std::fs::create_dir_all(&legacy).unwrap();
+    assert_eq!(inner.pod_files_dir("old"), legacy);
+    assert_eq!(inner.legacy_pod_files_dir("old"), legacy);
+}
