@@ -288,7 +288,7 @@ async fn infra_process_shows_an_empty_root_and_holds_no_privileges() {
     })
     .await;
     let pid1 = env.d.exec_ok(&debug, &["cat", "/proc/1/cmdline"]).await;
-    assert_eq!(pid1.trim_end_matches('\0'), "crishim-shim\0infra");
+    assert_eq!(pid1.trim_end_matches('\0'), "crishim-pause");
 
     let (code, out, err) = exec(&env, &debug, &["head", "-2", "/proc/1/root/etc/shadow"]).await;
     assert!(
