@@ -23,6 +23,8 @@ use crishim_proto::hostfs;
 
 pub const MAGIC: &[u8; 8] = b"crjrnl01";
 const HEAD: u64 = 8;
+/// A frame's bytes before its key: `len`, `crc32`, `op`, `key_len`.
+const FRAME_HEAD: u64 = 10;
 const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
 /// Keys are record ids: 64 hex digits today.
@@ -69,6 +71,31 @@ pub struct Slot {
     pub frame_len: u64,
     pub value_at: u64,
     pub value_len: u32,
+}
+
+impl Slot {
+    /// The frame at `at` of a key of `key_len` bytes and a value of `value_len`.
+    fn new(at: u64, key_len: u64, value_len: u32) -> Slot {
+        let value_at = at + FRAME_HEAD + key_len;
+        Slot {
+            at,
+            frame_len: value_at + u64::from(value_len) - at,
+            value_at,
+            value_len,
+        }
+    }
+}
+
+/// Applies one valid frame to an index of the latest frames and their live bytes: the same
+/// whether it was replayed or just appended.
+fn apply(index: &mut HashMap<String, Slot>, live: &mut u64, op: u8, key: String, slot: Slot) {
+    if let Some(old) = index.remove(&key) {
+        *live -= old.frame_len;
+    }
+    if op == OP_PUT {
+        *live += slot.frame_len;
+        index.insert(key, slot);
+    }
 }
 
 /// What a replay found: the live keys, and the byte ranges it skipped.
@@ -154,15 +181,9 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
             }
         };
         let Some((start, f)) = found else { break };
-        if let Some(old) = out.index.remove(&f.key) {
-            out.live -= old.frame_len;
-        }
         at = start + f.slot.frame_len;
         out.valid_end = at;
-        if f.op == OP_PUT {
-            out.live += f.slot.frame_len;
-            out.index.insert(f.key, f.slot);
-        }
+        apply(&mut out.index, &mut out.live, f.op, f.key, f.slot);
     }
     Ok(out)
 }
@@ -170,16 +191,16 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
 /// The key a damaged frame at `at` names, if its head and key are whole and look like an id.
 fn named_key<S: Source + ?Sized>(src: &S, at: u64, to: u64) -> std::io::Result<Option<String>> {
     let mut len = [0u8; 1];
-    if at + 10 > to {
+    if at + FRAME_HEAD > to {
         return Ok(None);
     }
-    src.read_at(&mut len, at + 9)?;
+    src.read_at(&mut len, at + FRAME_HEAD - 1)?;
     let n = u64::from(len[0]);
-    if n == 0 || at + 10 + n > to {
+    if n == 0 || at + FRAME_HEAD + n > to {
         return Ok(None);
     }
     let mut key = vec![0u8; n as usize];
-    src.read_at(&mut key, at + 10)?;
+    src.read_at(&mut key, at + FRAME_HEAD)?;
     let plausible = key
         .iter()
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
@@ -212,10 +233,10 @@ fn frame_at<S: Source + ?Sized>(
     budget: &mut u64,
 ) -> std::io::Result<Option<Found>> {
     let size = src.size();
-    if at + 10 > size {
+    if at + FRAME_HEAD > size {
         return Ok(None);
     }
-    let mut head = [0u8; 10];
+    let mut head = [0u8; FRAME_HEAD as usize];
     src.read_at(&mut head, at)?;
     let len = u64::from(u32::from_le_bytes(head[0..4].try_into().expect("4 bytes")));
     let crc = u32::from_le_bytes(head[4..8].try_into().expect("4 bytes"));
@@ -234,7 +255,7 @@ fn frame_at<S: Source + ?Sized>(
     }
     *budget -= len;
     let mut key = vec![0u8; key_len as usize];
-    src.read_at(&mut key, at + 10)?;
+    src.read_at(&mut key, at + FRAME_HEAD)?;
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&head[8..10]);
     hasher.update(&key);
@@ -242,7 +263,7 @@ fn frame_at<S: Source + ?Sized>(
     let mut done = 0;
     while done < value_len {
         let n = (value_len - done).min(buf.len() as u64) as usize;
-        src.read_at(&mut buf[..n], at + 10 + key_len + done)?;
+        src.read_at(&mut buf[..n], at + FRAME_HEAD + key_len + done)?;
         hasher.update(&buf[..n]);
         done += n as u64;
     }
@@ -255,12 +276,7 @@ fn frame_at<S: Source + ?Sized>(
     Ok(Some(Found {
         op,
         key,
-        slot: Slot {
-            at,
-            frame_len: 8 + len,
-            value_at: at + 10 + key_len,
-            value_len: value_len as u32,
-        },
+        slot: Slot::new(at, key_len, value_len as u32),
     }))
 }
 
@@ -318,10 +334,9 @@ impl Journal {
             if let Some(dir) = path.parent() {
                 hostfs::sync_dir(dir).map_err(io)?;
             }
+            start = MAGIC.to_vec();
         }
-        let mut magic = [0u8; 8];
-        let read = file.read_exact_at(&mut magic, 0);
-        if read.is_err() || &magic != MAGIC {
+        if start != MAGIC {
             return Err(JournalError::NotAJournal {
                 path: path.to_path_buf(),
             });
@@ -438,20 +453,10 @@ impl Journal {
             return Err(self.io(source));
         }
         inner.end = at + f.len() as u64;
-        if let Some(old) = inner.index.remove(key) {
-            inner.live -= old.frame_len;
-        }
-        if op == OP_PUT {
-            let slot = Slot {
-                at,
-                frame_len: f.len() as u64,
-                value_at: at + 10 + key.len() as u64,
-                value_len: value.len() as u32,
-            };
-            inner.index.insert(key.to_string(), slot);
-            inner.live += slot.frame_len;
-        }
-        self.compact_if_sparse(&mut inner);
+        let slot = Slot::new(at, key.len() as u64, value.len() as u32);
+        let inner = &mut *inner;
+        apply(&mut inner.index, &mut inner.live, op, key.to_string(), slot);
+        self.compact_if_sparse(inner);
         Ok(())
     }
 
