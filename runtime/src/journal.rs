@@ -460,6 +460,38 @@ impl Journal {
         Ok(())
     }
 
+    /// Moves each `<key>.json` file in `dir` (older daemons kept a file per key) into the
+    /// journal, as it is, and removes the file once the journal holds it. Returns those it could
+    /// not move (unreadable, over the value cap, refused), with their key and why, for the
+    /// caller to deal with; they are left where they are.
+    pub fn take_files(&self, dir: &Path) -> Vec<(PathBuf, String, String)> {
+        let mut left = Vec::new();
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return left;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            let key = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let moved = read_capped(&p, u64::from(self.max_value))
+                .and_then(|bytes| self.put(&key, &bytes).map_err(|e| e.to_string()));
+            match moved {
+                Ok(()) => {
+                    if let Err(e) = std::fs::remove_file(&p) {
+                        tracing::warn!(path = %p.display(), error = %e, "removing a file moved into the journal");
+                    }
+                }
+                Err(why) => left.push((p, key, why)),
+            }
+        }
+        left
+    }
+
     fn io(&self, source: std::io::Error) -> JournalError {
         JournalError::Io {
             path: self.path.clone(),
@@ -515,6 +547,25 @@ impl Journal {
             }
         }
     }
+}
+
+/// The bytes of the file at `p`, up to `max`: a larger one is an error, and is not read.
+fn read_capped(p: &Path, max: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let f = File::open(p).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len > max {
+        return Err(format!("{len} bytes, over the {max}-byte cap"));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    // The length is rechecked while reading: the file may have grown since.
+    f.take(max + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > max {
+        return Err(format!("over the {max}-byte cap"));
+    }
+    Ok(buf)
 }
 
 /// Opens `path` to read and write, creating it root's alone (0600); `truncate` empties it.

@@ -268,31 +268,9 @@ impl RecordDir {
 
     /// Moves each `<id>.json` file into the journal; one that cannot be read goes to quarantine.
     fn migrate_files(&self, quarantined: &mut Vec<String>) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.extension().is_none_or(|x| x != "json") {
-                continue;
-            }
-            let stem = p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let moved = read_capped(&p)
-                .and_then(|bytes| self.journal.put(&stem, &bytes).map_err(|e| e.to_string()));
-            match moved {
-                Ok(()) => {
-                    if let Err(e) = std::fs::remove_file(&p) {
-                        tracing::warn!(path = %p.display(), error = %e, "removing a record moved into the journal");
-                    }
-                }
-                Err(error) => {
-                    self.quarantine(&p, &error);
-                    quarantined.push(stem);
-                }
-            }
+        for (p, id, error) in self.journal.take_files(&self.dir) {
+            self.quarantine(&p, &error);
+            quarantined.push(id);
         }
     }
 
@@ -345,25 +323,6 @@ impl RecordDir {
 
 /// The quarantine's directory name, beside `pods/` and `containers/`.
 pub const QUARANTINE: &str = "quarantine";
-
-/// The bytes of a record file, up to [`MAX_RECORD_BYTES`].
-fn read_capped(p: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(p).map_err(|e| e.to_string())?;
-    let len = f.metadata().map_err(|e| e.to_string())?.len();
-    if len > MAX_RECORD_BYTES {
-        return Err(format!("{len} bytes, over the {MAX_RECORD_BYTES}-byte cap"));
-    }
-    let mut buf = Vec::with_capacity(len as usize);
-    // The length is rechecked while reading: the file may have grown since.
-    f.take(MAX_RECORD_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
-    if buf.len() as u64 > MAX_RECORD_BYTES {
-        return Err(format!("over the {MAX_RECORD_BYTES}-byte cap"));
-    }
-    Ok(buf)
-}
 
 pub use crishim_proto::record::{now_nanos, write_atomic};
 

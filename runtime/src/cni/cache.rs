@@ -81,7 +81,11 @@ impl Cache {
             MAX_ENTRY_BYTES,
             &self.dir.join("quarantine"),
         )?;
-        move_files_into(&self.dir, &journal);
+        // Older daemons' `<id>.json` entries, as they are: a damaged one is reported when it is
+        // loaded, as before; one the journal cannot take is left where it is.
+        for (p, _, why) in journal.take_files(&self.dir) {
+            tracing::warn!(path = %p.display(), error = %why, "moving a CNI cache file into the journal");
+        }
         let journal = Arc::new(journal);
         *slot = Some(journal.clone());
         Ok(journal)
@@ -116,36 +120,6 @@ impl Cache {
     /// Removes the entry; a missing one is fine.
     pub fn remove(&self, id: &str) -> std::io::Result<()> {
         Ok(self.journal()?.remove(id)?)
-    }
-}
-
-/// Moves the `<id>.json` entries of older daemons into `journal`, as they are (a damaged one is
-/// reported when it is loaded, as before). One over the cap is left where it is.
-fn move_files_into(dir: &Path, journal: &Journal) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        let (Some(stem), Some("json")) = (
-            p.file_stem().and_then(|s| s.to_str()),
-            p.extension().and_then(|x| x.to_str()),
-        ) else {
-            continue;
-        };
-        let moved = match std::fs::metadata(&p) {
-            Ok(m) if m.len() <= u64::from(MAX_ENTRY_BYTES) => std::fs::read(&p)
-                .and_then(|data| Ok(journal.put(stem, &data)?))
-                .and_then(|()| std::fs::remove_file(&p)),
-            Ok(m) => Err(std::io::Error::other(format!(
-                "{} bytes, over the {MAX_ENTRY_BYTES}-byte cap",
-                m.len()
-            ))),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = moved {
-            tracing::warn!(path = %p.display(), error = %e, "moving a CNI cache file into the journal");
-        }
     }
 }
 
