@@ -249,6 +249,7 @@ impl Inner {
         let image_volumes = self
             .mount_image_volumes(id, &record.config, &bundle)
             .await?;
+        let pod_files = self.pod_files_dir(&pod.id);
         let mut spec = spec::build(&SpecInputs {
             container_id: id,
             config: &record.config,
@@ -257,9 +258,9 @@ impl Inner {
             rootfs: rootfs.clone(),
             namespaces: self.namespaces(pod, &record.config, userns.is_some())?,
             files: PodFiles {
-                hostname: Some(self.pod_files_dir(&pod.id).join("hostname")),
-                resolv_conf: Some(self.pod_files_dir(&pod.id).join("resolv.conf")),
-                hosts: Some(self.pod_files_dir(&pod.id).join("hosts")),
+                hostname: Some(pod_files.join("hostname")),
+                resolv_conf: Some(pod_files.join("resolv.conf")),
+                hosts: Some(pod_files.join("hosts")),
                 shm: pod.shm.clone(),
             },
             image_volumes: &image_volumes,

@@ -541,6 +541,7 @@ async fn pod_files_are_on_the_state_tmpfs_unless_an_older_daemon_put_them_under_
         inner.pod_files_dir("new"),
         state.join(crate::host_files::POD_FILES).join("new")
     );
+    assert_eq!(inner.pod_files_dir("new"), inner.state_pod_files_dir("new"));
     let legacy = node.dir.path().join("root/pods/old");
     std::fs::create_dir_all(&legacy).unwrap();
     assert_eq!(inner.pod_files_dir("old"), legacy);

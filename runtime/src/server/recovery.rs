@@ -58,9 +58,11 @@ impl Inner {
         for id in stray(self.config.root_dir.join("pods"), &pods) {
             let _ = std::fs::remove_dir_all(self.legacy_pod_files_dir(&id));
         }
-        let files = self.config.state_dir.join(crate::host_files::POD_FILES);
-        for id in stray(files.clone(), &pods) {
-            let _ = std::fs::remove_dir_all(files.join(&id));
+        for id in stray(
+            self.config.state_dir.join(crate::host_files::POD_FILES),
+            &pods,
+        ) {
+            let _ = std::fs::remove_dir_all(self.state_pod_files_dir(&id));
         }
     }
 }

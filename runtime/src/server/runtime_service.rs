@@ -203,6 +203,11 @@ impl Inner {
         if legacy.exists() {
             return legacy;
         }
+        self.state_pod_files_dir(pod_id)
+    }
+
+    /// Where this daemon keeps a pod's files: `<state_dir>/pod-files/<id>`.
+    pub(super) fn state_pod_files_dir(&self, pod_id: &str) -> PathBuf {
         self.config
             .state_dir
             .join(crate::host_files::POD_FILES)

@@ -38,7 +38,7 @@ impl Inner {
         phases.done("containers");
         for dir in [
             self.pod_state_dir(&pod.id),
-            self.pod_files_dir(&pod.id),
+            self.state_pod_files_dir(&pod.id),
             self.legacy_pod_files_dir(&pod.id),
         ] {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
