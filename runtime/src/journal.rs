@@ -29,6 +29,8 @@ const OP_PUT: u8 = 1;
 const OP_REMOVE: u8 = 2;
 /// Keys are record ids: 64 hex digits today.
 pub const MAX_KEY: usize = 255;
+/// Damaged ranges copied to quarantine at one open; any more are only counted in the log.
+const MAX_KEPT_DAMAGE: usize = 16;
 /// Rewrite only past this size, so small journals are never rewritten.
 const COMPACT_AT: u64 = 1 << 20;
 
@@ -343,8 +345,16 @@ impl Journal {
         }
         let size = file.metadata().map_err(io)?.len();
         let replay = replay(&FileSource(&file, size), max_value).map_err(io)?;
-        for &(from, to) in &replay.damaged {
+        for &(from, to) in replay.damaged.iter().take(MAX_KEPT_DAMAGE) {
             keep_damage(path, &file, from, to, quarantine);
+        }
+        if replay.damaged.len() > MAX_KEPT_DAMAGE {
+            tracing::warn!(
+                journal = %path.display(),
+                ranges = replay.damaged.len(),
+                kept = MAX_KEPT_DAMAGE,
+                "the journal had more damaged ranges than are kept in quarantine"
+            );
         }
         let journal = Journal {
             path: path.to_path_buf(),
@@ -758,6 +768,20 @@ mod tests {
         let j = f.open();
         assert_eq!(j.keys().len(), 2);
         assert_eq!(f.kept().len(), 1);
+    }
+
+    #[test]
+    fn damage_between_every_frame_fills_quarantine_with_at_most_its_cap() {
+        let f = fixture();
+        let mut bytes = MAGIC.to_vec();
+        for i in 0..100 {
+            bytes.extend_from_slice(&frame(OP_PUT, &format!("k{i}"), b"v"));
+            bytes.push(0xff);
+        }
+        std::fs::write(&f.path, &bytes).unwrap();
+        let j = f.open();
+        assert_eq!(j.keys().len(), 100);
+        assert_eq!(f.kept().len(), MAX_KEPT_DAMAGE);
     }
 
     #[test]
