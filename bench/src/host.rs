@@ -16,6 +16,32 @@ pub fn loadavg() -> [f64; 3] {
     [(); 3].map(|_| f.next().unwrap_or(f64::NAN))
 }
 
+/// The node's busy CPU time so far (all CPUs, idle and I/O wait left out), in clock ticks, from
+/// `/proc/stat`; None where it cannot be read.
+pub fn busy_ticks() -> Option<u64> {
+    parse_busy_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The `cpu` line's user, nice, system, irq, softirq and steal (guest time is inside user).
+fn parse_busy_ticks(stat: &str) -> Option<u64> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal
+    Some([0, 1, 2, 5, 6, 7].iter().map(|&i| at(i)).sum())
+}
+
+/// Milliseconds per `/proc/stat` clock tick.
+pub fn ms_per_tick() -> f64 {
+    // SAFETY: plain libc call.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    1000.0 / if hz > 0 { hz as f64 } else { 100.0 }
+}
+
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -242,4 +268,21 @@ pub fn tail(s: &str, max: usize) -> &str {
         start += 1;
     }
     &s[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_busy_ticks;
+
+    #[test]
+    fn busy_ticks_leave_out_idle_iowait_and_guest() {
+        let stat = "cpu  100 2 30 5000 40 3 4 5 77 0\ncpu0 1 1 1 1 1 1 1 1 0 0\nintr 1\n";
+        assert_eq!(parse_busy_ticks(stat), Some(100 + 2 + 30 + 3 + 4 + 5));
+    }
+
+    #[test]
+    fn a_stat_without_a_cpu_line_or_with_garbage_reads_as_none() {
+        assert_eq!(parse_busy_ticks("intr 1\n"), None);
+        assert_eq!(parse_busy_ticks("cpu  1 x 3\n"), None);
+    }
 }

@@ -81,6 +81,9 @@ pub struct PodStart {
 pub struct Burst {
     pub concurrency: usize,
     pub wall_ms: f64,
+    /// The node's busy CPU time over the burst, all processes (the client's too), per pod: the
+    /// burst keeps every core busy, so this is what its wall time is made of.
+    pub node_cpu_ms_per_pod: f64,
     pub pods: Vec<PodStart>,
 }
 
@@ -348,10 +351,17 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         .into_iter()
         .map(Arc::new)
         .collect();
+    let busy_before = host::busy_ticks();
     let (burst_pods, timings, wall) = burst(cri, &specs, plan.concurrency).await?;
+    let busy = busy_before
+        .zip(host::busy_ticks())
+        .map(|(a, b)| b.saturating_sub(a));
     r.burst = Burst {
         concurrency: plan.concurrency,
         wall_ms: ms(wall),
+        node_cpu_ms_per_pod: busy.map_or(f64::NAN, |t| {
+            t as f64 * host::ms_per_tick() / specs.len().max(1) as f64
+        }),
         pods: timings,
     };
     remove_all(cri, &burst_pods, plan.concurrency).await?;

@@ -72,6 +72,9 @@ fn figures() -> Vec<Figure> {
             percentile(&col(&r.burst.pods, |p| p.total_ms), 90.0)
         }),
         ("burst: wall", Unit::Ms, Some(0.25), |r| r.burst.wall_ms),
+        ("burst: node CPU per pod", Unit::Ms, None, |r| {
+            r.burst.node_cpu_ms_per_pod
+        }),
         ("ExecSync p50", Unit::Ms, Some(0.25), |r| {
             percentile(&r.exec_ms, 50.0)
         }),
