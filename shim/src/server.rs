@@ -47,7 +47,15 @@ pub fn serve(
         let shim: Shared = Rc::new(RefCell::new(shim));
         tokio::task::spawn_local(crate::reaper::run(shim.clone()));
         if let Some(mut r) = ready.take() {
-            let _ = r.write_all(b"ok\n");
+            let _ = r.write_all(format!("ok {infra_pid}\n").as_bytes());
+        }
+        // What the pod's first create needs, built while the daemon runs the CNI ADD.
+        if shim.borrow().prepare_first_view() {
+            let shim = shim.clone();
+            tokio::task::spawn_local(async move {
+                tokio::time::sleep(crate::lean_ns::SPARE_VIEW_MAX_AGE).await;
+                shim.borrow().drop_spare_view();
+            });
         }
         accept(listener, shim).await
     })
@@ -141,13 +149,6 @@ async fn connection(shim: Shared, conn: UnixStream) {
     // Off the reply's path: the client has its answer.
     release_unused_stack();
     shim.borrow().build_lean_from_view();
-    if shim.borrow().prepare_first_view() {
-        let shim = shim.clone();
-        tokio::task::spawn_local(async move {
-            tokio::time::sleep(crate::lean_ns::SPARE_VIEW_MAX_AGE).await;
-            shim.borrow().drop_spare_view();
-        });
-    }
     // A foreground shim ends with its container, restoring the caller's terminal on the way.
     if exit && !shim.borrow().foreground {
         let dir = shim.borrow().dir.clone();

@@ -1,9 +1,11 @@
-//! Daemonize: fork, detach into a new session, and report readiness to the parent through a pipe, so
-//! the daemon's spawn returns only once the shim can take requests (or with the reason it cannot).
-//! A pod's shim gets `--infra`; a detached bundle's (`crishim bundle create`) does not.
+//! Detach into a new session and report readiness (`ok <infra pid>`, or `error: <why>`) once the
+//! shim can take requests. With `--ready-stdout` (the daemon's pod shims) the report goes to stdout
+//! and this process is the shim: the caller reads one line and does not wait for it. Without it
+//! (`crishim bundle create`), the shim forks and the parent exits once the child is ready.
+//! A pod's shim gets `--infra`; a detached bundle's does not.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd as _, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
@@ -14,10 +16,12 @@ pub fn run(args: &[String]) -> ! {
     let mut dir = None;
     let mut infra = None;
     let mut oci = None;
+    let mut ready_stdout = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dir" => dir = it.next().map(PathBuf::from),
+            "--ready-stdout" => ready_stdout = true,
             "--infra" => infra = it.next().map(|s| serde_json::from_str::<InfraSpec>(s)),
             "--oci-runtime" => oci = it.next().map(|s| serde_json::from_str::<OciRuntimeSpec>(s)),
             "--seccomp-cache" => match it.next() {
@@ -54,6 +58,16 @@ pub fn run(args: &[String]) -> ! {
             fail(&format!("recording the OCI runtime: {e}"));
         }
     }
+    if ready_stdout {
+        // The caller reads the ready line and does not wait for this process: no fork needed.
+        // A close-on-exec copy: the infra process and containers must not hold it open.
+        let ready = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map(std::fs::File::from)
+            .unwrap_or_else(|e| fail(&format!("dup: {e}")));
+        serve_detached(dir, infra, oci, ready)
+    }
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
     // SAFETY: single-threaded at this point; the child only calls async-signal-safe code until it
@@ -74,21 +88,32 @@ pub fn run(args: &[String]) -> ! {
         }
         Ok(ForkResult::Child) => {
             drop(r);
-            let _ = setsid();
-            redirect_stdio(&dir);
-            let mut ready = Some(std::fs::File::from(w));
-            match crate::server::serve(dir.clone(), infra, oci, &mut ready) {
-                Ok(()) => std::process::exit(0),
-                Err(e) => {
-                    if let Some(mut r) = ready {
-                        let _ = r.write_all(format!("error: {e}").as_bytes());
-                    }
-                    eprintln!("crishim-shim: {e}");
-                    std::process::exit(1);
-                }
-            }
+            serve_detached(dir, infra, oci, std::fs::File::from(w))
         }
         Err(e) => fail(&format!("fork: {e}")),
+    }
+}
+
+/// In a session of our own, with stdio off the caller's: serve, reporting `ok <infra pid>` or
+/// `error: <why>` on `ready`.
+fn serve_detached(
+    dir: PathBuf,
+    infra: Option<InfraSpec>,
+    oci: Option<OciRuntimeSpec>,
+    ready: std::fs::File,
+) -> ! {
+    let _ = setsid();
+    redirect_stdio(&dir);
+    let mut ready = Some(ready);
+    match crate::server::serve(dir, infra, oci, &mut ready) {
+        Ok(()) => std::process::exit(0),
+        Err(e) => {
+            if let Some(mut r) = ready {
+                let _ = r.write_all(format!("error: {e}").as_bytes());
+            }
+            eprintln!("crishim-shim: {e}");
+            std::process::exit(1);
+        }
     }
 }
 

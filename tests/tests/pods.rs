@@ -1761,19 +1761,25 @@ async fn a_shims_stack_stays_small_after_create_and_exec() {
     assert_eq!(d.exec_ok(&id, &["echo", "x"]).await, "x\n");
     let shim = shims(d);
     assert_eq!(shim.len(), 1, "{shim:#?}");
-    let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", shim[0].pid)).unwrap();
-    let stack_rss_kib: u64 = smaps
-        .split_inclusive('\n')
-        .skip_while(|l| !l.trim_end().ends_with("[stack]"))
-        .find_map(|l| l.strip_prefix("Rss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("the shim's [stack] in smaps");
+    let stack_rss_kib = || -> u64 {
+        let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", shim[0].pid)).unwrap();
+        smaps
+            .split_inclusive('\n')
+            .skip_while(|l| !l.trim_end().ends_with("[stack]"))
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("the shim's [stack] in smaps")
+    };
     // Tests run a debug build, whose live frames alone take some 40 KiB; before the release the
-    // stack held over 200 KiB there (and about 80 KiB in a release build).
-    assert!(
-        stack_rss_kib <= 96,
-        "the shim keeps {stack_rss_kib} KiB of stack resident"
-    );
+    // stack held over 200 KiB there (and about 80 KiB in a release build). The shim releases it
+    // just after its reply, so allow it a moment.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut kib = stack_rss_kib();
+    while kib > 96 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        kib = stack_rss_kib();
+    }
+    assert!(kib <= 96, "the shim keeps {kib} KiB of stack resident");
     d.stop_pod(&pod).await.unwrap();
     d.remove_pod(&pod).await.unwrap();
     env.stop();
@@ -2012,6 +2018,57 @@ async fn a_missing_executable_is_a_start_error() {
     env.d.remove_container(&id).await.expect("RemoveContainer");
     env.d.stop_pod(&pod).await.expect("StopPodSandbox");
     env.d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    env.stop();
+}
+
+/// A shim that cannot start the pod's infra process (here: no `crishim-pause` beside it) fails
+/// RunPodSandbox with its reason, and leaves no shim, pod, mount or file behind.
+#[tokio::test]
+async fn a_shim_that_cannot_start_the_infra_fails_the_pod_with_why_and_leaves_nothing() {
+    let bin = tempfile::tempdir().expect("tempdir");
+    let shim = bin.path().join("crishim-shim");
+    let real = crishim_tests::daemon::daemon_bin().with_file_name("crishim-shim");
+    if std::fs::hard_link(&real, &shim).is_err() {
+        std::fs::copy(&real, &shim).expect("copying crishim-shim");
+    }
+    let opts = DaemonOptions::new().extra_toml(&format!(
+        "shim_binary = {}\n",
+        serde_json::to_string(&shim.to_string_lossy()).unwrap()
+    ));
+    let env = PodEnv::start_with(opts).await;
+    let d = &env.d;
+    let before_paths = id_named_paths(d);
+    let before_mounts: BTreeSet<String> =
+        mounts_under(d.dir()).into_iter().map(|m| m.line).collect();
+
+    let cfg = env.pod_config("no-infra");
+    let e = d.run_pod(&cfg).await.unwrap_err();
+    assert_eq!(e.code(), Code::Internal, "{e:?}");
+    assert!(
+        e.message().contains("starting the pod's shim failed")
+            && e.message()
+                .contains(&bin.path().join("crishim-pause").display().to_string()),
+        "{e:?}"
+    );
+    assert!(d.list_pod_ids(None).await.unwrap().is_empty());
+    let left = wait_gone(&shims(d), Duration::from_secs(5)).await;
+    assert!(left.is_empty(), "shims left: {left:#?}");
+    let new_paths: Vec<_> = id_named_paths(d)
+        .difference(&before_paths)
+        .cloned()
+        .collect();
+    assert!(
+        new_paths.is_empty(),
+        "the failed pod left files: {new_paths:#?}"
+    );
+    let new_mounts: Vec<_> = mounts_under(d.dir())
+        .into_iter()
+        .filter(|m| !before_mounts.contains(&m.line))
+        .collect();
+    assert!(
+        new_mounts.is_empty(),
+        "the failed pod left mounts: {new_mounts:#?}"
+    );
     env.stop();
 }
 

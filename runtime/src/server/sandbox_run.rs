@@ -3,6 +3,10 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
@@ -11,7 +15,7 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
-use super::runtime_service::{Inner, RuntimeService};
+use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
 use crishim_proto::shown::shown;
@@ -82,6 +86,9 @@ impl RuntimeService {
                     let _ = inner.store.delete_pod(&pod);
                 }
                 inner.drop_spare_netns_if_idle();
+                // After the teardown unmounted its /dev/shm: the shim's directory (its log, pid
+                // file, socket) goes too, or each failed start (the kubelet retries) leaves one.
+                let _ = std::fs::remove_dir_all(inner.pod_state_dir(&id));
                 let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
                 inner.store.release_name(&name, &id);
                 Err(e)
@@ -422,31 +429,50 @@ impl Inner {
             let json = serde_json::to_string(&oci).map_err(|e| Status::internal(e.to_string()))?;
             cmd.arg("--oci-runtime").arg(json);
         }
-        let out = cmd
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
+        // The shim reports `ok <infra pid>` on its stdout once its socket takes requests, and
+        // stays this process (no daemonizing fork); dropped, the child is reaped by tokio when
+        // it exits.
+        let mut child = cmd
+            .arg("--ready-stdout")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .map_err(|e| {
                 Status::internal(format!("running shim {}: {e}", self.shim_binary.display()))
             })?;
-        if !out.status.success() {
-            return Err(Status::internal(format!(
-                "starting the pod's shim failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+        let mut line = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            let mut out = tokio::io::BufReader::new(out.take(SHIM_READY_MAX as u64));
+            let read = out.read_until(b'\n', &mut line);
+            if tokio::time::timeout(SHIM_TIMEOUT, read).await.is_err() {
+                let _ = child.start_kill();
+                return Err(Status::internal(format!(
+                    "the pod's shim did not report ready in {}s",
+                    SHIM_TIMEOUT.as_secs()
+                )));
+            }
         }
-        match self
-            .shim_call(
-                id,
-                &crishim_proto::shim::Request::Ping,
-                super::runtime_service::SHIM_TIMEOUT,
-            )
-            .await?
-        {
-            crishim_proto::shim::Response::Pong { infra_pid, .. } if infra_pid > 0 => Ok(infra_pid),
-            other => Err(Status::internal(format!(
-                "shim did not report an infra process: {other:?}"
-            ))),
+        match parse_shim_ready(&line) {
+            Ok(pid) => Ok(pid),
+            Err(why) => {
+                let _ = child.start_kill();
+                let mut err = Vec::new();
+                if let Some(e) = child.stderr.take() {
+                    let mut e = e.take(SHIM_READY_MAX as u64);
+                    let read = e.read_to_end(&mut err);
+                    let _ = tokio::time::timeout(Duration::from_secs(1), read).await;
+                }
+                let stderr = String::from_utf8_lossy(&err);
+                let detail = [why.as_str(), stderr.trim()]
+                    .into_iter()
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                Err(Status::internal(format!(
+                    "starting the pod's shim failed: {detail}"
+                )))
+            }
         }
     }
 }
@@ -521,6 +547,25 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
     s
 }
 
+/// At most this much of a starting shim's stdout (its ready line) and stderr is read.
+const SHIM_READY_MAX: usize = 16 * 1024;
+
+/// The infra pid from a shim's ready report (the first line of its stdout: `ok <pid>`);
+/// otherwise why it did not start.
+fn parse_shim_ready(out: &[u8]) -> Result<i32, String> {
+    let text = String::from_utf8_lossy(out);
+    let text = text.trim();
+    if let Some(why) = text.strip_prefix("error:") {
+        return Err(why.trim().to_string());
+    }
+    match text.strip_prefix("ok").map(|p| p.trim().parse::<i32>()) {
+        Some(Ok(pid)) if pid > 0 => Ok(pid),
+        Some(_) => Err(format!("shim did not report an infra process: {text:?}")),
+        None if text.is_empty() => Err("shim exited before it was ready".into()),
+        None => Err(format!("unexpected ready report {text:?}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -548,6 +593,25 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_shims_ready_report_gives_the_infra_pid_or_why_it_did_not_start() {
+        assert_eq!(parse_shim_ready(b"ok 4242\n"), Ok(4242));
+        assert_eq!(
+            parse_shim_ready(b"error: spawning the infra process: ENOENT"),
+            Err("spawning the infra process: ENOENT".into())
+        );
+        let refused = |out: &[u8]| parse_shim_ready(out).unwrap_err();
+        assert!(refused(b"").contains("exited before it was ready"));
+        for bad in [&b"ok 0\n"[..], b"ok -3\n", b"ok 99999999999\n", b"ok\n"] {
+            assert!(
+                refused(bad).contains("infra"),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(refused(b"\xff\xfe garbage").contains("unexpected ready report"));
     }
 
     #[test]
