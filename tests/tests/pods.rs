@@ -1487,6 +1487,31 @@ fn id_named_paths(d: &Daemon) -> BTreeSet<PathBuf> {
     out
 }
 
+/// The daemon's id-named files and the mounts under its directory, to compare before and after
+/// something that must leave nothing.
+struct Footprint {
+    paths: BTreeSet<PathBuf>,
+    mounts: BTreeSet<String>,
+}
+
+impl Footprint {
+    fn of(d: &Daemon) -> Footprint {
+        Footprint {
+            paths: id_named_paths(d),
+            mounts: mounts_under(d.dir()).into_iter().map(|m| m.line).collect(),
+        }
+    }
+
+    /// Asserts `d` has no file or mount that was not there before; `what` names the cause.
+    fn assert_nothing_new(&self, d: &Daemon, what: &str) {
+        let now = Footprint::of(d);
+        let paths: Vec<_> = now.paths.difference(&self.paths).collect();
+        assert!(paths.is_empty(), "{what} left files: {paths:#?}");
+        let mounts: Vec<_> = now.mounts.difference(&self.mounts).collect();
+        assert!(mounts.is_empty(), "{what} left mounts: {mounts:#?}");
+    }
+}
+
 #[tokio::test]
 async fn garbage_container_configs_are_invalid_argument_and_leave_nothing() {
     let env = PodEnv::start().await;
@@ -1500,9 +1525,7 @@ async fn garbage_container_configs_are_invalid_argument_and_leave_nothing() {
     let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
     let mut traces = PodTraces::new(&pod, &cfg);
     traces.capture(d).await;
-    let before_paths = id_named_paths(d);
-    let before_mounts: BTreeSet<String> =
-        mounts_under(d.dir()).into_iter().map(|m| m.line).collect();
+    let before = Footprint::of(d);
 
     let good = env.container_config("g", &["/bin/sh", "-c", LOOP_UNTIL_TERM]);
     let token = random_hex(6);
@@ -1551,22 +1574,7 @@ async fn garbage_container_configs_are_invalid_argument_and_leave_nothing() {
     for e in &escapes {
         assert!(!e.exists(), "a refused log path created {}", e.display());
     }
-    let new_paths: Vec<_> = id_named_paths(d)
-        .difference(&before_paths)
-        .cloned()
-        .collect();
-    assert!(
-        new_paths.is_empty(),
-        "refused containers left files: {new_paths:#?}"
-    );
-    let new_mounts: Vec<_> = mounts_under(d.dir())
-        .into_iter()
-        .filter(|m| !before_mounts.contains(&m.line))
-        .collect();
-    assert!(
-        new_mounts.is_empty(),
-        "refused containers left mounts: {new_mounts:#?}"
-    );
+    before.assert_nothing_new(d, "refused containers");
 
     // The pod is unharmed: a good container still runs.
     let id = d
@@ -2037,9 +2045,7 @@ async fn a_shim_that_cannot_start_the_infra_fails_the_pod_with_why_and_leaves_no
     ));
     let env = PodEnv::start_with(opts).await;
     let d = &env.d;
-    let before_paths = id_named_paths(d);
-    let before_mounts: BTreeSet<String> =
-        mounts_under(d.dir()).into_iter().map(|m| m.line).collect();
+    let before = Footprint::of(d);
 
     let cfg = env.pod_config("no-infra");
     let e = d.run_pod(&cfg).await.unwrap_err();
@@ -2053,22 +2059,7 @@ async fn a_shim_that_cannot_start_the_infra_fails_the_pod_with_why_and_leaves_no
     assert!(d.list_pod_ids(None).await.unwrap().is_empty());
     let left = wait_gone(&shims(d), Duration::from_secs(5)).await;
     assert!(left.is_empty(), "shims left: {left:#?}");
-    let new_paths: Vec<_> = id_named_paths(d)
-        .difference(&before_paths)
-        .cloned()
-        .collect();
-    assert!(
-        new_paths.is_empty(),
-        "the failed pod left files: {new_paths:#?}"
-    );
-    let new_mounts: Vec<_> = mounts_under(d.dir())
-        .into_iter()
-        .filter(|m| !before_mounts.contains(&m.line))
-        .collect();
-    assert!(
-        new_mounts.is_empty(),
-        "the failed pod left mounts: {new_mounts:#?}"
-    );
+    before.assert_nothing_new(d, "the failed pod");
     env.stop();
 }
 
