@@ -29,6 +29,17 @@ pub struct InfraSpec {
     /// The SELinux label the infra process runs under, where the node has SELinux.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selinux_label: Option<String>,
+    /// The pod's uid (its metadata's), where it can name a directory: the kubelet keeps the
+    /// pod's volumes under `/var/lib/kubelet/pods/<uid>`, which a create's view keeps while it
+    /// drops the other pods'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+}
+
+/// Whether `uid` can name a directory of its own: 1 to 64 ASCII letters, digits and `-` (a
+/// Kubernetes uid is a UUID).
+pub fn is_dir_safe_uid(uid: &str) -> bool {
+    (1..=64).contains(&uid.len()) && uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -81,6 +81,9 @@ pub struct Shim {
     spare_view: RefCell<Option<CreateView>>,
     /// Whether a spare view was tried: once per shim.
     spare_tried: std::cell::Cell<bool>,
+    /// The kubelet's directory for this pod (from its uid): a create's view keeps it and drops
+    /// the other pods' volumes. `None`: the view keeps every pod's volumes.
+    pub kubelet_dir: Option<PathBuf>,
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
@@ -163,6 +166,7 @@ impl Shim {
             pending_view: RefCell::new(None),
             spare_view: RefCell::new(None),
             spare_tried: std::cell::Cell::new(false),
+            kubelet_dir: None,
         }
     }
 
@@ -204,7 +208,8 @@ impl Shim {
         else {
             return false;
         };
-        let view = CreateView::build_spare(&state, &keep, &self.view_work());
+        let drops = self.view_drops(&state, &[]);
+        let view = CreateView::build_spare(&state, &drops, &keep, &self.view_work());
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built
@@ -215,14 +220,20 @@ impl Shim {
         self.spare_view.borrow_mut().take();
     }
 
-    /// What a create's view keeps below the state directory: the pod's directory, its network
-    /// namespace and, when known, the container's bundle.
+    /// What a create's view keeps below the roots it drops: the pod's directory, its network
+    /// namespace, its kubelet directory and, when known, the container's bundle.
     fn view_keep(&self, bundle: Option<&Path>) -> Option<Vec<PathBuf>> {
         let state = lean_ns::state_dir(&self.dir)?;
         let pod = self.dir.file_name()?;
         let mut keep = vec![self.dir.clone(), state.join("netns").join(pod)];
+        keep.extend(self.kubelet_dir.clone());
         keep.extend(bundle.map(Path::to_path_buf));
         Some(keep)
+    }
+
+    /// Below which roots a create's view drops mounts, for a container binding `sources`.
+    fn view_drops(&self, state: &Path, sources: &[PathBuf]) -> Vec<PathBuf> {
+        lean_ns::create_view_drops(state, self.kubelet_dir.is_some(), sources)
     }
 
     fn view_work(&self) -> PathBuf {
@@ -470,11 +481,12 @@ impl Shim {
         let state_dir = lean_ns::state_dir(&self.dir).filter(|_| !propagates_back);
         let built = match (state_dir, self.view_keep(Some(&own_bundle))) {
             (Some(state), Some(keep)) => {
+                let drops = self.view_drops(&state, &seen_sources);
                 let mut same = vec![own_bundle.clone(), self.lc_root.clone()];
                 same.extend(seen_sources);
                 let (built, view) = lean_ns::with_create_view(
                     spare,
-                    &state,
+                    &drops,
                     &keep,
                     &self.view_work(),
                     &same,

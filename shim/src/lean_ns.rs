@@ -11,10 +11,11 @@
 //! it sees the same files (the state directory's own files are there, its submounts are not), the
 //! same cgroup hierarchies and `/proc`.
 //!
-//! A create runs in a view of its own ([`with_create_view`]): the pod's first, in one the shim
-//! built while the daemon ran the pod's CNI ADD, where the container's rootfs and volumes reached
-//! it since; any other, in one built for it. Start stays in the shim's own namespace, as its
-//! hooks run with the host's view.
+//! A create runs in a view of its own ([`with_create_view`]) without the other pods' mounts and,
+//! where the pod's uid is known, their kubelet volumes: the pod's first, in one the shim built
+//! while the daemon ran the pod's CNI ADD, where the container's rootfs and volumes reached it
+//! since; any other, in one built for it. Start stays in the shim's own namespace, as its hooks
+//! run with the host's view.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -176,38 +177,64 @@ pub const SPARE_VIEW_MAX_AGE: Duration = Duration::from_secs(10);
 pub struct CreateView {
     ns: File,
     built: Instant,
+    /// The roots below which it dropped mounts.
+    dropped_below: Vec<PathBuf>,
+}
+
+/// The kubelet's directory for the pod with this uid (its volumes are below it); `None` for a
+/// uid that cannot name one.
+pub fn kubelet_pod_dir(uid: &str) -> Option<PathBuf> {
+    crishim_proto::shim::is_dir_safe_uid(uid).then(|| Path::new(KUBELET_PODS).join(uid))
+}
+
+/// Below which roots a create's view drops the node's mounts: the state directory (the other
+/// pods' rootfs, /dev/shm and network namespaces) and, with `kubelet` (the pod's own kubelet
+/// directory is kept), the kubelet's pod volumes. A root at or below one of `sources` (what the
+/// container binds: a node agent may bind `/var/lib/kubelet`) is not dropped, so that the
+/// container gets all that lies below what it binds, as on the node.
+pub fn create_view_drops(state_dir: &Path, kubelet: bool, sources: &[PathBuf]) -> Vec<PathBuf> {
+    let mut roots = vec![state_dir.to_path_buf()];
+    if kubelet {
+        roots.push(PathBuf::from(KUBELET_PODS));
+    }
+    roots.retain(|r| !sources.iter().any(|s| r.starts_with(s)));
+    roots
 }
 
 impl CreateView {
-    /// Build a view of the node's mounts without those strictly below `state_dir` but not at or
-    /// below `keep`, rooted at `work` inside it, from this thread's namespace, which it ends in
-    /// again. `None` where it would drop fewer than [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot
-    /// be built.
-    pub fn build(state_dir: &Path, keep: &[PathBuf], work: &Path) -> Option<CreateView> {
-        Self::build_with(state_dir, keep, work, false)
+    /// Build a view of the node's mounts without those strictly below `drop_below` (see
+    /// [`create_view_drops`]) but not at or below `keep`, rooted at `work` inside it, from this
+    /// thread's namespace, which it ends in again. `None` where it would drop fewer than
+    /// [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot be built.
+    pub fn build(drop_below: &[PathBuf], keep: &[PathBuf], work: &Path) -> Option<CreateView> {
+        Self::build_with(None, drop_below, keep, work)
     }
 
-    /// [`build`](Self::build) ahead of the create, which mounts its rootfs after: `None` too where
-    /// the state directory's mount is in no peer group, as no later mount below it would reach
-    /// the view.
-    pub fn build_spare(state_dir: &Path, keep: &[PathBuf], work: &Path) -> Option<CreateView> {
-        Self::build_with(state_dir, keep, work, true)
+    /// [`build`](Self::build) ahead of the create, which mounts its rootfs below `state_dir`
+    /// after: `None` too where the state directory's mount is in no peer group, as no later
+    /// mount below it would reach the view.
+    pub fn build_spare(
+        state_dir: &Path,
+        drop_below: &[PathBuf],
+        keep: &[PathBuf],
+        work: &Path,
+    ) -> Option<CreateView> {
+        Self::build_with(Some(state_dir), drop_below, keep, work)
     }
 
     fn build_with(
-        state_dir: &Path,
+        spare_of: Option<&Path>,
+        drop_below: &[PathBuf],
         keep: &[PathBuf],
         work: &Path,
-        spare: bool,
     ) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
         let mounts = mountinfo::read();
-        if spare && !holder(&mounts, state_dir).is_some_and(|m| m.shared) {
+        if spare_of.is_some_and(|state| !holder(&mounts, state).is_some_and(|m| m.shared)) {
             return None;
         }
-        let drop_below = [state_dir.to_path_buf()];
         let prune = Prune {
-            drop_below: &drop_below,
+            drop_below,
             keep,
             drop_types: false,
         };
@@ -223,6 +250,7 @@ impl CreateView {
             Ok(ns) => Some(CreateView {
                 ns,
                 built: Instant::now(),
+                dropped_below: drop_below.to_vec(),
             }),
             Err(e) => {
                 eprintln!("crishim-shim: building a create's mount view ({e})");
@@ -269,21 +297,23 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 }
 
 /// Run `f`, a container's create, in a view of the node's mounts without the other pods'
-/// (those strictly below `state_dir` but not at or below `keep`: this pod's and this
-/// container's directories). libcontainer's create reads `/proc/self/mountinfo` about fifteen
-/// times (its cgroup lookups and rootfs checks), copies the namespace into the container's and
-/// detaches the copy at `pivot_root`, all in proportion to the mounts it sees; the node's other
-/// mounts (volumes, devices, driver libraries) stay, and stay slaves of the node's, so mounts
-/// made on the node later still reach the container.
+/// (those strictly below `drop_below`, from [`create_view_drops`], but not at or below `keep`:
+/// this pod's and this container's directories). libcontainer's create reads
+/// `/proc/self/mountinfo` about fifteen times (its cgroup lookups and rootfs checks), copies the
+/// namespace into the container's and detaches the copy at `pivot_root`, all in proportion to the
+/// mounts it sees; the node's other mounts (devices, driver libraries, the pod's own volumes)
+/// stay, and stay slaves of the node's, so mounts made on the node later still reach the
+/// container.
 ///
-/// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young and
-/// each of `same` (the rootfs, the bind mounts' sources, the bundle) is the same file in it as
-/// in the shim's namespace; otherwise one built now in `work`. Where none can be built, or it
+/// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young,
+/// dropped nothing this create keeps, and each of `same` (the rootfs, the bind mounts' sources,
+/// the bundle) is the same file in it as in the shim's namespace; otherwise one built now in
+/// `work`. Where none can be built, or it
 /// would drop few mounts, `f` runs in the shim's namespace. Returns the view too, when one was
 /// used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
-    state_dir: &Path,
+    drop_below: &[PathBuf],
     keep: &[PathBuf],
     work: &Path,
     same: &[PathBuf],
@@ -295,9 +325,11 @@ pub fn with_create_view<T>(
     let ids = identities(same);
     let entered = spare
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
+        // A spare that dropped what this container binds (from above) would hide it.
+        .filter(|v| v.dropped_below.iter().all(|r| drop_below.contains(r)))
         .filter(|v| v.enter_if_same(&host, same, &ids))
         .or_else(|| {
-            CreateView::build(state_dir, keep, work).filter(|v| v.enter_if_same(&host, same, &ids))
+            CreateView::build(drop_below, keep, work).filter(|v| v.enter_if_same(&host, same, &ids))
         });
     let Some(view) = entered else {
         return (f(), None);
@@ -479,6 +511,74 @@ garbage line
         assert!(!kept.contains(&PathBuf::from("/run/crishim/netns/p1")));
     }
 
+    /// With the pod's kubelet directory known, a create's view drops the other pods' volumes
+    /// and keeps its own.
+    #[test]
+    fn a_create_view_keeps_its_own_kubelet_volumes_and_drops_the_other_pods() {
+        let drops = create_view_drops(Path::new("/run/crishim"), true, &[]);
+        assert_eq!(
+            drops,
+            [PathBuf::from("/run/crishim"), PathBuf::from(KUBELET_PODS)]
+        );
+        let kept_with = |own: &str| {
+            let keep = [
+                PathBuf::from("/run/crishim/pods/p1"),
+                kubelet_pod_dir(own).unwrap(),
+            ];
+            let prune = Prune {
+                drop_below: &drops,
+                keep: &keep,
+                drop_types: false,
+            };
+            plan(&mountinfo::parse(INFO), &prune).0
+        };
+        let token = PathBuf::from("/var/lib/kubelet/pods/u1/volumes/token");
+        assert!(kept_with("u1").contains(&token));
+        let other = kept_with("u2");
+        assert!(!other.contains(&token), "{other:?}");
+        // The mount at the kubelet's pods directory itself is not below it.
+        assert!(other.contains(&PathBuf::from(KUBELET_PODS)));
+    }
+
+    /// A container that binds a dropped root or a directory above it (a node agent binding
+    /// `/var/lib/kubelet`, or `/`) gets everything below it: that root is not dropped.
+    #[test]
+    fn a_view_drops_nothing_below_what_the_container_binds() {
+        let state = Path::new("/run/crishim");
+        let drops = |sources: &[&str]| {
+            let sources: Vec<PathBuf> = sources.iter().map(PathBuf::from).collect();
+            create_view_drops(state, true, &sources)
+        };
+        let kubelet = PathBuf::from(KUBELET_PODS);
+        assert_eq!(drops(&["/var/lib/kubelet"]), [state.to_path_buf()]);
+        assert_eq!(drops(&[KUBELET_PODS]), [state.to_path_buf()]);
+        assert_eq!(drops(&["/run"]), std::slice::from_ref(&kubelet));
+        assert!(drops(&["/"]).is_empty());
+        // Its own volumes, the pod's files and the rootfs are below the roots, not above.
+        assert_eq!(
+            drops(&[
+                "/var/lib/kubelet/pods/u1/volumes/token",
+                "/run/crishim/containers/c1/rootfs",
+            ]),
+            [state.to_path_buf(), kubelet]
+        );
+        // Without the pod's uid the kubelet's volumes are never dropped.
+        assert_eq!(create_view_drops(state, false, &[]), [state.to_path_buf()]);
+    }
+
+    #[test]
+    fn only_a_uuid_like_uid_names_a_kubelet_directory() {
+        assert_eq!(
+            kubelet_pod_dir("0b1c2d3e-aaaa-bbbb-cccc-0123456789ab"),
+            Some(PathBuf::from(
+                "/var/lib/kubelet/pods/0b1c2d3e-aaaa-bbbb-cccc-0123456789ab"
+            ))
+        );
+        for bad in ["", "..", "a/b", "../../etc", "u 1", &"x".repeat(65)] {
+            assert_eq!(kubelet_pod_dir(bad), None, "{bad:?}");
+        }
+    }
+
     #[test]
     fn a_bundle_dir_outside_the_state_layout_drops_only_the_kubelets() {
         assert_eq!(
@@ -573,9 +673,10 @@ garbage line
         let pod = state.join("pods/p1");
         std::fs::create_dir_all(&pod).ok()?;
         let work = pod.join("create-view");
+        let drops = [state.to_path_buf()];
         let would_build =
-            CreateView::build_spare(state, std::slice::from_ref(&pod), &work).is_some();
-        let spare = CreateView::build(state, std::slice::from_ref(&pod), &work)?;
+            CreateView::build_spare(state, &drops, std::slice::from_ref(&pod), &work).is_some();
+        let spare = CreateView::build(&drops, std::slice::from_ref(&pod), &work)?;
         // The daemon mounts the rootfs, and another pod starts, after the spare was built.
         let bundle = state.join("containers/c1");
         let rootfs = bundle.join("rootfs");
@@ -588,7 +689,7 @@ garbage line
         let other = state.join("pods/other0/shm");
         let (seen, view) = with_create_view(
             Some(spare),
-            state,
+            &drops,
             &keep,
             &work,
             std::slice::from_ref(&rootfs),
@@ -603,6 +704,56 @@ garbage line
         );
         view?;
         Some(seen)
+    }
+
+    /// A spare view that dropped the kubelet's volumes is not used by a create that must keep
+    /// them (it binds their parent): that create gets a view with them.
+    #[test]
+    fn a_spare_that_dropped_what_a_create_binds_is_not_used() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let seen = in_child_namespace(spare_dropping_volumes_sees);
+        assert_eq!(
+            seen,
+            Some(vec![false, true]),
+            "(another pod's volume seen through the spare, through the create's own view)"
+        );
+    }
+
+    fn spare_dropping_volumes_sees() -> Option<Vec<bool>> {
+        let none: Option<&str> = None;
+        let dir = tempfile::tempdir().ok()?;
+        let (state, kubelet) = (dir.path().join("state"), dir.path().join("kubelet/pods"));
+        let tmpfs_at = |p: &Path| -> Option<()> {
+            std::fs::create_dir_all(p).ok()?;
+            mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
+        };
+        tmpfs_at(&state)?;
+        mount(none, &state, none, MsFlags::MS_SHARED, none).ok()?;
+        for i in 0..CREATE_VIEW_MIN_DROPPED {
+            tmpfs_at(&kubelet.join(format!("other{i}/volumes/token")))?;
+        }
+        let pod = state.join("pods/p1");
+        std::fs::create_dir_all(&pod).ok()?;
+        let work = pod.join("create-view");
+        let keep = [pod.clone()];
+        let volume = kubelet.join("other0/volumes/token");
+        let mounted = |p: &Path| mountinfo::read().iter().any(|m| m.mount_point == p);
+        let both = [state.clone(), kubelet.clone()];
+        let spare = CreateView::build_spare(&state, &both, &keep, &work)?;
+        let (through_spare, view) =
+            with_create_view(Some(spare), &both, &keep, &work, &[], || mounted(&volume));
+        view?;
+        // The create binds the kubelet's directory: only the state directory may go.
+        let spare = CreateView::build_spare(&state, &both, &keep, &work)?;
+        let only_state = [state.clone()];
+        let source = [kubelet.clone()];
+        let (through_own, _) =
+            with_create_view(Some(spare), &only_state, &keep, &work, &source, || {
+                mounted(&volume)
+            });
+        Some(vec![through_spare, through_own])
     }
 
     /// Run `f` in a forked child (unshare needs a single-threaded process), in a private mount

@@ -44,6 +44,10 @@ pub fn serve(
         let listener = listen(&dir)?;
         let mut shim = Shim::new(dir, infra_pid);
         shim.oci = oci;
+        shim.kubelet_dir = infra
+            .as_ref()
+            .and_then(|i| i.pod_uid.as_deref())
+            .and_then(crate::lean_ns::kubelet_pod_dir);
         let shim: Shared = Rc::new(RefCell::new(shim));
         tokio::task::spawn_local(crate::reaper::run(shim.clone()));
         if let Some(mut r) = ready.take() {

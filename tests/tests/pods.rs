@@ -1869,6 +1869,138 @@ async fn many_pods_then_a_viewed_create(opts: DaemonOptions) {
     env.stop();
 }
 
+/// Volumes the kubelet would have mounted for pods, under `/var/lib/kubelet/pods/<uid>/volumes`;
+/// unmounted and removed on drop (with `/var/lib/kubelet` itself where the test made it).
+struct KubeletVolumes {
+    made_root: bool,
+    uids: Vec<String>,
+}
+
+const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
+
+impl KubeletVolumes {
+    fn new() -> Self {
+        let made_root = !Path::new("/var/lib/kubelet").exists();
+        KubeletVolumes {
+            made_root,
+            uids: Vec::new(),
+        }
+    }
+
+    /// Mount a tmpfs holding `token` as pod `uid`'s volume; returns its path.
+    fn add(&mut self, uid: &str, token: &str) -> PathBuf {
+        let dir = Path::new(KUBELET_PODS).join(uid).join("volumes/token");
+        std::fs::create_dir_all(&dir).unwrap();
+        self.uids.push(uid.to_string());
+        nix::mount::mount(
+            Some("crishim-test-volume"),
+            &dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k"),
+        )
+        .expect("mounting a volume tmpfs");
+        std::fs::write(dir.join("token"), token).unwrap();
+        dir
+    }
+}
+
+impl Drop for KubeletVolumes {
+    fn drop(&mut self) {
+        for uid in &self.uids {
+            let dir = Path::new(KUBELET_PODS).join(uid);
+            let _ =
+                nix::mount::umount2(&dir.join("volumes/token"), nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        if self.made_root {
+            let _ = std::fs::remove_dir_all("/var/lib/kubelet");
+        }
+    }
+}
+
+/// A pod's first create runs in a view without the other pods' kubelet volumes (here 34 of them,
+/// enough for a view), with its own volume there; a node agent's first create, binding the
+/// kubelet's pods directory, is not given that view and sees every pod's volume mounted.
+#[tokio::test]
+async fn a_create_view_leaves_out_other_pods_volumes_but_not_its_own_or_an_agents() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut volumes = KubeletVolumes::new();
+    let tag = random_hex(6);
+    for i in 0..34 {
+        volumes.add(&format!("crishim-test-{tag}-other{i}"), "other");
+    }
+    let cfg = env.pod_config("kubelet-view");
+    let uid = cfg.metadata.as_ref().unwrap().uid.clone();
+    let own = volumes.add(&uid, "mine");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut c = env.container_config("main", &["sleep", "1000"]);
+    c.mounts = vec![volume(
+        "/var/run/secrets/token",
+        &own,
+        cri::MountPropagation::PropagationPrivate,
+    )];
+    let id = d
+        .run_container(&pod, &c, &cfg)
+        .await
+        .expect("run container");
+    assert!(
+        d.state_dir()
+            .join("pods")
+            .join(&pod)
+            .join("create-view")
+            .is_dir(),
+        "the create did not use a view without the other pods' volumes"
+    );
+    assert_eq!(
+        d.exec_ok(&id, &["cat", "/var/run/secrets/token/token"])
+            .await,
+        "mine"
+    );
+
+    let agent_cfg = env.pod_config("kubelet-agent");
+    let agent_pod = d.run_pod(&agent_cfg).await.expect("RunPodSandbox");
+    let mut a = env.container_config("agent", &["sleep", "1000"]);
+    a.mounts = vec![volume(
+        "/host/pods",
+        Path::new(KUBELET_PODS),
+        cri::MountPropagation::PropagationHostToContainer,
+    )];
+    let agent = d
+        .run_container(&agent_pod, &a, &agent_cfg)
+        .await
+        .expect("run the agent");
+    let seen = d
+        .exec_ok(
+            &agent,
+            &[
+                "sh",
+                "-c",
+                &format!("grep -c '{tag}-other' /proc/self/mountinfo"),
+            ],
+        )
+        .await;
+    assert_eq!(seen.trim(), "34", "the agent's view of the pods' volumes");
+    assert_eq!(
+        d.exec_ok(
+            &agent,
+            &[
+                "cat",
+                &format!("/host/pods/crishim-test-{tag}-other7/volumes/token/token")
+            ]
+        )
+        .await,
+        "other"
+    );
+    for p in [&pod, &agent_pod] {
+        d.stop_pod(p).await.unwrap();
+        d.remove_pod(p).await.unwrap();
+    }
+    drop(volumes);
+    env.stop();
+}
+
 /// A pod on the node's network shares its UTS namespace, so a hostname of its own is refused (as
 /// containerd refuses it), and pods and containers are found by the 13-character ids `crictl ps`
 /// prints, over every RPC that takes an id.

@@ -349,6 +349,12 @@ impl Inner {
                 let (uid_map, gid_map) = u.proc_maps();
                 crishim_proto::shim::InfraUserns { uid_map, gid_map }
             }),
+            pod_uid: record
+                .config
+                .metadata
+                .as_ref()
+                .map(|m| m.uid.clone())
+                .filter(|u| crishim_proto::shim::is_dir_safe_uid(u)),
             // The pod's own label, as its containers get it (the infra asks for nothing more).
             selinux_label: super::container_create::selinux_labels(
                 &record,
