@@ -1,7 +1,7 @@
-//! The daemon ⇄ shim protocol: a JSON line (a request to the shim, or its answer), then the
-//! frames of a streaming connection.
+//! The daemon ⇄ shim protocol: a JSON line (a request to the shim, its answer, the infra spec
+//! it starts with) or a starting shim's ready report, then the frames of a streaming connection.
 
-use crishim_proto::shim::{frames, Request, Response};
+use crishim_proto::shim::{frames, parse_ready, InfraSpec, Request, Response};
 
 use crate::split_at_byte;
 
@@ -9,6 +9,8 @@ pub fn shim_protocol(data: &[u8]) {
     let (line, mut rest) = split_at_byte(data, b'\n');
     let _ = serde_json::from_slice::<Request>(line);
     let _ = serde_json::from_slice::<Response>(line);
+    let _ = serde_json::from_slice::<InfraSpec>(line);
+    let _ = parse_ready(line);
     while let Some((head, after)) = rest.split_first_chunk::<{ frames::HEADER }>() {
         let (_kind, len) = frames::decode_header(*head);
         if len > frames::MAX_PAYLOAD {

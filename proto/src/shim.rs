@@ -36,6 +36,28 @@ pub struct InfraSpec {
     pub pod_uid: Option<String>,
 }
 
+/// A pod shim's ready report on its stdout (`crishim-shim start --ready-stdout`): this line once
+/// its socket takes requests, or `error: <why>` (no newline needed) when it cannot start.
+pub fn ready_line(infra_pid: i32) -> String {
+    format!("ok {infra_pid}\n")
+}
+
+/// The infra pid from a shim's ready report (the first line of its stdout); otherwise why the
+/// shim did not start.
+pub fn parse_ready(out: &[u8]) -> Result<i32, String> {
+    let text = String::from_utf8_lossy(out);
+    let text = text.trim();
+    if let Some(why) = text.strip_prefix("error:") {
+        return Err(why.trim().to_string());
+    }
+    match text.strip_prefix("ok").map(|p| p.trim().parse::<i32>()) {
+        Some(Ok(pid)) if pid > 0 => Ok(pid),
+        Some(_) => Err(format!("shim did not report an infra process: {text:?}")),
+        None if text.is_empty() => Err("shim exited before it was ready".into()),
+        None => Err(format!("unexpected ready report {text:?}")),
+    }
+}
+
 /// Whether `uid` can name a directory of its own: 1 to 64 ASCII letters, digits and `-` (a
 /// Kubernetes uid is a UUID).
 pub fn is_dir_safe_uid(uid: &str) -> bool {
@@ -343,6 +365,26 @@ pub mod paths {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_shims_ready_report_gives_the_infra_pid_or_why_it_did_not_start() {
+        assert_eq!(parse_ready(b"ok 4242\n"), Ok(4242));
+        assert_eq!(parse_ready(ready_line(7).as_bytes()), Ok(7));
+        assert_eq!(
+            parse_ready(b"error: spawning the infra process: ENOENT"),
+            Err("spawning the infra process: ENOENT".into())
+        );
+        let refused = |out: &[u8]| parse_ready(out).unwrap_err();
+        assert!(refused(b"").contains("exited before it was ready"));
+        for bad in [&b"ok 0\n"[..], b"ok -3\n", b"ok 99999999999\n", b"ok\n"] {
+            assert!(
+                refused(bad).contains("infra"),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(refused(b"\xff\xfe garbage").contains("unexpected ready report"));
+    }
+
     use super::*;
 
     #[test]

@@ -51,7 +51,7 @@ pub fn serve(
         let shim: Shared = Rc::new(RefCell::new(shim));
         tokio::task::spawn_local(crate::reaper::run(shim.clone()));
         if let Some(mut r) = ready.take() {
-            let _ = r.write_all(format!("ok {infra_pid}\n").as_bytes());
+            let _ = r.write_all(crishim_proto::shim::ready_line(infra_pid).as_bytes());
         }
         // What the pod's first create needs, built while the daemon runs the CNI ADD.
         if shim.borrow().prepare_first_view() {

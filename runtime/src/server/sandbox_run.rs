@@ -459,7 +459,7 @@ impl Inner {
                 )));
             }
         }
-        match parse_shim_ready(&line) {
+        match crishim_proto::shim::parse_ready(&line) {
             Ok(pid) => Ok(pid),
             Err(why) => {
                 let _ = child.start_kill();
@@ -556,22 +556,6 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
 /// At most this much of a starting shim's stdout (its ready line) and stderr is read.
 const SHIM_READY_MAX: usize = 16 * 1024;
 
-/// The infra pid from a shim's ready report (the first line of its stdout: `ok <pid>`);
-/// otherwise why it did not start.
-fn parse_shim_ready(out: &[u8]) -> Result<i32, String> {
-    let text = String::from_utf8_lossy(out);
-    let text = text.trim();
-    if let Some(why) = text.strip_prefix("error:") {
-        return Err(why.trim().to_string());
-    }
-    match text.strip_prefix("ok").map(|p| p.trim().parse::<i32>()) {
-        Some(Ok(pid)) if pid > 0 => Ok(pid),
-        Some(_) => Err(format!("shim did not report an infra process: {text:?}")),
-        None if text.is_empty() => Err("shim exited before it was ready".into()),
-        None => Err(format!("unexpected ready report {text:?}")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -599,25 +583,6 @@ mod tests {
             }),
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn a_shims_ready_report_gives_the_infra_pid_or_why_it_did_not_start() {
-        assert_eq!(parse_shim_ready(b"ok 4242\n"), Ok(4242));
-        assert_eq!(
-            parse_shim_ready(b"error: spawning the infra process: ENOENT"),
-            Err("spawning the infra process: ENOENT".into())
-        );
-        let refused = |out: &[u8]| parse_shim_ready(out).unwrap_err();
-        assert!(refused(b"").contains("exited before it was ready"));
-        for bad in [&b"ok 0\n"[..], b"ok -3\n", b"ok 99999999999\n", b"ok\n"] {
-            assert!(
-                refused(bad).contains("infra"),
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
-        assert!(refused(b"\xff\xfe garbage").contains("unexpected ready report"));
     }
 
     #[test]
