@@ -34,9 +34,9 @@ pub async fn serve_until(
     config: Config,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
-    // Pod shims are our children and bundle shims daemonize; as their subreaper we collect them
-    // (and infra processes whose shim died) instead of leaving zombies to an init that may not
-    // reap. They outlive us all the same: on our exit they move to init.
+    // Shims daemonize; as their subreaper we collect them (and infra processes whose shim died)
+    // when they exit instead of leaving zombies to an init that may not reap. They outlive us all
+    // the same: on our exit they move to init.
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "PR_SET_CHILD_SUBREAPER");

@@ -662,10 +662,6 @@ garbage line
             MsFlags::MS_PRIVATE
         };
         mount(none, state, none, propagation, none).ok()?;
-        let tmpfs_at = |p: &Path| -> Option<()> {
-            std::fs::create_dir_all(p).ok()?;
-            mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
-        };
         // Other pods' mounts, enough for a view to be worth building.
         for i in 0..CREATE_VIEW_MIN_DROPPED {
             tmpfs_at(&state.join(format!("pods/other{i}/shm")))?;
@@ -685,7 +681,6 @@ garbage line
         let later = state.join("pods/later/shm");
         tmpfs_at(&later)?;
         let keep = [pod.clone(), bundle.clone()];
-        let mounted = |p: &Path| mountinfo::read().iter().any(|m| m.mount_point == p);
         let other = state.join("pods/other0/shm");
         let (seen, view) = with_create_view(
             Some(spare),
@@ -725,10 +720,6 @@ garbage line
         let none: Option<&str> = None;
         let dir = tempfile::tempdir().ok()?;
         let (state, kubelet) = (dir.path().join("state"), dir.path().join("kubelet/pods"));
-        let tmpfs_at = |p: &Path| -> Option<()> {
-            std::fs::create_dir_all(p).ok()?;
-            mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
-        };
         tmpfs_at(&state)?;
         mount(none, &state, none, MsFlags::MS_SHARED, none).ok()?;
         for i in 0..CREATE_VIEW_MIN_DROPPED {
@@ -739,7 +730,6 @@ garbage line
         let work = pod.join("create-view");
         let keep = [pod.clone()];
         let volume = kubelet.join("other0/volumes/token");
-        let mounted = |p: &Path| mountinfo::read().iter().any(|m| m.mount_point == p);
         let both = [state.clone(), kubelet.clone()];
         let spare = CreateView::build_spare(&state, &both, &keep, &work)?;
         let (through_spare, view) =
@@ -754,6 +744,23 @@ garbage line
                 mounted(&volume)
             });
         Some(vec![through_spare, through_own])
+    }
+
+    /// A fresh tmpfs at `p` (made first); `None` where that fails.
+    fn tmpfs_at(p: &Path) -> Option<()> {
+        std::fs::create_dir_all(p).ok()?;
+        mount(
+            Some("tmpfs"),
+            p,
+            Some("tmpfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        )
+        .ok()
+    }
+
+    fn mounted(p: &Path) -> bool {
+        mountinfo::read().iter().any(|m| m.mount_point == p)
     }
 
     /// Run `f` in a forked child (unshare needs a single-threaded process), in a private mount
@@ -801,10 +808,6 @@ garbage line
         let shm = pod.join("shm");
         std::fs::create_dir(&shm).unwrap();
         std::fs::write(pod.join("state.json"), "{}").unwrap();
-        let mounted = |p: &Path| {
-            let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-            mountinfo::parse(&info).iter().any(|m| m.mount_point == p)
-        };
         // SAFETY: the child only runs this test's steps and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {

@@ -4,9 +4,9 @@
 //! keeps running when the daemon restarts.
 //!
 //! Modes:
-//! - `crishim-shim start --dir DIR [--infra JSON] [--ready-stdout]`: daemonize a shim for the pod
-//!   (or, without `--infra`, the detached OCI bundle) whose state lives in DIR; exits once its
-//!   socket is ready, or with `--ready-stdout` stays the shim and reports `ok <infra pid>` there.
+//! - `crishim-shim start --dir DIR [--infra JSON]`: daemonize a shim for the pod (or, without
+//!   `--infra`, the detached OCI bundle) whose state lives in DIR; exits once its socket is ready,
+//!   printing `ok <infra pid>`.
 //! - `crishim-shim run --dir DIR --id ID --bundle BUNDLE`: run one bundle in the foreground
 //!   (`crishim bundle run`) and exit with its exit code.
 //! - `crishim-shim cleanup --dir DIR`: kill and remove what a dead shim left behind.
@@ -63,7 +63,7 @@ fn main() {
         Some("cleanup") => cleanup::run(&args[2..]),
         _ => {
             eprintln!(
-                "usage: crishim-shim start --dir DIR [--infra JSON] [--ready-stdout] | run --dir DIR --id ID --bundle BUNDLE | cleanup --dir DIR"
+                "usage: crishim-shim start --dir DIR [--infra JSON] | run --dir DIR --id ID --bundle BUNDLE | cleanup --dir DIR"
             );
             std::process::exit(2);
         }

@@ -1,11 +1,13 @@
-//! Detach into a new session and report readiness (`ok <infra pid>`, or `error: <why>`) once the
-//! shim can take requests. With `--ready-stdout` (the daemon's pod shims) the report goes to stdout
-//! and this process is the shim: the caller reads one line and does not wait for it. Without it
-//! (`crishim bundle create`), the shim forks and the parent exits once the child is ready.
-//! A pod's shim gets `--infra`; a detached bundle's does not.
+//! Daemonize: fork, detach into a new session, and report readiness to the parent through a pipe,
+//! so the caller's spawn returns only once the shim can take requests (or with the reason it
+//! cannot). The parent prints the report (`ok <infra pid>`) on its stdout and exits. A pod's
+//! shim gets `--infra`; a detached bundle's (`crishim bundle create`) does not.
+//!
+//! The fork also keeps the shim small: its start-up (the loader, libc's and libseccomp's set-up,
+//! the argument parsing) touched pages the child never maps, so they are not in its PSS.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd as _, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
@@ -16,12 +18,10 @@ pub fn run(args: &[String]) -> ! {
     let mut dir = None;
     let mut infra = None;
     let mut oci = None;
-    let mut ready_stdout = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--dir" => dir = it.next().map(PathBuf::from),
-            "--ready-stdout" => ready_stdout = true,
             "--infra" => infra = it.next().map(|s| serde_json::from_str::<InfraSpec>(s)),
             "--oci-runtime" => oci = it.next().map(|s| serde_json::from_str::<OciRuntimeSpec>(s)),
             "--seccomp-cache" => match it.next() {
@@ -58,16 +58,6 @@ pub fn run(args: &[String]) -> ! {
             fail(&format!("recording the OCI runtime: {e}"));
         }
     }
-    if ready_stdout {
-        // The caller reads the ready line and does not wait for this process: no fork needed.
-        // A close-on-exec copy: the infra process and containers must not hold it open.
-        let ready = std::io::stdout()
-            .as_fd()
-            .try_clone_to_owned()
-            .map(std::fs::File::from)
-            .unwrap_or_else(|e| fail(&format!("dup: {e}")));
-        serve_detached(dir, infra, oci, ready)
-    }
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
     // SAFETY: single-threaded at this point; the child only calls async-signal-safe code until it
@@ -78,6 +68,8 @@ pub fn run(args: &[String]) -> ! {
             let mut msg = String::new();
             let _ = std::fs::File::from(r).read_to_string(&mut msg);
             if msg.starts_with("ok") {
+                // The report (`ok <infra pid>`) for the caller, which need not ask the shim.
+                let _ = std::io::stdout().write_all(msg.as_bytes());
                 std::process::exit(0);
             }
             fail(if msg.is_empty() {

@@ -4,9 +4,6 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::Stdio;
-use std::time::Duration;
-
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
@@ -435,51 +432,29 @@ impl Inner {
             let json = serde_json::to_string(&oci).map_err(|e| Status::internal(e.to_string()))?;
             cmd.arg("--oci-runtime").arg(json);
         }
-        // The shim reports `ok <infra pid>` on its stdout once its socket takes requests, and
-        // stays this process (no daemonizing fork); dropped, the child is reaped by tokio when
-        // it exits.
-        let mut child = cmd
-            .arg("--ready-stdout")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
+        // `crishim-shim start` exits once the shim it forked is ready, printing `ok <infra pid>`
+        // (so no request needs to ask). Bounded: a shim that never gets ready is killed.
+        let run = cmd.stdin(Stdio::null()).kill_on_drop(true).output();
+        let out = match tokio::time::timeout(SHIM_TIMEOUT, run).await {
+            Ok(out) => out.map_err(|e| {
                 Status::internal(format!("running shim {}: {e}", self.shim_binary.display()))
-            })?;
-        let mut line = Vec::new();
-        if let Some(out) = child.stdout.take() {
-            let mut out = tokio::io::BufReader::new(out.take(SHIM_READY_MAX as u64));
-            let read = out.read_until(b'\n', &mut line);
-            if tokio::time::timeout(SHIM_TIMEOUT, read).await.is_err() {
-                let _ = child.start_kill();
+            })?,
+            Err(_) => {
                 return Err(Status::internal(format!(
                     "the pod's shim did not report ready in {}s",
                     SHIM_TIMEOUT.as_secs()
-                )));
-            }
-        }
-        match crishim_proto::shim::parse_ready(&line) {
-            Ok(pid) => Ok(pid),
-            Err(why) => {
-                let _ = child.start_kill();
-                let mut err = Vec::new();
-                if let Some(e) = child.stderr.take() {
-                    let mut e = e.take(SHIM_READY_MAX as u64);
-                    let read = e.read_to_end(&mut err);
-                    let _ = tokio::time::timeout(Duration::from_secs(1), read).await;
-                }
-                let stderr = String::from_utf8_lossy(&err);
-                let detail = [why.as_str(), stderr.trim()]
-                    .into_iter()
-                    .filter(|s| !s.is_empty())
-                    .collect::<Vec<_>>()
-                    .join(": ");
-                Err(Status::internal(format!(
-                    "starting the pod's shim failed: {detail}"
                 )))
             }
+        };
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(head(&out.stderr, SHIM_REPORT_MAX));
+            return Err(Status::internal(format!(
+                "starting the pod's shim failed: {}",
+                stderr.trim()
+            )));
         }
+        crishim_proto::shim::parse_ready(head(&out.stdout, SHIM_REPORT_MAX))
+            .map_err(|why| Status::internal(format!("starting the pod's shim failed: {why}")))
     }
 }
 
@@ -553,8 +528,13 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
     s
 }
 
-/// At most this much of a starting shim's stdout (its ready line) and stderr is read.
-const SHIM_READY_MAX: usize = 16 * 1024;
+/// At most this much of a starting shim's report or error is looked at.
+const SHIM_REPORT_MAX: usize = 16 * 1024;
+
+/// The first `max` bytes of `b`.
+fn head(b: &[u8], max: usize) -> &[u8] {
+    &b[..b.len().min(max)]
+}
 
 #[cfg(test)]
 mod tests {
