@@ -861,6 +861,23 @@ fn volume(container_path: &str, host: &Path, propagation: cri::MountPropagation)
     }
 }
 
+/// Run a pod of `cfg` with one `sleep` container that mounts `host` at `container_path`;
+/// returns the pod's id and the container's.
+async fn pod_with_a_volume(
+    env: &PodEnv,
+    cfg: &cri::PodSandboxConfig,
+    container_path: &str,
+    host: &Path,
+    propagation: cri::MountPropagation,
+) -> (String, String) {
+    let d = &env.d;
+    let pod = d.run_pod(cfg).await.expect("RunPodSandbox");
+    let mut c = env.container_config("main", &["sleep", "1000"]);
+    c.mounts = vec![volume(container_path, host, propagation)];
+    let id = d.run_container(&pod, &c, cfg).await.expect("run container");
+    (pod, id)
+}
+
 fn mount_tmpfs(dir: &Path, source: &str) {
     std::fs::create_dir(dir).unwrap();
     nix::mount::mount(
@@ -1823,18 +1840,14 @@ async fn many_pods_then_a_viewed_create(opts: DaemonOptions) {
     for n in 0..17 {
         pods.push(env.run_sleeping(&format!("many-{n}")).await.0);
     }
-    let cfg = env.pod_config("viewed");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let mut c = env.container_config("main", &["sleep", "1000"]);
-    c.mounts = vec![volume(
+    let (pod, id) = pod_with_a_volume(
+        &env,
+        &env.pod_config("viewed"),
         "/mnt/vol",
         &host_dir,
         cri::MountPropagation::PropagationHostToContainer,
-    )];
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
+    )
+    .await;
     let state = d.state_dir();
     let under_state = mounts()
         .iter()
@@ -1934,17 +1947,14 @@ async fn a_create_view_leaves_out_other_pods_volumes_but_not_its_own_or_an_agent
     let cfg = env.pod_config("kubelet-view");
     let uid = cfg.metadata.as_ref().unwrap().uid.clone();
     let own = volumes.add(&uid, "mine");
-    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
-    let mut c = env.container_config("main", &["sleep", "1000"]);
-    c.mounts = vec![volume(
+    let (pod, id) = pod_with_a_volume(
+        &env,
+        &cfg,
         "/var/run/secrets/token",
         &own,
         cri::MountPropagation::PropagationPrivate,
-    )];
-    let id = d
-        .run_container(&pod, &c, &cfg)
-        .await
-        .expect("run container");
+    )
+    .await;
     assert!(
         d.state_dir()
             .join("pods")
@@ -1959,18 +1969,14 @@ async fn a_create_view_leaves_out_other_pods_volumes_but_not_its_own_or_an_agent
         "mine"
     );
 
-    let agent_cfg = env.pod_config("kubelet-agent");
-    let agent_pod = d.run_pod(&agent_cfg).await.expect("RunPodSandbox");
-    let mut a = env.container_config("agent", &["sleep", "1000"]);
-    a.mounts = vec![volume(
+    let (agent_pod, agent) = pod_with_a_volume(
+        &env,
+        &env.pod_config("kubelet-agent"),
         "/host/pods",
         Path::new(KUBELET_PODS),
         cri::MountPropagation::PropagationHostToContainer,
-    )];
-    let agent = d
-        .run_container(&agent_pod, &a, &agent_cfg)
-        .await
-        .expect("run the agent");
+    )
+    .await;
     let seen = d
         .exec_ok(
             &agent,
