@@ -36,25 +36,25 @@ pub struct InfraSpec {
     pub pod_uid: Option<String>,
 }
 
-/// A pod shim's ready report on its stdout (`crishim-shim start --ready-stdout`): this line once
-/// its socket takes requests, or `error: <why>` (no newline needed) when it cannot start.
+/// A shim's ready report, which `crishim-shim start` prints once the shim's socket takes
+/// requests (a shim that cannot start reports `error: <why>` instead, and its start fails).
 pub fn ready_line(infra_pid: i32) -> String {
     format!("ok {infra_pid}\n")
 }
 
-/// The infra pid from a shim's ready report (the first line of its stdout); otherwise why the
-/// shim did not start.
+/// The infra pid from a pod shim's ready report; otherwise why the shim did not start.
 pub fn parse_ready(out: &[u8]) -> Result<i32, String> {
     let text = String::from_utf8_lossy(out);
     let text = text.trim();
     if let Some(why) = text.strip_prefix("error:") {
         return Err(why.trim().to_string());
     }
+    let shown = || crate::shown::shown_bytes(text.as_bytes());
     match text.strip_prefix("ok").map(|p| p.trim().parse::<i32>()) {
         Some(Ok(pid)) if pid > 0 => Ok(pid),
-        Some(_) => Err(format!("shim did not report an infra process: {text:?}")),
+        Some(_) => Err(format!("shim did not report an infra process: {}", shown())),
         None if text.is_empty() => Err("shim exited before it was ready".into()),
-        None => Err(format!("unexpected ready report {text:?}")),
+        None => Err(format!("unexpected ready report {}", shown())),
     }
 }
 
@@ -383,6 +383,8 @@ mod tests {
             );
         }
         assert!(refused(b"\xff\xfe garbage").contains("unexpected ready report"));
+        // A report the size of the cap is shown cut, not whole.
+        assert!(refused(&vec![b'x'; 16 << 10]).len() < 512);
     }
 
     use super::*;

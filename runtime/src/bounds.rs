@@ -34,6 +34,19 @@ pub fn request_secs(secs: i64) -> Duration {
     Duration::from_secs(secs.clamp(0, MAX_REQUEST_DURATION.as_secs() as i64) as u64)
 }
 
+/// The first `max` bytes of `r` (a child's stdout or stderr), then the rest drained to its end:
+/// a runaway child neither blocks on a full pipe nor makes the daemon buffer what it writes.
+pub async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
+    mut r: R,
+    max: u64,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut kept = Vec::new();
+    (&mut r).take(max).read_to_end(&mut kept).await?;
+    tokio::io::copy(&mut r, &mut tokio::io::sink()).await?;
+    Ok(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,9 +308,8 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 /// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young,
 /// dropped nothing this create keeps, and each of `same` (the rootfs, the bind mounts' sources,
 /// the bundle) is the same file in it as in the shim's namespace; otherwise one built now in
-/// `work`. Where none can be built, or it
-/// would drop few mounts, `f` runs in the shim's namespace. Returns the view too, when one was
-/// used, for [`LeanNs::build_from`].
+/// `work`. Where none can be built, or it would drop few mounts, `f` runs in the shim's
+/// namespace. Returns the view too, when one was used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
     drop_below: &[PathBuf],

@@ -80,32 +80,21 @@ pub fn run(args: &[String]) -> ! {
         }
         Ok(ForkResult::Child) => {
             drop(r);
-            serve_detached(dir, infra, oci, std::fs::File::from(w))
+            let _ = setsid();
+            redirect_stdio(&dir);
+            let mut ready = Some(std::fs::File::from(w));
+            match crate::server::serve(dir.clone(), infra, oci, &mut ready) {
+                Ok(()) => std::process::exit(0),
+                Err(e) => {
+                    if let Some(mut r) = ready {
+                        let _ = r.write_all(format!("error: {e}").as_bytes());
+                    }
+                    eprintln!("crishim-shim: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Err(e) => fail(&format!("fork: {e}")),
-    }
-}
-
-/// In a session of our own, with stdio off the caller's: serve, reporting `ok <infra pid>` or
-/// `error: <why>` on `ready`.
-fn serve_detached(
-    dir: PathBuf,
-    infra: Option<InfraSpec>,
-    oci: Option<OciRuntimeSpec>,
-    ready: std::fs::File,
-) -> ! {
-    let _ = setsid();
-    redirect_stdio(&dir);
-    let mut ready = Some(ready);
-    match crate::server::serve(dir, infra, oci, &mut ready) {
-        Ok(()) => std::process::exit(0),
-        Err(e) => {
-            if let Some(mut r) = ready {
-                let _ = r.write_all(format!("error: {e}").as_bytes());
-            }
-            eprintln!("crishim-shim: {e}");
-            std::process::exit(1);
-        }
     }
 }
 

@@ -2201,6 +2201,49 @@ async fn a_shim_that_cannot_start_the_infra_fails_the_pod_with_why_and_leaves_no
     env.stop();
 }
 
+/// A shim start that prints a flood instead of its ready report, or with its error (here a
+/// script standing in for `crishim-shim`), fails RunPodSandbox promptly, with a message that fits
+/// a gRPC status, and leaves nothing.
+#[tokio::test]
+async fn a_shim_start_printing_a_flood_fails_the_pod_with_a_short_message() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let flood = "head -c 8388608 /dev/zero | tr '\\0' x";
+    for (script, said, max) in [
+        (format!("{flood}\nexit 0"), "unexpected ready report", 1024),
+        (format!("{flood} >&2\nexit 1"), "xxxx", 5 * 1024),
+    ] {
+        let bin = tempfile::tempdir().expect("tempdir");
+        let shim = bin.path().join("crishim-shim");
+        std::fs::write(&shim, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let opts = DaemonOptions::new().extra_toml(&format!(
+            "shim_binary = {}\n",
+            serde_json::to_string(&shim.to_string_lossy()).unwrap()
+        ));
+        let env = PodEnv::start_with(opts).await;
+        let d = &env.d;
+        let before = Footprint::of(d);
+        let t = Instant::now();
+        let e = d.run_pod(&env.pod_config("flood")).await.unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(e.code(), Code::Internal, "{script}: {e:?}");
+        let m = e.message();
+        assert!(
+            m.contains("starting the pod's shim failed") && m.contains(said) && m.len() < max,
+            "{script}: {} bytes: {}",
+            m.len(),
+            &m[..m.len().min(300)]
+        );
+        assert!(d.list_pod_ids(None).await.unwrap().is_empty());
+        before.assert_nothing_new(d, "the failed pod");
+        env.stop();
+    }
+}
+
 /// A RuntimeClass handler the node lacks (a sandboxed one, say) is refused by name, not run
 /// without the isolation it asked for; `Status` lists the handlers there are.
 #[tokio::test]

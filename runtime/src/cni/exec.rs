@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::io::AsyncWriteExt as _;
 
 use super::CniError;
+use crate::bounds::read_capped;
 
 /// PATH directories a plugin needs (iptables lives in sbin), added to the daemon's PATH.
 const STANDARD_PATH: [&str; 6] = [
@@ -204,18 +205,6 @@ impl Exec {
 /// runaway plugin neither blocks on a full pipe nor makes the daemon buffer it.
 const MAX_PLUGIN_STDOUT: u64 = 1 << 20;
 const MAX_PLUGIN_STDERR: u64 = 64 << 10;
-
-/// The first `max` bytes of `r`, then the rest drained to its end.
-async fn read_capped<R: tokio::io::AsyncRead + Unpin>(
-    mut r: R,
-    max: u64,
-) -> std::io::Result<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let mut kept = Vec::new();
-    (&mut r).take(max).read_to_end(&mut kept).await?;
-    tokio::io::copy(&mut r, &mut tokio::io::sink()).await?;
-    Ok(kept)
-}
 
 /// The error of a plugin that exited with `status`: its CNI error JSON from stdout, else its
 /// stderr, else its stdout, else the exit status.

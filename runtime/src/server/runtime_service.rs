@@ -219,6 +219,16 @@ impl Inner {
         self.config.root_dir.join("pods").join(pod_id)
     }
 
+    /// Every directory a pod owns apart from its containers': its shim's, and its files' (where
+    /// this daemon keeps them and where older daemons did).
+    pub(super) fn pod_dirs(&self, pod_id: &str) -> [PathBuf; 3] {
+        [
+            self.pod_state_dir(pod_id),
+            self.state_pod_files_dir(pod_id),
+            self.legacy_pod_files_dir(pod_id),
+        ]
+    }
+
     pub(super) fn bundle_dir(&self, container_id: &str) -> PathBuf {
         self.config.state_dir.join("containers").join(container_id)
     }

@@ -36,11 +36,7 @@ impl Inner {
             self.remove_container(&c).await?;
         }
         phases.done("containers");
-        for dir in [
-            self.pod_state_dir(&pod.id),
-            self.state_pod_files_dir(&pod.id),
-            self.legacy_pod_files_dir(&pod.id),
-        ] {
+        for dir in self.pod_dirs(&pod.id) {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     return Err(Status::internal(format!("removing {}: {e}", dir.display())));

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
 use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
+use crate::bounds::read_capped;
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
 use crishim_proto::shown::shown;
@@ -83,10 +84,11 @@ impl RuntimeService {
                     let _ = inner.store.delete_pod(&pod);
                 }
                 inner.drop_spare_netns_if_idle();
-                // After the teardown unmounted its /dev/shm: the shim's directory (its log, pid
-                // file, socket) goes too, or each failed start (the kubelet retries) leaves one.
-                let _ = std::fs::remove_dir_all(inner.pod_state_dir(&id));
-                let _ = std::fs::remove_dir_all(inner.pod_files_dir(&id));
+                // After the teardown unmounted its /dev/shm, what RemovePodSandbox would remove:
+                // each failed start (the kubelet retries) would leave a shim directory otherwise.
+                for dir in inner.pod_dirs(&id) {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
                 inner.store.release_name(&name, &id);
                 Err(e)
             }
@@ -433,11 +435,32 @@ impl Inner {
             cmd.arg("--oci-runtime").arg(json);
         }
         // `crishim-shim start` exits once the shim it forked is ready, printing `ok <infra pid>`
-        // (so no request needs to ask). Bounded: a shim that never gets ready is killed.
-        let run = cmd.stdin(Stdio::null()).kill_on_drop(true).output();
-        let out = match tokio::time::timeout(SHIM_TIMEOUT, run).await {
-            Ok(out) => out.map_err(|e| {
+        // (so no request needs to ask). Bounded: a shim that never gets ready is killed (on
+        // drop), and only the first bytes of what it prints are kept.
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| {
                 Status::internal(format!("running shim {}: {e}", self.shim_binary.display()))
+            })?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let run = async {
+            let (stdout, stderr) = tokio::join!(
+                read_capped(stdout, SHIM_REPORT_MAX),
+                read_capped(stderr, SHIM_REPORT_MAX)
+            );
+            Ok::<_, std::io::Error>((child.wait().await?, stdout?, stderr?))
+        };
+        let (status, stdout, stderr) = match tokio::time::timeout(SHIM_TIMEOUT, run).await {
+            Ok(out) => out.map_err(|e| {
+                Status::internal(format!(
+                    "waiting for shim {}: {e}",
+                    self.shim_binary.display()
+                ))
             })?,
             Err(_) => {
                 return Err(Status::internal(format!(
@@ -446,14 +469,13 @@ impl Inner {
                 )))
             }
         };
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(head(&out.stderr, SHIM_REPORT_MAX));
+        if !status.success() {
             return Err(Status::internal(format!(
                 "starting the pod's shim failed: {}",
-                stderr.trim()
+                String::from_utf8_lossy(&stderr).trim()
             )));
         }
-        crishim_proto::shim::parse_ready(head(&out.stdout, SHIM_REPORT_MAX))
+        crishim_proto::shim::parse_ready(&stdout)
             .map_err(|why| Status::internal(format!("starting the pod's shim failed: {why}")))
     }
 }
@@ -528,13 +550,9 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
     s
 }
 
-/// At most this much of a starting shim's report or error is looked at.
-const SHIM_REPORT_MAX: usize = 16 * 1024;
-
-/// The first `max` bytes of `b`.
-fn head(b: &[u8], max: usize) -> &[u8] {
-    &b[..b.len().min(max)]
-}
+/// At most this much of a starting shim's report, and of its error, is kept: the report is a
+/// line, and the error goes into a gRPC status, whose message must fit the client's header limit.
+const SHIM_REPORT_MAX: u64 = 4 * 1024;
 
 #[cfg(test)]
 mod tests {
