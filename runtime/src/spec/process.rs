@@ -80,6 +80,18 @@ pub(super) fn env(
         ours.push(format!("{}={value}", kv.key));
     }
     merge_env(&mut env, ours);
+    // What the runtime's init cannot set (it aborts the create, its error unread until the
+    // create returns): an empty name, or a NUL anywhere. From the request or from the image.
+    if let Some(bad) = env.iter().find(|e| {
+        let (k, _) = e.split_once('=').unwrap_or((e.as_str(), ""));
+        k.is_empty() || e.contains('\0')
+    }) {
+        return Err(SpecError::Invalid(format!(
+            "environment entry {:?} has an empty name or a NUL byte, which no process can be \
+             given",
+            crishim_proto::shown::shown(bad)
+        )));
+    }
     Ok(env)
 }
 

@@ -332,6 +332,32 @@ fn an_env_value_that_is_not_utf8_is_refused() {
     assert!(msg.contains("BLOB") && msg.contains("UTF-8"), "{msg}");
 }
 
+/// An env entry with an empty name or a NUL byte made the runtime's init abort the create with a
+/// panic whose message (the whole value) could fill its stderr pipe before the shim read it: the
+/// create never returned. Such entries are refused, from the request and from the image alike.
+#[test]
+fn env_entries_no_process_can_get_are_refused() {
+    for (key, value) in [
+        ("", "x".repeat(100_000)),
+        ("K\0", "v".into()),
+        ("K", "v\0".into()),
+    ] {
+        let mut f = Fixture::new();
+        f.config.envs = vec![cri::KeyValue {
+            key: key.to_string(),
+            value: value.into_bytes(),
+        }];
+        let msg = f.invalid();
+        assert!(
+            msg.contains("empty name or a NUL") && msg.len() < 1024,
+            "{key:?}: {msg}"
+        );
+    }
+    let mut f = Fixture::new();
+    f.image.set_env(Some(strings(&["=from-the-image"])));
+    assert!(f.invalid().contains("empty name or a NUL"));
+}
+
 #[test]
 fn env_is_image_env_then_config_env_later_value_wins_in_place() {
     let mut f = Fixture::new();
