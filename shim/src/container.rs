@@ -18,7 +18,7 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
 
-use crate::lean_ns::{self, CreateView, LeanNs};
+use crate::lean_ns::{self, CreateView, LeanNs, ViewScope};
 use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
@@ -209,7 +209,13 @@ impl Shim {
             return false;
         };
         let drops = self.view_drops(&state, &[]);
-        let view = CreateView::build_spare(&state, &drops, &keep, &self.view_work());
+        let near = self.view_near(&keep, []);
+        let scope = ViewScope {
+            drop_below: &drops,
+            keep: &keep,
+            near: Some(&near),
+        };
+        let view = CreateView::build_spare(&state, scope, &self.view_work());
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built
@@ -229,6 +235,25 @@ impl Shim {
         keep.extend(self.kubelet_dir.clone());
         keep.extend(bundle.map(Path::to_path_buf));
         Some(keep)
+    }
+
+    /// What a create reads on the node, `reads` besides: its pod's and bundle's directories
+    /// (`keep`), libcontainer's state and [`lean_ns::CREATE_NEEDS`]. A path through a link
+    /// counts with where it leads (`/etc/resolv.conf` into `/run`, say).
+    fn view_near(
+        &self,
+        keep: &[PathBuf],
+        reads: impl IntoIterator<Item = PathBuf>,
+    ) -> Vec<PathBuf> {
+        let mut near = keep.to_vec();
+        near.push(self.lc_root.clone());
+        near.extend(lean_ns::CREATE_NEEDS.map(PathBuf::from));
+        for path in reads {
+            let real = std::fs::canonicalize(&path).ok().filter(|r| *r != path);
+            near.push(path);
+            near.extend(real);
+        }
+        near
     }
 
     /// Below which roots a create's view drops mounts, for a container binding `sources`.
@@ -442,6 +467,9 @@ impl Shim {
         let propagates_back = shares_mounts_with_the_node(&spec);
         // What the container's mounts are made from: each must be the same file in a view.
         let seen_sources = mount_sources(&spec, &own_bundle);
+        // What else it reads on the node; a create running hooks, or talking to systemd, may
+        // read anything.
+        let reads = (!systemd).then(|| node_paths_read(&spec)).flatten();
         // The SELinux process label, which libcontainer does not apply: the executor does.
         let label = spec
             .process()
@@ -482,16 +510,17 @@ impl Shim {
         let built = match (state_dir, self.view_keep(Some(&own_bundle))) {
             (Some(state), Some(keep)) => {
                 let drops = self.view_drops(&state, &seen_sources);
+                let near =
+                    reads.map(|r| self.view_near(&keep, seen_sources.iter().cloned().chain(r)));
                 let mut same = vec![own_bundle.clone(), self.lc_root.clone()];
                 same.extend(seen_sources);
-                let (built, view) = lean_ns::with_create_view(
-                    spare,
-                    &drops,
-                    &keep,
-                    &self.view_work(),
-                    &same,
-                    build,
-                );
+                let scope = ViewScope {
+                    drop_below: &drops,
+                    keep: &keep,
+                    near: near.as_deref(),
+                };
+                let (built, view) =
+                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, build);
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }
@@ -1073,6 +1102,26 @@ fn write_exec_process(
     Ok(seccomp)
 }
 
+/// The node's paths a create reads besides its bundle and its binds' sources: the namespaces it
+/// joins and the devices it may bind. `None` for a spec with hooks, which may read anything.
+fn node_paths_read(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
+    if spec.hooks().is_some() {
+        return None;
+    }
+    let linux = spec.linux().as_ref();
+    let namespaces = linux
+        .and_then(|l| l.namespaces().as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n.path().clone());
+    let devices = linux
+        .and_then(|l| l.devices().as_ref())
+        .into_iter()
+        .flatten()
+        .map(|d| d.path().clone());
+    Some(namespaces.chain(devices).collect())
+}
+
 /// The rootfs and the sources of the spec's bind mounts, relative ones taken from the bundle.
 fn mount_sources(spec: &oci_spec::runtime::Spec, bundle: &Path) -> Vec<PathBuf> {
     let is_bind = |m: &oci_spec::runtime::Mount| {
@@ -1298,7 +1347,49 @@ fn oom_killed(cgroup: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_start_error;
+    use super::*;
+
+    /// A create's view keeps what its spec reads on the node, and where a link there leads: a
+    /// bind of `/etc/resolv.conf` reads a file in `/run` on many nodes.
+    #[test]
+    fn a_view_keeps_what_the_spec_reads_and_where_its_links_lead() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("real/resolv.conf");
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, "").unwrap();
+        let link = dir.path().join("resolv.conf");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let spec: oci_spec::runtime::Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "linux": {
+                "namespaces": [{"type": "network", "path": "/run/netns/p1"}, {"type": "pid"}],
+                "devices": [{"type": "c", "path": "/dev/nvidia0", "major": 195, "minor": 0}]
+            }
+        }))
+        .unwrap();
+        let reads = node_paths_read(&spec).unwrap();
+        assert_eq!(
+            reads,
+            [
+                PathBuf::from("/run/netns/p1"),
+                PathBuf::from("/dev/nvidia0")
+            ]
+        );
+        let shim = Shim::new(dir.path().join("pod"), 0);
+        let near = shim.view_near(&[dir.path().join("pod")], [link.clone()]);
+        for p in [&link, &target.canonicalize().unwrap(), &shim.lc_root] {
+            assert!(near.contains(p), "{} not kept: {near:?}", p.display());
+        }
+        assert!(near.contains(&PathBuf::from("/sys/fs/cgroup")));
+
+        // Hooks may read anything: no scope.
+        let hooked: oci_spec::runtime::Spec = serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "hooks": {"createRuntime": [{"path": "/usr/bin/true"}]}
+        }))
+        .unwrap();
+        assert_eq!(node_paths_read(&hooked), None);
+    }
 
     #[test]
     fn only_executable_failures_wait_for_start() {

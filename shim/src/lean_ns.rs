@@ -42,17 +42,47 @@ struct Prune<'a> {
     keep: &'a [PathBuf],
     /// Mounts of [`DROPPED_TYPES`] anywhere go too (other runtimes' containers).
     drop_types: bool,
+    /// Where set, only mounts on the way to one of these paths, or at or below one, stay.
+    near: Option<&'a [PathBuf]>,
 }
+
+/// What [`plan`] makes of the node's mounts.
+struct Plan {
+    /// The mount points to bind into the pruned root, parents before children.
+    binds: Vec<PathBuf>,
+    /// How many were left out.
+    dropped: usize,
+    /// Those left out for being far from every path of [`Prune::near`].
+    far: Vec<PathBuf>,
+}
+
+/// Whether `a` and `b` are one path, or one lies below the other.
+fn related(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// The node's paths any create's view keeps as they are (with the mounts on the way to them and
+/// below them): libcontainer's `/proc` and cgroup lookups, the `/dev/null` it masks paths with,
+/// and the LSMs' files.
+pub const CREATE_NEEDS: [&str; 5] = [
+    "/proc",
+    "/sys/fs/cgroup",
+    "/dev/null",
+    "/sys/fs/selinux",
+    "/sys/kernel/security",
+];
 
 /// The mount points to bind into the pruned root, parents before children: every mount but `/`
 /// (the root is bound first) and those dropped (see [`Prune`]), with what lies at or below a
-/// dropped one. Also how many were dropped.
-fn plan(mounts: &[Mount], prune: &Prune) -> (Vec<PathBuf>, usize) {
+/// dropped one.
+fn plan(mounts: &[Mount], prune: &Prune) -> Plan {
     let mut ordered: Vec<&Mount> = mounts.iter().collect();
     // Stable: mounts stacked on one point keep their order.
     ordered.sort_by_key(|m| m.mount_point.components().count());
-    let mut dropped: Vec<&Path> = Vec::new();
+    // A set, looked up by each mount point and its ancestors: a node has hundreds of pods' mounts.
+    let mut dropped: std::collections::HashSet<&Path> = std::collections::HashSet::new();
     let mut keep = Vec::new();
+    let mut far = Vec::new();
     for m in ordered {
         let mp = m.mount_point.as_path();
         if mp == Path::new("/") {
@@ -65,14 +95,25 @@ fn plan(mounts: &[Mount], prune: &Prune) -> (Vec<PathBuf>, usize) {
                 .iter()
                 .any(|d| mp != d.as_path() && mp.starts_with(d))
                 || (prune.drop_types && DROPPED_TYPES.contains(&m.fs_type.as_str())))
-            || dropped.iter().any(|d| mp.starts_with(d));
-        if drop {
-            dropped.push(mp);
+            || mp.ancestors().any(|a| dropped.contains(a));
+        // A mount unrelated to every near path has no submount related to one either.
+        let is_far = prune
+            .near
+            .is_some_and(|near| !near.iter().any(|n| related(n, mp)));
+        if drop || is_far {
+            dropped.insert(mp);
+            if is_far && !drop {
+                far.push(m.mount_point.clone());
+            }
         } else {
             keep.push(m.mount_point.clone());
         }
     }
-    (keep, dropped.len())
+    Plan {
+        binds: keep,
+        dropped: dropped.len(),
+        far,
+    }
 }
 
 /// crishim's state directory, the parent of the pods' directories (`<state_dir>/pods/<id>`);
@@ -155,9 +196,10 @@ fn build_here(
             drop_below,
             keep: &[],
             drop_types: true,
+            near: None,
         };
-        let (binds, _) = plan(&mountinfo::parse(&text), &prune);
-        unshare_pruned(work, &binds, must_see, MsFlags::MS_PRIVATE)?;
+        let plan = plan(&mountinfo::parse(&text), &prune);
+        unshare_pruned(work, &plan.binds, must_see, MsFlags::MS_PRIVATE)?;
         File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string())
     })();
     return_to(back);
@@ -172,6 +214,19 @@ const CREATE_VIEW_MIN_DROPPED: usize = 32;
 /// so it gains those made since (other pods' too), and a fresh one drops them.
 pub const SPARE_VIEW_MAX_AGE: Duration = Duration::from_secs(10);
 
+/// What a create's view leaves out of the node's mounts.
+#[derive(Clone, Copy)]
+pub struct ViewScope<'a> {
+    /// Mounts strictly below these roots (from [`create_view_drops`]) go…
+    pub drop_below: &'a [PathBuf],
+    /// …except those at or below these: the pod's and the container's directories.
+    pub keep: &'a [PathBuf],
+    /// Where set, only mounts on the way to one of these paths, or at or below one, stay: what
+    /// the create reads on the node (its bundle, the sources of its binds, [`CREATE_NEEDS`]).
+    /// `None` for a create that runs hooks, which may read anything.
+    pub near: Option<&'a [PathBuf]>,
+}
+
 /// A pruned view of the node's mounts for a container's create (see [`with_create_view`]): a
 /// mount namespace, held by its descriptor.
 pub struct CreateView {
@@ -179,6 +234,8 @@ pub struct CreateView {
     built: Instant,
     /// The roots below which it dropped mounts.
     dropped_below: Vec<PathBuf>,
+    /// The node's mounts it left out for being far from what a create needs (see [`Prune::near`]).
+    far: Vec<PathBuf>,
 }
 
 /// The kubelet's directory for the pod with this uid (its volumes are below it); `None` for a
@@ -202,47 +259,37 @@ pub fn create_view_drops(state_dir: &Path, kubelet: bool, sources: &[PathBuf]) -
 }
 
 impl CreateView {
-    /// Build a view of the node's mounts without those strictly below `drop_below` (see
-    /// [`create_view_drops`]) but not at or below `keep`, rooted at `work` inside it, from this
+    /// Build a view of the node's mounts as `scope` says, rooted at `work` inside it, from this
     /// thread's namespace, which it ends in again. `None` where it would drop fewer than
     /// [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot be built.
-    pub fn build(drop_below: &[PathBuf], keep: &[PathBuf], work: &Path) -> Option<CreateView> {
-        Self::build_with(None, drop_below, keep, work)
+    pub fn build(scope: ViewScope, work: &Path) -> Option<CreateView> {
+        Self::build_with(None, scope, work)
     }
 
     /// [`build`](Self::build) ahead of the create, which mounts its rootfs below `state_dir`
     /// after: `None` too where the state directory's mount is in no peer group, as no later
     /// mount below it would reach the view.
-    pub fn build_spare(
-        state_dir: &Path,
-        drop_below: &[PathBuf],
-        keep: &[PathBuf],
-        work: &Path,
-    ) -> Option<CreateView> {
-        Self::build_with(Some(state_dir), drop_below, keep, work)
+    pub fn build_spare(state_dir: &Path, scope: ViewScope, work: &Path) -> Option<CreateView> {
+        Self::build_with(Some(state_dir), scope, work)
     }
 
-    fn build_with(
-        spare_of: Option<&Path>,
-        drop_below: &[PathBuf],
-        keep: &[PathBuf],
-        work: &Path,
-    ) -> Option<CreateView> {
+    fn build_with(spare_of: Option<&Path>, scope: ViewScope, work: &Path) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
         let mounts = mountinfo::read();
         if spare_of.is_some_and(|state| !holder(&mounts, state).is_some_and(|m| m.shared)) {
             return None;
         }
         let prune = Prune {
-            drop_below,
-            keep,
+            drop_below: scope.drop_below,
+            keep: scope.keep,
             drop_types: false,
+            near: scope.near,
         };
-        let (binds, dropped) = plan(&mounts, &prune);
-        if dropped < CREATE_VIEW_MIN_DROPPED {
+        let plan = plan(&mounts, &prune);
+        if plan.dropped < CREATE_VIEW_MIN_DROPPED {
             return None;
         }
-        let built = unshare_pruned(work, &binds, &[], MsFlags::MS_SLAVE).and_then(|()| {
+        let built = unshare_pruned(work, &plan.binds, &[], MsFlags::MS_SLAVE).and_then(|()| {
             File::open("/proc/thread-self/ns/mnt").map_err(|e| format!("opening it: {e}"))
         });
         return_to(&host);
@@ -250,13 +297,28 @@ impl CreateView {
             Ok(ns) => Some(CreateView {
                 ns,
                 built: Instant::now(),
-                dropped_below: drop_below.to_vec(),
+                dropped_below: scope.drop_below.to_vec(),
+                far: plan.far,
             }),
             Err(e) => {
                 eprintln!("crishim-shim: building a create's mount view ({e})");
                 None
             }
         }
+    }
+
+    /// Whether this view, built ahead, hides nothing a create of `scope` needs: it dropped no
+    /// root the create keeps (a container may bind one from above), and no mount it left out
+    /// for being far is on the way to or below one of the create's near paths.
+    fn serves(&self, scope: ViewScope) -> bool {
+        self.dropped_below
+            .iter()
+            .all(|r| scope.drop_below.contains(r))
+            && self.far.iter().all(|d| {
+                scope
+                    .near
+                    .is_some_and(|near| !near.iter().any(|n| related(n, d)))
+            })
     }
 
     /// Enter the view if each of `same` exists in the shim's namespace (`ids`, from
@@ -296,9 +358,9 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
         .collect()
 }
 
-/// Run `f`, a container's create, in a view of the node's mounts without the other pods'
-/// (those strictly below `drop_below`, from [`create_view_drops`], but not at or below `keep`:
-/// this pod's and this container's directories). libcontainer's create reads
+/// Run `f`, a container's create, in a view of the node's mounts without the other pods' and,
+/// where `scope` names what the create reads, without the node's mounts far from it (see
+/// [`ViewScope`]). libcontainer's create reads
 /// `/proc/self/mountinfo` about fifteen times (its cgroup lookups and rootfs checks), copies the
 /// namespace into the container's and detaches the copy at `pivot_root`, all in proportion to the
 /// mounts it sees; the node's other mounts (devices, driver libraries, the pod's own volumes)
@@ -306,14 +368,13 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 /// container.
 ///
 /// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young,
-/// dropped nothing this create keeps, and each of `same` (the rootfs, the bind mounts' sources,
+/// dropped nothing this create needs, and each of `same` (the rootfs, the bind mounts' sources,
 /// the bundle) is the same file in it as in the shim's namespace; otherwise one built now in
 /// `work`. Where none can be built, or it would drop few mounts, `f` runs in the shim's
 /// namespace. Returns the view too, when one was used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
-    drop_below: &[PathBuf],
-    keep: &[PathBuf],
+    scope: ViewScope,
     work: &Path,
     same: &[PathBuf],
     f: impl FnOnce() -> T,
@@ -322,14 +383,29 @@ pub fn with_create_view<T>(
         return (f(), None);
     };
     let ids = identities(same);
+    {
+        use std::io::Write as _;
+        let why = match &spare {
+            None => "no spare".to_string(),
+            Some(v) => format!(
+                "age_ok={} serves={} far={:?} near={:?}",
+                v.built.elapsed() < SPARE_VIEW_MAX_AGE,
+                v.serves(scope),
+                v.far,
+                scope.near
+            ),
+        };
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open("/tmp/viewlog")
+            .and_then(|mut f| writeln!(f, "{why}"));
+    }
     let entered = spare
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
-        // A spare that dropped what this container binds (from above) would hide it.
-        .filter(|v| v.dropped_below.iter().all(|r| drop_below.contains(r)))
+        .filter(|v| v.serves(scope))
         .filter(|v| v.enter_if_same(&host, same, &ids))
-        .or_else(|| {
-            CreateView::build(drop_below, keep, work).filter(|v| v.enter_if_same(&host, same, &ids))
-        });
+        .or_else(|| CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids)));
     let Some(view) = entered else {
         return (f(), None);
     };
@@ -461,8 +537,13 @@ garbage line
             drop_below: &drop,
             keep: &[],
             drop_types: true,
+            near: None,
         };
-        let (kept, dropped) = plan(&mountinfo::parse(INFO), &prune);
+        let Plan {
+            binds: kept,
+            dropped,
+            ..
+        } = plan(&mountinfo::parse(INFO), &prune);
         assert_eq!(dropped, 8);
         assert_eq!(
             kept,
@@ -491,8 +572,13 @@ garbage line
             drop_below: &drop,
             keep: &keep,
             drop_types: false,
+            near: None,
         };
-        let (kept, dropped) = plan(&mountinfo::parse(INFO), &prune);
+        let Plan {
+            binds: kept,
+            dropped,
+            ..
+        } = plan(&mountinfo::parse(INFO), &prune);
         assert_eq!(
             dropped, 1,
             "only the other pod's network namespace: {kept:?}"
@@ -528,8 +614,9 @@ garbage line
                 drop_below: &drops,
                 keep: &keep,
                 drop_types: false,
+                near: None,
             };
-            plan(&mountinfo::parse(INFO), &prune).0
+            plan(&mountinfo::parse(INFO), &prune).binds
         };
         let token = PathBuf::from("/var/lib/kubelet/pods/u1/volumes/token");
         assert!(kept_with("u1").contains(&token));
@@ -563,6 +650,81 @@ garbage line
         );
         // Without the pod's uid the kubelet's volumes are never dropped.
         assert_eq!(create_view_drops(state, false, &[]), [state.to_path_buf()]);
+    }
+
+    /// A view scoped to what a create reads keeps the mounts on the way to those paths and below
+    /// them (the cgroup hierarchies, the pod's own, a bound volume's submounts), and leaves out
+    /// the node's others.
+    #[test]
+    fn a_scoped_view_keeps_what_the_create_reads_and_leaves_the_rest() {
+        let drop = [PathBuf::from("/run/crishim")];
+        let keep = [
+            PathBuf::from("/run/crishim/containers/c1"),
+            PathBuf::from("/run/crishim/pods/p1"),
+        ];
+        let mut near: Vec<PathBuf> = keep.to_vec();
+        near.extend(CREATE_NEEDS.map(PathBuf::from));
+        near.push(PathBuf::from("/mnt"));
+        let prune = Prune {
+            drop_below: &drop,
+            keep: &keep,
+            drop_types: false,
+            near: Some(&near),
+        };
+        let Plan { binds, far, .. } = plan(&mountinfo::parse(INFO), &prune);
+        assert_eq!(
+            binds,
+            [
+                "/proc",
+                "/run",
+                "/mnt/with space",
+                "/sys/fs/cgroup",
+                "/sys/fs/cgroup/cpu",
+                "/run/crishim/pods/p1/shm",
+                "/run/crishim/containers/c1/rootfs",
+                "/run/crishim/containers/c1/rootfs/proc",
+            ]
+            .map(PathBuf::from)
+        );
+        assert_eq!(
+            far,
+            [
+                "/run/netns/cni-1",
+                "/var/lib/kubelet/pods",
+                "/var/lib/containerd/x/rootfs",
+            ]
+            .map(PathBuf::from),
+            "the mounts below a far one are dropped with it, not listed"
+        );
+    }
+
+    /// A spare view scoped to the pod's first create serves a later create only where nothing it
+    /// left out is on the way to, or below, what that create reads.
+    #[test]
+    fn a_scoped_spare_serves_only_creates_that_read_nothing_it_left_out() {
+        /// Whether a spare that left out `far` serves a create reading `near`.
+        fn serves(far: &[&str], near: Option<&[&str]>) -> bool {
+            let paths = |p: &[&str]| p.iter().map(PathBuf::from).collect::<Vec<_>>();
+            let drop = paths(&["/run/crishim"]);
+            let spare = CreateView {
+                ns: File::open("/").unwrap(),
+                built: Instant::now(),
+                dropped_below: drop.clone(),
+                far: paths(far),
+            };
+            let near = near.map(paths);
+            spare.serves(ViewScope {
+                drop_below: &drop,
+                keep: &[],
+                near: near.as_deref(),
+            })
+        }
+        assert!(serves(&["/run/netns"], Some(&["/proc"])));
+        assert!(!serves(&["/run/netns"], Some(&["/proc", "/run"])));
+        assert!(!serves(&["/run/netns"], Some(&["/run/netns/cni-1/x"])));
+        // A create that runs hooks reads anything: only an unscoped spare serves it.
+        assert!(!serves(&["/run/netns"], None));
+        assert!(serves(&[], None));
     }
 
     #[test]
@@ -669,9 +831,13 @@ garbage line
         std::fs::create_dir_all(&pod).ok()?;
         let work = pod.join("create-view");
         let drops = [state.to_path_buf()];
-        let would_build =
-            CreateView::build_spare(state, &drops, std::slice::from_ref(&pod), &work).is_some();
-        let spare = CreateView::build(&drops, std::slice::from_ref(&pod), &work)?;
+        let pod_scope = ViewScope {
+            drop_below: &drops,
+            keep: std::slice::from_ref(&pod),
+            near: None,
+        };
+        let would_build = CreateView::build_spare(state, pod_scope, &work).is_some();
+        let spare = CreateView::build(pod_scope, &work)?;
         // The daemon mounts the rootfs, and another pod starts, after the spare was built.
         let bundle = state.join("containers/c1");
         let rootfs = bundle.join("rootfs");
@@ -681,10 +847,14 @@ garbage line
         tmpfs_at(&later)?;
         let keep = [pod.clone(), bundle.clone()];
         let other = state.join("pods/other0/shm");
+        let scope = ViewScope {
+            drop_below: &drops,
+            keep: &keep,
+            near: None,
+        };
         let (seen, view) = with_create_view(
             Some(spare),
-            &drops,
-            &keep,
+            scope,
             &work,
             std::slice::from_ref(&rootfs),
             || {
@@ -730,18 +900,25 @@ garbage line
         let keep = [pod.clone()];
         let volume = kubelet.join("other0/volumes/token");
         let both = [state.clone(), kubelet.clone()];
-        let spare = CreateView::build_spare(&state, &both, &keep, &work)?;
+        let scope = ViewScope {
+            drop_below: &both,
+            keep: &keep,
+            near: None,
+        };
+        let spare = CreateView::build_spare(&state, scope, &work)?;
         let (through_spare, view) =
-            with_create_view(Some(spare), &both, &keep, &work, &[], || mounted(&volume));
+            with_create_view(Some(spare), scope, &work, &[], || mounted(&volume));
         view?;
         // The create binds the kubelet's directory: only the state directory may go.
-        let spare = CreateView::build_spare(&state, &both, &keep, &work)?;
+        let spare = CreateView::build_spare(&state, scope, &work)?;
         let only_state = [state.clone()];
         let source = [kubelet.clone()];
+        let own = ViewScope {
+            drop_below: &only_state,
+            ..scope
+        };
         let (through_own, _) =
-            with_create_view(Some(spare), &only_state, &keep, &work, &source, || {
-                mounted(&volume)
-            });
+            with_create_view(Some(spare), own, &work, &source, || mounted(&volume));
         Some(vec![through_spare, through_own])
     }
 

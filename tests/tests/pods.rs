@@ -1999,7 +1999,36 @@ async fn a_create_view_leaves_out_other_pods_volumes_but_not_its_own_or_an_agent
         .await,
         "other"
     );
-    for p in [&pod, &agent_pod] {
+
+    // A view keeps only the node's mounts near what the create reads. A file on a mount of its
+    // own, and one reached through a link into another mount (as `/etc/resolv.conf` leads into
+    // `/run`), are both read as on the node.
+    let shared = SharedDir::new();
+    let below = shared.path().join("below");
+    mount_tmpfs(&below, "crishim-view-below");
+    std::fs::write(below.join("data"), "below").unwrap();
+    let linked = shared.path().join("linked");
+    mount_tmpfs(&linked, "crishim-view-linked");
+    std::fs::write(linked.join("data"), "linked").unwrap();
+    let link = shared.path().join("link");
+    std::os::unix::fs::symlink(linked.join("data"), &link).unwrap();
+    let far_cfg = env.pod_config("kubelet-far");
+    let far_pod = d.run_pod(&far_cfg).await.expect("RunPodSandbox");
+    let mut c = env.container_config("main", &["sleep", "1000"]);
+    let private = cri::MountPropagation::PropagationPrivate;
+    c.mounts = vec![
+        volume("/below", &below.join("data"), private),
+        volume("/linked", &link, private),
+    ];
+    let far = d
+        .run_container(&far_pod, &c, &far_cfg)
+        .await
+        .expect("run container");
+    assert_eq!(
+        d.exec_ok(&far, &["cat", "/below", "/linked"]).await,
+        "belowlinked"
+    );
+    for p in [&pod, &agent_pod, &far_pod] {
         d.stop_pod(p).await.unwrap();
         d.remove_pod(p).await.unwrap();
     }
