@@ -383,24 +383,6 @@ pub fn with_create_view<T>(
         return (f(), None);
     };
     let ids = identities(same);
-    {
-        use std::io::Write as _;
-        let why = match &spare {
-            None => "no spare".to_string(),
-            Some(v) => format!(
-                "age_ok={} serves={} far={:?} near={:?}",
-                v.built.elapsed() < SPARE_VIEW_MAX_AGE,
-                v.serves(scope),
-                v.far,
-                scope.near
-            ),
-        };
-        let _ = std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open("/tmp/viewlog")
-            .and_then(|mut f| writeln!(f, "{why}"));
-    }
     let entered = spare
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
         .filter(|v| v.serves(scope))
