@@ -541,15 +541,22 @@ garbage line
         );
     }
 
+    /// In [`INFO`]'s layout: the state directory, and pod p1's and container c1's directories.
+    fn state_and_own_dirs() -> ([PathBuf; 1], [PathBuf; 2]) {
+        (
+            [PathBuf::from("/run/crishim")],
+            [
+                PathBuf::from("/run/crishim/containers/c1"),
+                PathBuf::from("/run/crishim/pods/p1"),
+            ],
+        )
+    }
+
     /// A create's view keeps everything but the other pods' mounts: this pod's and this
     /// container's stay, and so do other runtimes' and the kubelet's (a volume may be one).
     #[test]
     fn a_create_view_keeps_its_own_pod_and_the_nodes_mounts() {
-        let drop = [PathBuf::from("/run/crishim")];
-        let keep = [
-            PathBuf::from("/run/crishim/containers/c1"),
-            PathBuf::from("/run/crishim/pods/p1"),
-        ];
+        let (drop, keep) = state_and_own_dirs();
         let prune = Prune {
             drop_below: &drop,
             keep: &keep,
@@ -639,11 +646,7 @@ garbage line
     /// the node's others.
     #[test]
     fn a_scoped_view_keeps_what_the_create_reads_and_leaves_the_rest() {
-        let drop = [PathBuf::from("/run/crishim")];
-        let keep = [
-            PathBuf::from("/run/crishim/containers/c1"),
-            PathBuf::from("/run/crishim/pods/p1"),
-        ];
+        let (drop, keep) = state_and_own_dirs();
         let mut near: Vec<PathBuf> = keep.to_vec();
         near.extend(CREATE_NEEDS.map(PathBuf::from));
         near.push(PathBuf::from("/mnt"));
