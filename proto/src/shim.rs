@@ -365,6 +365,8 @@ pub mod paths {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_shims_ready_report_gives_the_infra_pid_or_why_it_did_not_start() {
         assert_eq!(parse_ready(b"ok 4242\n"), Ok(4242));
@@ -386,8 +388,6 @@ mod tests {
         // A report the size of the cap is shown cut, not whole.
         assert!(refused(&vec![b'x'; 16 << 10]).len() < 512);
     }
-
-    use super::*;
 
     #[test]
     fn exec_output_travels_as_base64_within_the_line_cap() {

@@ -2196,6 +2196,15 @@ async fn a_missing_executable_is_a_start_error() {
     env.stop();
 }
 
+/// A daemon that runs `shim` (a link to `crishim-shim`, or a stand-in) as the pods' shim.
+async fn env_with_shim_binary(shim: &Path) -> PodEnv {
+    let opts = DaemonOptions::new().extra_toml(&format!(
+        "shim_binary = {}\n",
+        serde_json::to_string(&shim.to_string_lossy()).unwrap()
+    ));
+    PodEnv::start_with(opts).await
+}
+
 /// A shim that cannot start the pod's infra process (here: no `crishim-pause` beside it) fails
 /// RunPodSandbox with its reason, and leaves no shim, pod, mount or file behind.
 #[tokio::test]
@@ -2206,11 +2215,7 @@ async fn a_shim_that_cannot_start_the_infra_fails_the_pod_with_why_and_leaves_no
     if std::fs::hard_link(&real, &shim).is_err() {
         std::fs::copy(&real, &shim).expect("copying crishim-shim");
     }
-    let opts = DaemonOptions::new().extra_toml(&format!(
-        "shim_binary = {}\n",
-        serde_json::to_string(&shim.to_string_lossy()).unwrap()
-    ));
-    let env = PodEnv::start_with(opts).await;
+    let env = env_with_shim_binary(&shim).await;
     let d = &env.d;
     let before = Footprint::of(d);
 
@@ -2245,11 +2250,7 @@ async fn a_shim_start_printing_a_flood_fails_the_pod_with_a_short_message() {
         let shim = bin.path().join("crishim-shim");
         std::fs::write(&shim, format!("#!/bin/sh\n{script}\n")).unwrap();
         std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let opts = DaemonOptions::new().extra_toml(&format!(
-            "shim_binary = {}\n",
-            serde_json::to_string(&shim.to_string_lossy()).unwrap()
-        ));
-        let env = PodEnv::start_with(opts).await;
+        let env = env_with_shim_binary(&shim).await;
         let d = &env.d;
         let before = Footprint::of(d);
         let t = Instant::now();
