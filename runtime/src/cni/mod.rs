@@ -7,8 +7,9 @@
 //!   files that do not load are skipped with a warning). The directory is read again on every
 //!   call, so a config that appears later is used without a restart ([`Cni::ready`]).
 //! - Plugins: `bin_dirs` are searched in order; a plugin runs with its config on stdin and
-//!   `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_ARGS`, `CNI_PATH` and
-//!   `PATH` as its whole environment, under `timeout` (killed when it runs out).
+//!   `CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_ARGS`, `CNI_PATH`,
+//!   `PATH` and `GOMAXPROCS=1` ([`exec::PLUGIN_GOMAXPROCS`]) as its whole environment, under
+//!   `timeout` (killed when it runs out).
 //! - [`Cni::setup`] (ADD) runs the plugins in order, chaining `prevResult`; when one fails, DEL
 //!   is run for the whole list and the plugin's error returned. [`Cni::teardown`] (DEL) runs
 //!   all of them in reverse, with the config and `prevResult` cached by ADD, even when some

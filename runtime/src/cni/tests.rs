@@ -263,13 +263,15 @@ async fn cni_add_chains_prev_result_and_del_runs_in_reverse_with_cached_result()
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         assert_eq!(cni_vars, want);
+        // Go's scheduler sized to one CPU: plugins are short-lived and do one thing at a time.
+        assert_eq!(c.env["GOMAXPROCS"], "1");
         // Nothing of the daemon's environment but PATH (sh adds PWD and the like).
         let others: Vec<_> = c
             .env
             .keys()
             .filter(|k| {
                 !k.starts_with("CNI_")
-                    && !["PATH", "PWD", "SHLVL", "_", "OLDPWD"].contains(&k.as_str())
+                    && !["PATH", "GOMAXPROCS", "PWD", "SHLVL", "_", "OLDPWD"].contains(&k.as_str())
             })
             .collect();
         assert!(others.is_empty(), "leaked environment: {others:?}");
