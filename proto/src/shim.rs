@@ -385,7 +385,7 @@ mod tests {
             );
         }
         assert!(refused(b"\xff\xfe garbage").contains("unexpected ready report"));
-        // A report the size of the cap is shown cut, not whole.
+        // A long report (4 times the daemon's cap on what it keeps) is shown cut, not whole.
         assert!(refused(&vec![b'x'; 16 << 10]).len() < 512);
     }
 

@@ -83,7 +83,7 @@ pub fn run(args: &[String]) -> ! {
             let _ = setsid();
             redirect_stdio(&dir);
             let mut ready = Some(std::fs::File::from(w));
-            match crate::server::serve(dir.clone(), infra, oci, &mut ready) {
+            match crate::server::serve(dir, infra, oci, &mut ready) {
                 Ok(()) => std::process::exit(0),
                 Err(e) => {
                     if let Some(mut r) = ready {
