@@ -5,6 +5,7 @@
 #   - a driver-API program allocating past its limit through cuMemAlloc, cuGetProcAddress,
 #     cuMemAllocAsync, a memory pool and arrays, and a pool that keeps freed memory;
 #   - two processes sharing the limit, one of them killed;
+#   - a graph's memory allocation nodes, launched again, and after the graph memory is trimmed;
 #   - the core limit alone (through plain, cooperative and graph launches), the unlimited rate,
 #     and the limit beside a neighbour container that keeps the GPU busy.
 # Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored), once

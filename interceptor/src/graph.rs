@@ -3,7 +3,9 @@
 //! or uploaded, so no allocation hook sees that either. A graph's cost is therefore taken when it
 //! is instantiated — the blocks of every kernel node and the bytes of every memory allocation
 //! node, child graphs included — and charged at each `cuGraphLaunch` (blocks, see `hooks`) and
-//! `cuGraphLaunch` or `cuGraphUpload` (memory, see `pool::graph_memory`). `cuGraphExecUpdate`
+//! `cuGraphLaunch` or `cuGraphUpload` (memory, see `pool::graph_memory`). The driver keeps a
+//! graph's memory mapped to it across its launches, until `cuDeviceGraphMemTrim` (as an NVIDIA
+//! H100 showed): a graph launched again maps nothing new. `cuGraphExecUpdate`
 //! takes the cost again from the new graph; a kernel or child graph node's parameters set on an
 //! instantiated graph (`cuGraphExecKernelNodeSetParams`, `cuGraphExecChildGraphNodeSetParams`,
 //! `cuGraphExecNodeSetParams`) change it by that node's blocks.
@@ -92,6 +94,34 @@ pub(crate) struct Cost {
     pub memory: Vec<(CUdevice, u64)>,
     /// The blocks of its top-level kernel and child graph nodes, by node handle.
     nodes: HashMap<usize, u64>,
+    /// Whether the driver holds its memory mapped: from a launch or upload until the graph
+    /// memory is trimmed.
+    mapped: bool,
+}
+
+/// What a launch or upload of a graph maps on one device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Mapping {
+    pub dev: CUdevice,
+    /// Its allocation nodes' bytes.
+    pub bytes: u64,
+    /// What of them the driver holds mapped to it already.
+    pub held: u64,
+    /// What every graph mapped on the device holds, by this process's count: where the driver
+    /// reports less in use, graphs share pages or some were let go, and `held` cannot be relied on.
+    pub all_held: u64,
+}
+
+impl Mapping {
+    /// Memory a graph maps for the first time.
+    pub fn new(dev: CUdevice, bytes: u64) -> Mapping {
+        Mapping {
+            dev,
+            bytes,
+            held: 0,
+            all_held: 0,
+        }
+    }
 }
 
 impl Cost {
@@ -143,13 +173,63 @@ pub(crate) fn cost(exec: CUgraphExec) -> u64 {
 /// map is reserved first (see `pool::graph_memory`). The graph's memory is looked up only where
 /// a memory limit is in force: a launch is a hot path.
 pub(crate) fn mapping(exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
+    let mut asked = false;
     let memory = || {
-        lock(&COSTS)
-            .as_ref()
-            .and_then(|m| m.get(&(exec as usize)).map(|c| c.memory.clone()))
-            .unwrap_or_default()
+        asked = true;
+        mappings(exec)
     };
-    crate::pool::graph_memory(memory, call)
+    let r = crate::pool::graph_memory(memory, call);
+    if asked && r == CUDA_SUCCESS {
+        if let Some(c) = lock(&COSTS)
+            .as_mut()
+            .and_then(|m| m.get_mut(&(exec as usize)))
+        {
+            c.mapped = !c.memory.is_empty();
+        }
+    }
+    r
+}
+
+/// What a launch or upload of `exec` maps, device by device.
+fn mappings(exec: CUgraphExec) -> Vec<Mapping> {
+    let costs = lock(&COSTS);
+    let Some((m, c)) = costs
+        .as_ref()
+        .and_then(|m| Some((m, m.get(&(exec as usize))?)))
+    else {
+        return Vec::new();
+    };
+    let held_on = |dev: CUdevice| {
+        m.values()
+            .filter(|o| o.mapped)
+            .flat_map(|o| o.memory.iter())
+            .filter(|(d, _)| *d == dev)
+            .fold(0u64, |sum, (_, b)| sum.saturating_add(*b))
+    };
+    c.memory
+        .iter()
+        .map(|&(dev, bytes)| match c.mapped {
+            true => Mapping {
+                dev,
+                bytes,
+                held: bytes,
+                all_held: held_on(dev),
+            },
+            false => Mapping::new(dev, bytes),
+        })
+        .collect()
+}
+
+/// Device `dev`'s graph memory was trimmed: the driver let go of the memory of every graph not
+/// running, so each graph's next launch is taken to map its memory anew.
+pub(crate) fn trimmed(dev: CUdevice) {
+    if let Some(m) = lock(&COSTS).as_mut() {
+        for c in m.values_mut() {
+            if c.memory.iter().any(|(d, _)| *d == dev) {
+                c.mapped = false;
+            }
+        }
+    }
 }
 
 /// Whether a core or memory limit is in force: only then is a graph's cost worth reading.
@@ -178,11 +258,15 @@ fn instantiate(
 ) -> CUresult {
     let cost = read_cost(graph);
     let r = match &cost {
-        Some(c) if uploads => crate::pool::graph_memory(|| c.memory.clone(), call),
+        Some(c) if uploads => {
+            let first = || c.memory.iter().map(|&(d, b)| Mapping::new(d, b)).collect();
+            crate::pool::graph_memory(first, call)
+        }
         _ => call(),
     };
-    if let (CUDA_SUCCESS, Some(cost)) = (r, cost) {
+    if let (CUDA_SUCCESS, Some(mut cost)) = (r, cost) {
         if let Some(exec) = exec() {
+            cost.mapped = uploads && !cost.memory.is_empty();
             keep(exec, cost);
         }
     }

@@ -13,7 +13,8 @@
 //! are launched or uploaded and keeps until `cuDeviceGraphMemTrim`, is charged the same way: as
 //! a pool whose reservation the driver reports (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`). A
 //! launch first reserves what the graph's allocation nodes may add: their bytes less what the
-//! graph memory holds unused ([`graph_memory`]).
+//! graph memory holds unused, and nothing for a graph whose memory the driver still holds
+//! mapped to it from an earlier launch ([`graph_memory`]).
 //!
 //! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
 //! documents, and they are meant to be called from C only.
@@ -242,12 +243,12 @@ fn grow(
     Ok(())
 }
 
-/// Make `call`, a graph launch or upload that maps `memory()` (bytes by device ordinal, its
-/// allocation nodes'; asked only where a memory limit is in force) within the limit: each
-/// device's graph memory is first charged what it must grow by (the bytes less what it holds
-/// unused), and after the call what the driver reports.
+/// Make `call`, a graph launch or upload that maps `memory()` (its allocation nodes' bytes by
+/// device; asked only where a memory limit is in force) within the limit: each device's graph
+/// memory is first charged what it must grow by (the bytes not mapped to the graph already, less
+/// what it holds unused), and after the call what the driver reports.
 pub(crate) fn graph_memory(
-    memory: impl FnOnce() -> Vec<(CUdevice, u64)>,
+    memory: impl FnOnce() -> Vec<crate::graph::Mapping>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (l, limit) = match limited() {
@@ -263,13 +264,18 @@ pub(crate) fn graph_memory(
     let pools = &mut guard.pools;
     let mut charged = Vec::with_capacity(memory.len());
     let mut refused = None;
-    for (dev, bytes) in memory {
-        let source = Source::Graphs(dev);
-        let unused = |p: &Pool| {
-            graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
-                .map_or(0, |used| p.charged.saturating_sub(used))
+    for m in memory {
+        let source = Source::Graphs(m.dev);
+        let used = || graph_attribute(m.dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+        // The graph's own mapping counts only while the driver reports at least every mapping
+        // this process knows of in use.
+        let held = match used() {
+            Some(u) if u >= m.all_held => m.held,
+            _ => 0,
         };
-        let r = device_uuid(l, On::Ordinal(dev))
+        let unused = |p: &Pool| used().map_or(0, |u| p.charged.saturating_sub(u));
+        let bytes = m.bytes.saturating_sub(held);
+        let r = device_uuid(l, On::Ordinal(m.dev))
             .and_then(|uuid| grow(l, pools, source, uuid, bytes, limit, unused));
         charged.push(source);
         if let Err(r) = r {
@@ -405,6 +411,9 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     );
     // SAFETY: forwarding the caller's argument.
     let r = unsafe { f(dev) };
+    if r == CUDA_SUCCESS {
+        crate::graph::trimmed(dev);
+    }
     if let (CUDA_SUCCESS, Ok(Some((l, _)))) = (r, limited()) {
         let mut guard = lock(&l.pools);
         let source = Source::Graphs(dev);

@@ -28,7 +28,12 @@
  *                                   frees it (a free node): launched, then a plain MIB2
  *                                   allocation, launched again, the graph memory trimmed, MIB2
  *                                   again (held), the graph launched and uploaded once more;
- *                                   prints each result code
+ *                                   prints each result code; with $CUDATEST_ATTRS set, also
+ *                                   the device's graph memory in use and reserved after each
+ *   cudatest graphshare MIB         two graphs that each allocate and free MIB, launched one
+ *                                   after the other on one stream, then the first again, then
+ *                                   the graph memory trimmed: prints the graph memory in use and
+ *                                   reserved after each (a real GPU's behaviour, for reading)
  *   cudatest asyncalloc MIB         cuMemAllocAsync on the default stream and cuMemFreeAsync
  *   cudatest procs                  NVML's compute processes on device 0 (_v3 and v1): how many,
  *                                   and whether this process is among them (with $CUDATEST_PIDS
@@ -99,6 +104,15 @@ static CUresult burn_graph(void **graph, void *fn, void **params, unsigned inner
 
 static void *proc(const char *name);
 static void device0(void *prop);
+
+/* Device 0's graph memory: in use (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) and reserved, in MiB. */
+static void graph_attrs(const char *when) {
+    CUresult (*get)(int, int, void *) = sym("cuDeviceGetGraphMemAttribute");
+    unsigned long long used = 0, reserved = 0;
+    get(0, 0, &used);
+    get(0, 2, &reserved);
+    printf("attrs %s used %llu reserved %llu\n", when, used >> 20, reserved >> 20);
+}
 
 /* graphmem's graph, instantiated: an allocation of `mib` on device 0, then its free. */
 static CUresult alloc_graph(void **exec, size_t mib) {
@@ -380,6 +394,30 @@ int main(int argc, char **argv) {
         printf("async 100 %d\n", r2);
         if (r == 0) free_async(x, NULL);
         if (r2 == 0) free_async(y, NULL);
+    } else if (strcmp(cmd, "graphshare") == 0 && argc == 3) {
+        CUresult (*launch)(void *, void *) = sym("cuGraphLaunch");
+        CUresult (*trim)(int) = proc("cuDeviceGraphMemTrim");
+        CUresult (*sync)(void) = sym("cuCtxSynchronize");
+        int mib = atoi(argv[2]);
+        void *a = NULL, *b = NULL;
+        CUresult r = alloc_graph(&a, (size_t)mib);
+        if (r == 0) r = alloc_graph(&b, (size_t)mib);
+        if (r != 0) {
+            printf("graphs %d %d\n", mib, r);
+            return 18;
+        }
+        graph_attrs("instantiated");
+        printf("first %d\n", launch(a, NULL));
+        sync();
+        graph_attrs("first launched");
+        printf("second %d\n", launch(b, NULL));
+        sync();
+        graph_attrs("second launched");
+        printf("first again %d\n", launch(a, NULL));
+        sync();
+        graph_attrs("first again");
+        printf("trim %d\n", trim(0));
+        graph_attrs("trimmed");
     } else if (strcmp(cmd, "graphmem") == 0 && argc == 4) {
         CUresult (*launch)(void *, void *) = sym("cuGraphLaunch");
         CUresult (*upload)(void *, void *) = proc("cuGraphUpload");
@@ -392,12 +430,16 @@ int main(int argc, char **argv) {
             printf("graph %d %d\n", a, r);
             return 18;
         }
+        int attrs = getenv("CUDATEST_ATTRS") != NULL;
         printf("graph %d launch %d\n", a, launch(exec, NULL));
         sync();
+        if (attrs) graph_attrs("launched");
         printf("plain %d %d\n", b, alloc(b, 0));
         printf("graph %d again %d\n", a, launch(exec, NULL));
         sync();
+        if (attrs) graph_attrs("again");
         printf("trim %d\n", trim(0));
+        if (attrs) graph_attrs("trimmed");
         /* alloc() does not free: the MIB2 stay held for what follows. */
         printf("plain %d %d\n", b, alloc(b, 1));
         printf("graph %d held %d\n", a, launch(exec, NULL));

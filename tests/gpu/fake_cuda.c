@@ -19,7 +19,9 @@
  * does FAKE_CAPACITY blocks a second; a process's SM percent is its rate of the last 100 ms.
  * Memory pools keep freed memory up to their release threshold (default 0), in 2 MiB steps.
  * A graph's memory allocation nodes are mapped from the device's graph memory when the graph is
- * launched or uploaded; the graph memory keeps what it maps until cuDeviceGraphMemTrim.
+ * first launched or uploaded, and stay mapped to it (in use) across its launches, as the real
+ * driver keeps them, until cuDeviceGraphMemTrim or its destruction; the graph memory keeps
+ * what it holds until cuDeviceGraphMemTrim.
  */
 #include <fcntl.h>
 #include <stdint.h>
@@ -506,9 +508,10 @@ typedef struct fake_graph fake_graph;
 /* blocks: a kernel's; bytes and dev: an allocation's, or a free's (of the allocation it frees). */
 typedef struct { int type; unsigned long long blocks; fake_graph *child; unsigned long long bytes, ptr; int dev; } fake_node;
 struct fake_graph { size_t n; fake_node nodes[MAX_GRAPH_NODES]; };
-/* mem: bytes its allocation nodes map on each device; kept: those its free nodes leave live. */
+/* mem: bytes its allocation nodes map on each device; mapped: whether they are mapped now. */
 typedef struct {
-    unsigned long long blocks, mem[MAX_DEVICES], kept[MAX_DEVICES];
+    unsigned long long blocks, mem[MAX_DEVICES];
+    int mapped;
     /* The graph it was made from, and the blocks each of that graph's nodes runs in it. */
     const fake_graph *graph;
     unsigned long long node_blocks[MAX_GRAPH_NODES];
@@ -598,8 +601,7 @@ static void graph_cost(fake_exec *e, const fake_graph *g) {
         switch (n->type) {
         case NODE_KERNEL: e->blocks += n->blocks; break;
         case NODE_GRAPH: graph_cost(e, n->child); break;
-        case NODE_MEM_ALLOC: e->mem[n->dev] += n->bytes; e->kept[n->dev] += n->bytes; break;
-        case NODE_MEM_FREE: e->kept[n->dev] -= n->bytes; break;
+        case NODE_MEM_ALLOC: e->mem[n->dev] += n->bytes; break;
         }
     }
 }
@@ -609,7 +611,17 @@ static unsigned long long blocks_of(const fake_graph *g) {
     graph_cost(&e, g);
     return e.blocks;
 }
+/* The graph memory e's allocations were mapped from is no longer in use. */
+static void unmap_graph(fake_exec *e) {
+    if (!e->mapped) return;
+    for (int d = 0; d < ndev; d++) graph_live[d] -= e->mem[d];
+    e->mapped = 0;
+}
+/* The instantiated graphs, for cuDeviceGraphMemTrim to unmap. */
+#define MAX_EXECS 256
+static fake_exec *execs[MAX_EXECS];
 static void exec_of(fake_exec *e, const fake_graph *g) {
+    unmap_graph(e);
     memset(e, 0, sizeof *e);
     graph_cost(e, g);
     e->graph = g;
@@ -633,8 +645,10 @@ EXPORT CUresult cuGraphExecChildGraphNodeSetParams(fake_exec *e, const fake_node
 }
 EXPORT CUresult cuGraphInstantiateWithFlags(fake_exec **e, fake_graph *g, unsigned long long flags) {
     (void)flags;
-    *e = malloc(sizeof **e);
-    if (!*e) return CUDA_ERROR_OUT_OF_MEMORY;
+    int slot = 0;
+    while (slot < MAX_EXECS && execs[slot]) slot++;
+    if (slot == MAX_EXECS || !(*e = calloc(1, sizeof **e))) return CUDA_ERROR_OUT_OF_MEMORY;
+    execs[slot] = *e;
     exec_of(*e, g);
     return CUDA_SUCCESS;
 }
@@ -644,8 +658,9 @@ EXPORT CUresult cuGraphExecUpdate_v2(fake_exec *e, fake_graph *g, void *info) {
     return CUDA_SUCCESS;
 }
 /* Map what e's allocation nodes need from each device's graph memory, growing it where what it
- * holds unused is short. */
-static CUresult map_graph(const fake_exec *e) {
+ * holds unused is short; nothing where they are mapped already. */
+static CUresult map_graph(fake_exec *e) {
+    if (e->mapped) return CUDA_SUCCESS;
     for (int d = 0; d < ndev; d++) {
         unsigned long long unused = graph_reserved[d] - graph_live[d];
         if (e->mem[d] > unused && used[d] + (e->mem[d] - unused) > FAKE_MEMORY) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -657,7 +672,9 @@ static CUresult map_graph(const fake_exec *e) {
             graph_reserved[d] += e->mem[d] - unused;
             publish(d);
         }
+        graph_live[d] += e->mem[d];
     }
+    e->mapped = 1;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphUpload(fake_exec *e, CUstream s) { (void)s; return map_graph(e); }
@@ -665,7 +682,6 @@ EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) {
     (void)s;
     CUresult r = map_graph(e);
     if (r != CUDA_SUCCESS) return r;
-    for (int d = 0; d < ndev; d++) graph_live[d] += e->kept[d];
     return launched(e->blocks);
 }
 /* CUgraphMem_attribute: 0 used now, 2 reserved now. */
@@ -677,14 +693,23 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) 
     default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
+/* Every graph here has finished running: trimming unmaps them all. */
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
     if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (execs[i] && execs[i]->mem[d]) unmap_graph(execs[i]);
     used[d] -= graph_reserved[d] - graph_live[d];
     graph_reserved[d] = graph_live[d];
     publish(d);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphExecDestroy(fake_exec *e) { free(e); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphExecDestroy(fake_exec *e) {
+    for (int i = 0; i < MAX_EXECS; i++)
+        if (execs[i] == e) execs[i] = NULL;
+    unmap_graph(e);
+    free(e);
+    return CUDA_SUCCESS;
+}
 
 /* Every stream is being captured into a graph while $FAKE_CUDA_CAPTURING is set. */
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {

@@ -417,7 +417,8 @@ async fn check_enforcement(env: &PodEnv, id: &str) {
          async 100 0\nasync 100 2\n"
     );
     // A graph's memory allocation nodes are mapped when it is launched or uploaded, and the
-    // device's graph memory keeps them until trimmed: charged as a pool is.
+    // device's graph memory keeps them until trimmed: charged as a pool is. The graph keeps its
+    // mapping across launches (as a real driver does), so a second launch needs nothing more.
     assert_eq!(
         sh_ok(env, id, "cudatest graphmem 200 100").await,
         "graph 200 launch 0\nplain 100 2\ngraph 200 again 0\ntrim 0\nplain 100 0\n\

@@ -111,19 +111,6 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     ] {
         step(&env, &id, what, &cmd).await;
     }
-    // Not yet run on a GPU (written without one): the graph memory of allocation nodes.
-    let out = step(
-        &env,
-        &id,
-        "a graph's memory nodes count from its launch until the graph memory is trimmed",
-        "cudatest graphmem 1024 1280",
-    )
-    .await;
-    assert_eq!(
-        out,
-        "graph 1024 launch 0\nplain 1280 2\ngraph 1024 again 0\ntrim 0\nplain 1280 0\n\
-         graph 1024 held 2\nupload 1024 held 2\n"
-    );
     let out = step(
         &env,
         &id,
@@ -197,6 +184,15 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         "while ! grep -qs burn /tmp/burn; do sleep 1; done; cat /tmp/burn",
     )
     .await;
+    // The graph memory of allocation nodes. Every step runs before any assertion on the core
+    // limit or on this, so that one fault hides none of the others' output.
+    let graphmem = step(
+        &env,
+        &id,
+        "a graph's memory nodes count from its launch until the graph memory is trimmed",
+        "cudatest graphmem 1024 1280",
+    )
+    .await;
     let share = |rate: f64| rate / unlimited * 100.0;
     let beside: Vec<f64> = beside.into_iter().map(share).collect();
     let alone: Vec<(&str, f64)> = alone.into_iter().map(|(how, r)| (how, share(r))).collect();
@@ -204,16 +200,28 @@ async fn a_real_gpu_under_memory_and_core_limits() {
         "== the core limit, 30%: alone {alone:.0?}, beside a busy neighbour {beside:.0?}, in % \
          of the unlimited rate"
     );
-    // Alone, the rate follows the GPU's time closely. Beside a neighbour, a time-slice the
-    // container holds runs less of its work, so its share of the time (which is limited) is
-    // above its share of the rate: never more than the limit, but not starved either.
+    // Alone, the rate follows the GPU's time closely. Beside a neighbour, NVML gives each
+    // time-slice's sample to one process, so the steering holds the *average* at the limit,
+    // and one run's 5 s window swings around it (16 to 40% on an H100 in session 19, averaging
+    // 25 to 27% over three runs): the average must stay under the limit, and no window may be
+    // starved or take far more than the limit.
     for (how, pct) in &alone {
         assert!((20.0..=36.0).contains(pct), "alone, through {how}");
     }
+    let mean = beside.iter().sum::<f64>() / beside.len() as f64;
+    assert!(
+        (18.0..=33.0).contains(&mean),
+        "beside a neighbour, on average: {mean:.0}%"
+    );
     for b in beside {
-        assert!((12.0..=36.0).contains(&b), "beside a neighbour");
+        assert!((12.0..=50.0).contains(&b), "beside a neighbour: {b:.0}%");
     }
 
+    assert_eq!(
+        graphmem,
+        "graph 1024 launch 0\nplain 1280 2\ngraph 1024 again 0\ntrim 0\nplain 1280 0\n\
+         graph 1024 held 2\nupload 1024 held 2\n"
+    );
     let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
         .args(["gpu", "list", "--config"])
         .arg(env.d.config_path())
