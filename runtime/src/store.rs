@@ -12,6 +12,7 @@ use crishim_proto::shim::{ContainerState, Status as ShimStatus};
 use crishim_proto::shown::shown;
 
 use crate::records::{container_name, pod_name, ContainerRecord, PodRecord, RecordDir};
+use crishim_images::blocking::off_the_workers;
 
 /// Candidates named in an ambiguous-prefix error.
 const MAX_CANDIDATES: usize = 5;
@@ -191,9 +192,7 @@ impl Store {
     }
 
     pub fn save_pod(&self, p: &PodRecord) -> Result<(), StoreError> {
-        self.pod_records
-            .save(&p.id, p)
-            .map_err(io_error("pod", &p.id))?;
+        off_the_workers(|| self.pod_records.save(&p.id, p)).map_err(io_error("pod", &p.id))?;
         self.index
             .lock()
             .unwrap()
@@ -203,8 +202,7 @@ impl Store {
     }
 
     pub fn save_container(&self, c: &ContainerRecord) -> Result<(), StoreError> {
-        self.container_records
-            .save(&c.id, c)
+        off_the_workers(|| self.container_records.save(&c.id, c))
             .map_err(io_error("container", &c.id))?;
         self.index
             .lock()
@@ -262,7 +260,7 @@ impl Store {
         };
         let now_exited = exited(&record.last);
         if now_exited {
-            if let Err(e) = self.container_records.save(&record.id, &record) {
+            if let Err(e) = off_the_workers(|| self.container_records.save(&record.id, &record)) {
                 tracing::warn!(container = %record.id, error = %e, "saving an exit");
             }
         }

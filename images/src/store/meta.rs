@@ -6,6 +6,7 @@ use std::path::Path;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use crate::blocking::off_the_workers;
 use crate::digest::Digest;
 use crate::error::Result;
 
@@ -62,6 +63,11 @@ pub struct Meta {
     db: Database,
 }
 
+/// Commits `txn`, whose `fsync`s must not stall the async runtime.
+fn commit(txn: redb::WriteTransaction) -> Result<()> {
+    Ok(off_the_workers(|| txn.commit())?)
+}
+
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
     Ok(serde_json::from_slice(bytes)?)
 }
@@ -73,7 +79,7 @@ impl Meta {
         txn.open_table(IMAGES)?;
         txn.open_table(NAMES)?;
         txn.open_table(CONTAINERS)?;
-        txn.commit()?;
+        commit(txn)?;
         Ok(Meta { db })
     }
 
@@ -150,7 +156,7 @@ impl Meta {
             }
             images.insert(id.as_str(), serde_json::to_vec(&record)?.as_slice())?;
         }
-        txn.commit()?;
+        commit(txn)?;
         Ok(record)
     }
 
@@ -169,7 +175,7 @@ impl Meta {
             }
             rec.is_some()
         };
-        txn.commit()?;
+        commit(txn)?;
         Ok(existed)
     }
 
@@ -185,14 +191,14 @@ impl Meta {
                 true
             }
         };
-        txn.commit()?;
+        commit(txn)?;
         Ok(inserted)
     }
 
     pub fn remove_container(&self, id: &str) -> Result<()> {
         let txn = self.db.begin_write()?;
         txn.open_table(CONTAINERS)?.remove(id)?;
-        txn.commit()?;
+        commit(txn)?;
         Ok(())
     }
 

@@ -535,7 +535,7 @@ impl Cni {
     }
 
     fn store(&self, entry: &CacheEntry) -> Result<(), CniError> {
-        self.cache.store(entry).map_err(|e| {
+        crishim_images::blocking::off_the_workers(|| self.cache.store(entry)).map_err(|e| {
             CniError::Io(format!(
                 "writing the CNI cache entry in {}: {e}",
                 self.config.cache_dir.display()
