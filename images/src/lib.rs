@@ -333,9 +333,9 @@ fn validate_id(id: &str) -> Result<()> {
     }
 }
 
-/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
+/// Mount points at or below `dir`, deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read()
+    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read_points()
         .into_iter()
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
