@@ -333,9 +333,9 @@ fn validate_id(id: &str) -> Result<()> {
     }
 }
 
-/// Mount points at or below `dir`, deepest first.
+/// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read_points()
+    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read()
         .into_iter()
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))

@@ -130,7 +130,7 @@ pub fn is_mountpoint(path: &Path) -> bool {
     if stx.stx_attributes_mask & root != 0 {
         return stx.stx_attributes & root != 0;
     }
-    crishim_proto::mountinfo::read_points()
+    crishim_proto::mountinfo::read()
         .iter()
         .any(|m| m.mount_point == path)
 }

@@ -190,17 +190,15 @@ fn build_here(
     back: &File,
 ) -> Result<File, String> {
     let built = (|| {
-        let mounts = mountinfo::read_points();
-        if mounts.is_empty() {
-            return Err("reading this namespace's mounts: none found".to_string());
-        }
+        let text = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("reading mountinfo: {e}"))?;
         let prune = Prune {
             drop_below,
             keep: &[],
             drop_types: true,
             near: None,
         };
-        let plan = plan(&mounts, &prune);
+        let plan = plan(&mountinfo::parse(&text), &prune);
         unshare_pruned(work, &plan.binds, must_see, MsFlags::MS_PRIVATE)?;
         File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string())
     })();
@@ -277,7 +275,7 @@ impl CreateView {
 
     fn build_with(spare_of: Option<&Path>, scope: ViewScope, work: &Path) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
-        let mounts = mountinfo::read_points();
+        let mounts = mountinfo::read();
         if spare_of.is_some_and(|state| !holder(&mounts, state).is_some_and(|m| m.shared)) {
             return None;
         }
