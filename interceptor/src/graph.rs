@@ -710,6 +710,44 @@ mod tests {
         assert_eq!(cost(0x1234 as CUgraphExec), 1);
     }
 
+    /// A launched graph holds its memory (the driver keeps it mapped) until its device's graph
+    /// memory is trimmed; what every mapped graph holds is summed for the check against the
+    /// driver's count. Device 7 and these handles are this test's alone (the costs are global).
+    #[test]
+    fn a_mapped_graph_holds_its_memory_until_the_device_is_trimmed() {
+        let (a, b) = (0xa11a_0001 as CUgraphExec, 0xa11a_0002 as CUgraphExec);
+        let on7 = |bytes| Cost {
+            memory: vec![(7, bytes)],
+            ..Cost::default()
+        };
+        keep(a, on7(100));
+        keep(b, on7(50));
+        let launched = |exec: CUgraphExec| {
+            lock(&COSTS)
+                .as_mut()
+                .unwrap()
+                .get_mut(&(exec as usize))
+                .unwrap()
+                .mapped = true;
+        };
+        assert_eq!(mappings(a), vec![Mapping::new(7, 100)], "never launched");
+        launched(a);
+        let held = |held, all_held| Mapping {
+            dev: 7,
+            bytes: 100,
+            held,
+            all_held,
+        };
+        assert_eq!(mappings(a), vec![held(100, 100)]);
+        launched(b);
+        assert_eq!(mappings(a), vec![held(100, 150)]);
+        trimmed(8);
+        assert_eq!(mappings(a), vec![held(100, 150)], "another device's trim");
+        trimmed(7);
+        assert_eq!(mappings(a), vec![Mapping::new(7, 100)]);
+        assert_eq!(mappings(b), vec![Mapping::new(7, 50)]);
+    }
+
     /// Graphs as numbers: graph `g` has `fan_out` nodes; node `i` of it is a kernel of 10 blocks
     /// when `i` is even, else a child node holding graph `child_of(g)`. Counts the nodes read.
     struct Hostile {
