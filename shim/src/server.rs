@@ -299,7 +299,28 @@ async fn shutdown(shim: &Shared) -> Response {
     if infra > 0 {
         let pid = nix::unistd::Pid::from_raw(infra);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        let _ = nix::sys::wait::waitpid(pid, None);
+        wait_infra_exit(shim, pid).await;
     }
     Response::Ok
+}
+
+/// The infra process exits within this after its SIGKILL, or the shutdown goes on without it.
+const INFRA_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// Wait for the killed infra process. As its pid namespace's init it exits only once every other
+/// process of the namespace is reaped, and the processes of containers sharing that namespace are
+/// our children: so every child is reaped meanwhile, never the infra alone. A blocking wait for
+/// it alone waited forever on a container's zombie, and the shim stopped answering.
+async fn wait_infra_exit(shim: &Shared, pid: nix::unistd::Pid) {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let deadline = tokio::time::Instant::now() + INFRA_EXIT_WAIT;
+    loop {
+        crate::reaper::reap(shim);
+        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            _ => return,
+        }
+    }
 }

@@ -682,6 +682,19 @@ async fn garbage_in_every_field_of_every_rpc_gets_a_status_and_leaves_nothing_be
                 .as_nanos() as u64
                 | 1
         });
+    fuzz(seed).await;
+}
+
+/// A seed that hung a pod's shim: its Shutdown waited for the killed infra process alone, which
+/// as its pid namespace's init could not finish exiting while a container's zombie in that
+/// namespace, the shim's child, was not reaped. The pod's StopPodSandbox took 60 s, and the infra
+/// process and the zombie outlived the pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_that_once_hung_a_shim_leaves_nothing_behind() {
+    fuzz(1795715926126912737).await;
+}
+
+async fn fuzz(seed: u64) {
     let calls: usize = std::env::var("CRISHIM_CRI_FUZZ_CALLS")
         .ok()
         .and_then(|s| s.parse().ok())
