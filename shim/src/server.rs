@@ -299,7 +299,7 @@ async fn shutdown(shim: &Shared) -> Response {
     if infra > 0 {
         let pid = nix::unistd::Pid::from_raw(infra);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
-        wait_infra_exit(shim, pid).await;
+        wait_infra_exit(shim).await;
     }
     Response::Ok
 }
@@ -309,18 +309,16 @@ const INFRA_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 /// Wait for the killed infra process. As its pid namespace's init it exits only once every other
 /// process of the namespace is reaped, and the processes of containers sharing that namespace are
-/// our children: so every child is reaped meanwhile, never the infra alone. A blocking wait for
-/// it alone waited forever on a container's zombie, and the shim stopped answering.
-async fn wait_infra_exit(shim: &Shared, pid: nix::unistd::Pid) {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+/// our children: so every child is reaped meanwhile (the reaper records the infra's exit too),
+/// never the infra alone. A blocking wait for it alone waited forever on a container's zombie,
+/// and the shim stopped answering.
+async fn wait_infra_exit(shim: &Shared) {
     let deadline = tokio::time::Instant::now() + INFRA_EXIT_WAIT;
     loop {
         crate::reaper::reap(shim);
-        match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            _ => return,
+        if shim.borrow().infra_pid == 0 || tokio::time::Instant::now() >= deadline {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
