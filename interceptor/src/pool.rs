@@ -268,10 +268,10 @@ pub(crate) fn graph_memory(
         let source = Source::Graphs(m.dev);
         let used = || graph_attribute(m.dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
         // The graph's own mapping counts only while the driver reports at least every mapping
-        // this process knows of in use.
-        let held = match used() {
-            Some(u) if u >= m.all_held => m.held,
-            _ => 0,
+        // this process knows of in use (asked only of a graph that holds one).
+        let held = match m.held {
+            0 => 0,
+            held => used().filter(|&u| u >= m.all_held).map_or(0, |_| held),
         };
         let unused = |p: &Pool| used().map_or(0, |u| p.charged.saturating_sub(u));
         let bytes = m.bytes.saturating_sub(held);
