@@ -11,6 +11,23 @@ use nix::sched::{unshare, CloneFlags};
 /// the mount, in our own private mount namespace, hides it from nothing but ourselves.
 const MOUNT_POINT: &str = "/proc";
 
+/// Join the empty mount namespace left on `fd` (the daemon's: a read-only tmpfs of no size as its
+/// root, nothing else); whether we did. Not for a pod with its own user namespace, whose root
+/// has no say over the node's namespaces: it makes its own with [`empty_root`].
+pub fn join_empty(fd: i32) -> bool {
+    // SAFETY: fstatfs into a zeroed struct we own, on a descriptor number we may not hold.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    let is_ns =
+        unsafe { libc::fstatfs(fd, &mut st) } == 0 && st.f_type as u64 == libc::NSFS_MAGIC as u64;
+    // SAFETY: setns on a namespace descriptor; then chdir to the root it gave us.
+    let joined = is_ns
+        && unsafe { libc::setns(fd, libc::CLONE_NEWNS) } == 0
+        && unsafe { libc::chdir(c"/".as_ptr()) } == 0;
+    // SAFETY: our own descriptor, used no more.
+    unsafe { libc::close(fd) };
+    joined
+}
+
 /// Enter a mount namespace of our own and pivot into an empty, read-only tmpfs: afterwards `/` and
 /// `/proc/<pid>/root` show an empty directory, as pause's root does, and no host mount is reachable.
 pub fn empty_root() -> Result<(), String> {

@@ -20,6 +20,10 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 /// that its command line stays `crishim-pause`, as `ps` in a shared-pid pod shows it.
 pub const READY_FD: i32 = 3;
 
+/// The descriptor on which the shim may leave us the daemon's empty mount namespace, to join
+/// instead of making one (see `confine::empty_root`).
+pub const MNT_FD: i32 = 4;
+
 /// Confine ourselves, report on [`READY_FD`], then wait.
 pub fn run() -> ! {
     let set = signals();
@@ -27,7 +31,12 @@ pub fn run() -> ! {
     let _ = set.thread_block();
     let mut ready = ready_pipe();
     let mut program = filter::program();
-    if let Err(e) = confine::empty_root().and_then(|()| confine::drop_privileges()) {
+    let confined = if confine::join_empty(MNT_FD) {
+        Ok(())
+    } else {
+        confine::empty_root()
+    };
+    if let Err(e) = confined.and_then(|()| confine::drop_privileges()) {
         eprintln!("crishim-pause: {e}");
         if let Some(r) = &mut ready {
             let _ = r.write_all(format!("error: {e}").as_bytes());

@@ -19,9 +19,9 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// A detached clone of the mount tree at `source`, idmapped with `userns`'s mappings: a file
-/// owned by host id `h` in `source` is seen there as owned by `h`'s id in the user namespace.
-pub fn idmapped_clone(source: &Path, userns: &File) -> io::Result<OwnedFd> {
+/// A detached clone of the mount tree at `source` (its submounts too), to [`attach`] elsewhere,
+/// in this mount namespace or another this thread enters.
+pub fn clone_tree(source: &Path) -> io::Result<OwnedFd> {
     let c = std::ffi::CString::new(source.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
     // SAFETY: open_tree with a valid path; the result is a new descriptor we own.
@@ -37,7 +37,13 @@ pub fn idmapped_clone(source: &Path, userns: &File) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: open_tree returned a descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// A detached clone of the mount tree at `source`, idmapped with `userns`'s mappings: a file
+/// owned by host id `h` in `source` is seen there as owned by `h`'s id in the user namespace.
+pub fn idmapped_clone(source: &Path, userns: &File) -> io::Result<OwnedFd> {
+    let fd = clone_tree(source)?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP,
         attr_clr: 0,

@@ -40,4 +40,5 @@ pub mod random;
 pub mod record;
 pub mod shim;
 pub mod shown;
+pub mod testing;
 pub mod vgpu;

@@ -34,6 +34,10 @@ pub struct InfraSpec {
     /// drops the other pods'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
+    /// The daemon's empty mount namespace (a read-only tmpfs root, nothing else), which the infra
+    /// process joins instead of copying the node's mounts and detaching them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_mnt: Option<PathBuf>,
 }
 
 /// A shim's ready report, which `crishim-shim start` prints once the shim's socket takes

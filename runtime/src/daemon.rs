@@ -58,6 +58,12 @@ pub async fn serve_until(
         .with_handlers(crate::runtimes::Handlers::new(&config.runtimes));
     let runtime =
         RuntimeService::new(config.clone(), store).context("loading pod and container records")?;
+    match crate::empty_mnt::start() {
+        Ok(path) => runtime.set_empty_mnt(path),
+        Err(e) => {
+            tracing::warn!(error = %e, "making the empty mount namespace; infra processes copy the node's")
+        }
+    }
     runtime.recover().await;
     runtime
         .start_streaming()
@@ -108,6 +114,7 @@ pub async fn serve_until(
     };
     let _ = std::fs::remove_file(&config.socket);
     spares.close();
+    crate::host_files::release_private_mount(&config.state_dir);
     result.context("serving CRI")?;
     info!("crishim stopped");
     Ok(())

@@ -47,10 +47,14 @@ const STATE_DIRS: [(&str, bool); 6] = [
     ("runs", false),
 ];
 
-/// Create `root_dir` and `state_dir` (0700) and tighten what is already under them.
+/// Create `root_dir` and `state_dir` (0700) and tighten what is already under them; keep
+/// `state_dir` a private mount (see [`private_mount`]).
 pub fn prepare(config: &Config) -> std::io::Result<()> {
     for dir in [&config.root_dir, &config.state_dir] {
         hostfs::create_private_dir(dir).map_err(|e| annotate(dir, e))?;
+    }
+    if let Err(e) = private_mount(&config.state_dir) {
+        tracing::warn!(dir = %config.state_dir.display(), error = %e, "making the state directory a private mount; the pods' mounts propagate as its parent's do");
     }
     let root = &config.root_dir;
     tighten(&root.join("records"), DIR_MODE);
@@ -81,6 +85,70 @@ pub fn prepare(config: &Config) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Make `dir` a mount of its own (a bind of itself) and private, as containers/storage keeps its
+/// layers: the pods' mounts made below it (rootfs, `/dev/shm`, network namespaces) then reach no
+/// other mount namespace. Below a shared mount (`/run` under systemd) each would be copied into
+/// every namespace that is a slave of the node's (a shim's view for a create, a sandboxed
+/// service's), and those namespaces' mount tables, and every read of them, would grow with
+/// the pods started meanwhile. A directory that already has mounts below it and is not a mount
+/// itself (a daemon upgraded under running pods) is left as it is: a bind over it would hide
+/// them.
+pub fn private_mount(dir: &Path) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let dir = std::fs::canonicalize(dir)?;
+    let mounts = crishim_proto::mountinfo::read();
+    if !mounts.iter().any(|m| m.mount_point == dir) {
+        if mounts
+            .iter()
+            .any(|m| m.mount_point != dir && m.mount_point.starts_with(&dir))
+        {
+            return Err(std::io::Error::other(
+                "it is not a mount and has mounts below it (pods of an earlier daemon)",
+            ));
+        }
+        mount(
+            Some(&dir),
+            &dir,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )?;
+    }
+    mount(
+        None::<&str>,
+        &dir,
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )?;
+    Ok(())
+}
+
+/// At shutdown: undo [`private_mount`]'s bind where no mount is left below `dir` (no pod outlives
+/// the daemon), so that a stopped daemon leaves no mount behind. With pods left it stays, for
+/// the next daemon. Only a bind within the parent's file system is undone, never a file system
+/// mounted there (a tmpfs), nor one in use.
+pub fn release_private_mount(dir: &Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return;
+    };
+    let mounts = crishim_proto::mountinfo::read();
+    let own = mounts.iter().any(|m| m.mount_point == dir);
+    let below = mounts
+        .iter()
+        .any(|m| m.mount_point != dir && m.mount_point.starts_with(&dir));
+    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
+    let bind = dir
+        .parent()
+        .is_some_and(|parent| dev(&dir).is_some() && dev(&dir) == dev(parent));
+    if own && !below && bind {
+        if let Err(e) = nix::mount::umount(&dir) {
+            tracing::debug!(dir = %dir.display(), error = %e, "leaving the state directory's mount");
+        }
+    }
 }
 
 fn annotate(p: &Path, e: std::io::Error) -> std::io::Error {
@@ -117,6 +185,7 @@ fn report(p: &Path, result: std::io::Result<bool>) {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::PathBuf;
 
     use super::*;
 
@@ -204,5 +273,62 @@ mod tests {
         assert_eq!(mode(&state.join("containers/c1/rootfs/etc/passwd")), 0o644);
         assert_eq!(mode(&state.join("runs/u1/vol")), 0o755);
         assert_eq!(mode(&state.join("runs/u1/vol/data")), 0o666);
+    }
+
+    /// In a forked child with a mount namespace of its own (unshare needs one thread), below a
+    /// shared tmpfs as `/run` is: the state directory becomes a private mount of its own, once
+    /// however often the daemon starts, and a mount made below it no longer reaches the parent's
+    /// peer (a bind of the parent elsewhere), as one made below it before did. A directory with
+    /// mounts below it that is not a mount itself is refused and left alone.
+    #[test]
+    fn the_state_directory_becomes_a_private_mount_of_its_own() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+            use nix::mount::{mount, MsFlags};
+            let none: Option<&str> = None;
+            let top = tempfile::tempdir().ok()?;
+            let (run, peer) = (top.path().join("run"), top.path().join("peer"));
+            for d in [&run, &peer] {
+                std::fs::create_dir(d).ok()?;
+            }
+            mount(Some("tmpfs"), &run, Some("tmpfs"), MsFlags::empty(), none).ok()?;
+            mount(none, &run, none, MsFlags::MS_SHARED, none).ok()?;
+            mount(Some(&run), &peer, none, MsFlags::MS_BIND, none).ok()?;
+            let state = run.join("crishim");
+            let tmpfs_at = |p: &Path| {
+                std::fs::create_dir_all(p).ok()?;
+                mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
+            };
+            tmpfs_at(&state.join("before"))?;
+            let mounted = |p: PathBuf| {
+                crishim_proto::mountinfo::read()
+                    .iter()
+                    .any(|m| m.mount_point == p)
+            };
+            let reached_before = mounted(peer.join("crishim/before"));
+            let busy = private_mount(&state).is_err();
+            nix::mount::umount(&state.join("before")).ok()?;
+            private_mount(&state).ok()?;
+            private_mount(&state).ok()?;
+            tmpfs_at(&state.join("after"))?;
+            let mounts = crishim_proto::mountinfo::read();
+            let at_state: Vec<_> = mounts.iter().filter(|m| m.mount_point == state).collect();
+
+            Some(vec![
+                reached_before,
+                busy,
+                at_state.len() == 1,
+                at_state.iter().all(|m| !m.shared),
+                mounted(peer.join("crishim/after")),
+            ])
+        });
+        assert_eq!(
+            seen,
+            Some(vec![true, true, true, true, false]),
+            "(a mount before reached the peer, refused over it, one mount at the state dir, \
+             private, a mount after reached the peer)"
+        );
     }
 }

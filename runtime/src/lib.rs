@@ -10,6 +10,7 @@ pub mod config;
 pub mod container_images;
 pub mod cri_client;
 pub mod daemon;
+pub mod empty_mnt;
 pub mod gpu;
 pub mod host_files;
 pub mod journal;

@@ -215,7 +215,7 @@ impl Shim {
             keep: &keep,
             near: Some(&near),
         };
-        let view = CreateView::build_spare(&state, scope, &self.view_work());
+        let view = CreateView::build(scope, &self.view_work());
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built
@@ -519,8 +519,10 @@ impl Shim {
                     keep: &keep,
                     near: near.as_deref(),
                 };
+                // Each is attached where a spare view lacks it: the rootfs, mounted after it was
+                // built below the (private) state directory.
                 let (built, view) =
-                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, build);
+                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, &same, build);
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }

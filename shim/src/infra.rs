@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use crishim_pause::READY_FD;
 use crishim_proto::shim::InfraSpec;
@@ -19,7 +19,8 @@ const MAX_REPORT: u64 = 4096;
 pub const PAUSE_BINARY: &str = "crishim-pause";
 
 /// Clone the infra process into new namespaces; returns its pid (in our pid namespace) once it has
-/// confined itself, or why it could not.
+/// confined itself, or why it could not. It joins the daemon's empty mount namespace
+/// (`spec.empty_mnt`) where it can (see `crishim_pause::MNT_FD`).
 pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     let exe = pause_binary()?;
     let exe = CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
@@ -65,6 +66,17 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
         })?),
         None => None,
     };
+    // Above the numbers the child moves descriptors to. Not for a pod with its own user
+    // namespace: its root has no say over a namespace of the node's.
+    let empty_mnt = (spec.empty_mnt.as_ref())
+        .filter(|_| spec.userns.is_none())
+        .and_then(|p| std::fs::File::open(p).ok())
+        .and_then(|f| {
+            nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10)).ok()
+        })
+        // SAFETY: fcntl returned a fresh descriptor that we now own.
+        .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let mnt_fd = empty_mnt.as_ref().map(|f| f.as_raw_fd());
     let mut stack = vec![0u8; 64 * 1024];
     let child = Box::new(move || -> isize {
         if wait_for_maps {
@@ -106,6 +118,12 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
         if inherited < 0 {
             return 12;
         }
+        if let Some(fd) = mnt_fd {
+            // SAFETY: dup2 of our descriptor onto MNT_FD, open across exec.
+            if unsafe { libc::dup2(fd, crishim_pause::MNT_FD) } < 0 {
+                return 17;
+            }
+        }
         if let Some(label) = &label {
             // The context the exec runs in (SELinux): failing it, the process must not run.
             // SAFETY: open/write/close on a path and a buffer this child owns.
@@ -128,6 +146,7 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     // SAFETY: the shim is single-threaded here; the child runs only the closure above, then execs.
     let pid = unsafe { nix::sched::clone(child, &mut stack, flags, Some(Signal::SIGCHLD as i32)) }
         .map_err(|e| format!("clone infra process ({flags:?}): {e}"))?;
+    drop(empty_mnt);
     drop(w);
     drop(go_r);
     if let Some(u) = &spec.userns {

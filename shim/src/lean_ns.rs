@@ -261,24 +261,12 @@ pub fn create_view_drops(state_dir: &Path, kubelet: bool, sources: &[PathBuf]) -
 impl CreateView {
     /// Build a view of the node's mounts as `scope` says, rooted at `work` inside it, from this
     /// thread's namespace, which it ends in again. `None` where it would drop fewer than
-    /// [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot be built.
+    /// [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot be built. Built ahead of the create (a spare),
+    /// it lacks the rootfs the daemon mounts after where the state directory is private (as the
+    /// daemon keeps it): [`with_create_view`] attaches it then.
     pub fn build(scope: ViewScope, work: &Path) -> Option<CreateView> {
-        Self::build_with(None, scope, work)
-    }
-
-    /// [`build`](Self::build) ahead of the create, which mounts its rootfs below `state_dir`
-    /// after: `None` too where the state directory's mount is in no peer group, as no later
-    /// mount below it would reach the view.
-    pub fn build_spare(state_dir: &Path, scope: ViewScope, work: &Path) -> Option<CreateView> {
-        Self::build_with(Some(state_dir), scope, work)
-    }
-
-    fn build_with(spare_of: Option<&Path>, scope: ViewScope, work: &Path) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
         let mounts = mountinfo::read();
-        if spare_of.is_some_and(|state| !holder(&mounts, state).is_some_and(|m| m.shared)) {
-            return None;
-        }
         let prune = Prune {
             drop_below: scope.drop_below,
             keep: scope.keep,
@@ -323,14 +311,36 @@ impl CreateView {
 
     /// Enter the view if each of `same` exists in the shim's namespace (`ids`, from
     /// [`identities`]) and is the same file there: a mount made on the node since the view was
-    /// built reaches it only where the node's mount above it propagates. Back in `host`
-    /// otherwise.
-    fn enter_if_same(&self, host: &File, same: &[PathBuf], ids: &[Option<(u64, u64)>]) -> bool {
+    /// built reaches it only where the node's mount above it propagates. Each of `attach` that
+    /// is a mount's root in the shim's namespace but another file in the view is attached to it
+    /// first, as a clone of the node's mount. Back in `host` otherwise.
+    fn enter_if_same(
+        &self,
+        host: &File,
+        same: &[PathBuf],
+        ids: &[Option<(u64, u64)>],
+        attach: &[PathBuf],
+    ) -> bool {
         if ids.iter().any(Option::is_none) {
             return false;
         }
+        let clones: Vec<_> = attach
+            .iter()
+            .filter(|p| is_mount_root(p))
+            .filter_map(|p| {
+                let id = identities(std::slice::from_ref(p)).pop().flatten()?;
+                let tree = crishim_proto::idmap::clone_tree(p).ok()?;
+                Some((p, id, tree))
+            })
+            .collect();
         if setns(self.ns.as_fd(), CloneFlags::CLONE_NEWNS).is_err() {
             return false;
+        }
+        for (path, id, tree) in &clones {
+            if identities(std::slice::from_ref(*path)).pop().flatten() != Some(*id) {
+                // A failure shows in the check below.
+                let _ = crishim_proto::idmap::attach(tree, path);
+            }
         }
         if identities(same) == ids {
             return true;
@@ -340,12 +350,26 @@ impl CreateView {
     }
 }
 
-/// The mount `path` lies on: the deepest mount point at or above it, the last mounted there.
-fn holder<'a>(mounts: &'a [Mount], path: &Path) -> Option<&'a Mount> {
-    mounts
-        .iter()
-        .filter(|m| path.starts_with(&m.mount_point))
-        .max_by_key(|m| m.mount_point.components().count())
+/// Whether `path` is the root of a mount (a rootfs the daemon mounted), not following a final
+/// link.
+fn is_mount_root(path: &Path) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: a zeroed statx is a valid value for the kernel to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx with a valid path into a struct we own.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut stx,
+        )
+    };
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    r == 0 && stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0
 }
 
 /// Each path's device and inode, following links (as libcontainer will); `None` for one that
@@ -367,16 +391,18 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 /// stay, and stay slaves of the node's, so mounts made on the node later still reach the
 /// container.
 ///
-/// The view is `spare`, built ahead of time by [`CreateView::build_spare`], where it is young,
+/// The view is `spare`, built ahead of time by [`CreateView::build`], where it is young,
 /// dropped nothing this create needs, and each of `same` (the rootfs, the bind mounts' sources,
-/// the bundle) is the same file in it as in the shim's namespace; otherwise one built now in
-/// `work`. Where none can be built, or it would drop few mounts, `f` runs in the shim's
+/// the bundle) is the same file in it as in the shim's namespace, once each of `attach` (the
+/// rootfs, mounted on the node after the spare was built) that it lacks is attached to it;
+/// otherwise one built now in `work`. Where none can be built, or it would drop few mounts, `f` runs in the shim's
 /// namespace. Returns the view too, when one was used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
     scope: ViewScope,
     work: &Path,
     same: &[PathBuf],
+    attach: &[PathBuf],
     f: impl FnOnce() -> T,
 ) -> (T, Option<File>) {
     let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
@@ -386,8 +412,10 @@ pub fn with_create_view<T>(
     let entered = spare
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
         .filter(|v| v.serves(scope))
-        .filter(|v| v.enter_if_same(&host, same, &ids))
-        .or_else(|| CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids)));
+        .filter(|v| v.enter_if_same(&host, same, &ids, attach))
+        .or_else(|| {
+            CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids, attach))
+        });
     let Some(view) = entered else {
         return (f(), None);
     };
@@ -487,7 +515,6 @@ fn populate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read as _, Write as _};
 
     const INFO: &str = "\
 22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
@@ -773,30 +800,29 @@ garbage line
         );
     }
 
-    /// A view built ahead of the create is used only where the rootfs mounted since reached it:
-    /// with the state directory shared (as `/run` is under systemd) it has, and the view also
-    /// shows a mount made on the node since (it is a slave). With it private the shim builds no
-    /// spare, and one built anyway lacks the rootfs, so a view is built at the create instead,
-    /// which has the rootfs and drops the later mount. Either way the container sees its rootfs,
-    /// and not the other pods' mounts.
+    /// A view built ahead of the create gets the rootfs mounted since: with the state directory
+    /// shared (as `/run` is under systemd) by propagation, and the view also shows another pod's
+    /// mount made since (it is a slave); with it private (as the daemon keeps it) as a clone the
+    /// create attaches, and no other pod's mount made since reaches it. Either way the container
+    /// sees its rootfs, and not the other pods' mounts made before.
     #[test]
-    fn a_spare_view_is_used_only_where_the_rootfs_reached_it() {
+    fn a_spare_view_gets_the_rootfs_mounted_after_it() {
         if !nix::unistd::Uid::effective().is_root() {
             return;
         }
         for shared in [true, false] {
-            let seen = in_child_namespace(|| spare_view_sees(shared));
+            let seen = crishim_proto::testing::in_child_mount_ns(|| spare_view_sees(shared));
             assert_eq!(
                 seen,
-                Some(vec![shared, true, shared, false]),
-                "(a spare built, rootfs, later mount, other pod's seen) with the state dir \
+                Some(vec![true, shared, false, true]),
+                "(rootfs, later mount, other pod's seen, the spare used) with the state dir \
                  shared={shared}"
             );
         }
     }
 
-    /// Whether the shim would build a spare view, and what a create in one built anyway sees:
-    /// its rootfs, a mount made after the spare, another pod's mount made before.
+    /// What a create in a spare view sees: its rootfs, a mount made after the spare, another
+    /// pod's mount made before; and whether the spare was the view used.
     fn spare_view_sees(shared: bool) -> Option<Vec<bool>> {
         let none: Option<&str> = None;
         let state = tempfile::tempdir().ok()?;
@@ -821,8 +847,9 @@ garbage line
             keep: std::slice::from_ref(&pod),
             near: None,
         };
-        let would_build = CreateView::build_spare(state, pod_scope, &work).is_some();
         let spare = CreateView::build(pod_scope, &work)?;
+        // Held, so that a view built instead cannot get its namespace's (reused) inode number.
+        let spare_ns = spare.ns.try_clone().ok()?;
         // The daemon mounts the rootfs, and another pod starts, after the spare was built.
         let bundle = state.join("containers/c1");
         let rootfs = bundle.join("rootfs");
@@ -837,21 +864,16 @@ garbage line
             keep: &keep,
             near: None,
         };
-        let (seen, view) = with_create_view(
-            Some(spare),
-            scope,
-            &work,
-            std::slice::from_ref(&rootfs),
-            || {
-                vec![
-                    would_build,
-                    rootfs.join("marker").exists(),
-                    mounted(&later),
-                    mounted(&other),
-                ]
-            },
-        );
-        view?;
+        let attach = std::slice::from_ref(&rootfs);
+        let (mut seen, view) = with_create_view(Some(spare), scope, &work, attach, attach, || {
+            vec![
+                rootfs.join("marker").exists(),
+                mounted(&later),
+                mounted(&other),
+            ]
+        });
+        use std::os::unix::fs::MetadataExt as _;
+        seen.push(view?.metadata().ok()?.ino() == spare_ns.metadata().ok()?.ino());
         Some(seen)
     }
 
@@ -862,7 +884,7 @@ garbage line
         if !nix::unistd::Uid::effective().is_root() {
             return;
         }
-        let seen = in_child_namespace(spare_dropping_volumes_sees);
+        let seen = crishim_proto::testing::in_child_mount_ns(spare_dropping_volumes_sees);
         assert_eq!(
             seen,
             Some(vec![false, true]),
@@ -890,12 +912,12 @@ garbage line
             keep: &keep,
             near: None,
         };
-        let spare = CreateView::build_spare(&state, scope, &work)?;
+        let spare = CreateView::build(scope, &work)?;
         let (through_spare, view) =
-            with_create_view(Some(spare), scope, &work, &[], || mounted(&volume));
+            with_create_view(Some(spare), scope, &work, &[], &[], || mounted(&volume));
         view?;
         // The create binds the kubelet's directory: only the state directory may go.
-        let spare = CreateView::build_spare(&state, scope, &work)?;
+        let spare = CreateView::build(scope, &work)?;
         let only_state = [state.clone()];
         let source = [kubelet.clone()];
         let own = ViewScope {
@@ -903,7 +925,7 @@ garbage line
             ..scope
         };
         let (through_own, _) =
-            with_create_view(Some(spare), own, &work, &source, || mounted(&volume));
+            with_create_view(Some(spare), own, &work, &source, &[], || mounted(&volume));
         Some(vec![through_spare, through_own])
     }
 
@@ -922,37 +944,6 @@ garbage line
 
     fn mounted(p: &Path) -> bool {
         mountinfo::read().iter().any(|m| m.mount_point == p)
-    }
-
-    /// Run `f` in a forked child (unshare needs a single-threaded process), in a private mount
-    /// namespace of its own so the host sees nothing; `None` where a step failed.
-    fn in_child_namespace(f: impl FnOnce() -> Option<Vec<bool>>) -> Option<Vec<bool>> {
-        let (r, w) = nix::unistd::pipe().ok()?;
-        // SAFETY: the child only runs `f` and exits.
-        match unsafe { nix::unistd::fork() }.ok()? {
-            nix::unistd::ForkResult::Child => {
-                drop(r);
-                let none: Option<&str> = None;
-                let out = unshare(CloneFlags::CLONE_NEWNS)
-                    .and_then(|()| {
-                        mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-                    })
-                    .ok()
-                    .and_then(|()| f());
-                let bytes: Vec<u8> =
-                    out.map_or(vec![], |v| v.iter().map(|&b| b'0' + b as u8).collect());
-                let _ = File::from(w).write_all(&bytes);
-                // SAFETY: ends the forked child without running the parent's destructors.
-                unsafe { libc::_exit(0) };
-            }
-            nix::unistd::ForkResult::Parent { child } => {
-                drop(w);
-                let mut out = Vec::new();
-                let _ = File::from(r).read_to_end(&mut out);
-                let _ = nix::sys::wait::waitpid(child, None);
-                (!out.is_empty()).then(|| out.iter().map(|&b| b == b'1').collect())
-            }
-        }
     }
 
     /// In a forked child (unshare needs a single-threaded process), in a private namespace of

@@ -482,9 +482,8 @@ pub fn mount_state_tmpfs(dir: &Path) -> nix::Result<()> {
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.terminate();
-        if self.opts.state_on_tmpfs {
-            let _ = nix::mount::umount2(&self.state_dir(), nix::mount::MntFlags::MNT_DETACH);
-        }
+        // The tmpfs, or the private bind the daemon keeps there while pods are left.
+        let _ = nix::mount::umount2(&self.state_dir(), nix::mount::MntFlags::MNT_DETACH);
         if std::thread::panicking() && std::env::var_os("CRISHIM_TEST_QUIET").is_none() {
             eprintln!(
                 "---- crishim log ({}) ----\n{}",

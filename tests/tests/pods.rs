@@ -1708,10 +1708,11 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     for name in ["lean-a", "lean-b"] {
         pods.push(env.run_sleeping(name).await);
     }
+    // Strictly below: the state directory itself is a (private) mount of the daemon's.
     let under_state = |info: &str| {
         info.lines()
             .filter_map(|l| l.split(' ').nth(4))
-            .filter(|mp| Path::new(mp).starts_with(&state))
+            .filter(|mp| Path::new(mp).starts_with(&state) && Path::new(mp) != state)
             .count()
     };
     let host_info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -1721,10 +1722,12 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     );
     assert_eq!(d.exec_ok(&pods[0].1, &["echo", "lean"]).await, "lean\n");
 
-    // The shim of the first pod now holds the lean namespace open.
+    // The shim of the first pod now holds the lean namespace open (the other one holds the
+    // view its create ran in, until it builds its own lean namespace from it).
     let own = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
     let held: Vec<(i32, std::path::PathBuf)> = shims(d)
         .iter()
+        .filter(|s| s.command().contains(&pods[0].0))
         .flat_map(|s| {
             let mine = own(s.pid);
             std::fs::read_dir(format!("/proc/{}/fd", s.pid))
@@ -1740,7 +1743,7 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     assert_eq!(
         held.len(),
         1,
-        "one shim (the exec's) holds a second mount namespace: {held:?}"
+        "the exec's shim holds a second mount namespace: {held:?}"
     );
     let out = std::process::Command::new("nsenter")
         .arg(format!("--mount={}", held[0].1.display()))
@@ -1769,6 +1772,35 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
             .any(|l| l.split(' ').nth(4).is_some_and(|mp| mp.ends_with("/lean"))),
         "building it mounted nothing on the node:\n{after}"
     );
+    for (pod, _) in &pods {
+        d.stop_pod(pod).await.unwrap();
+        d.remove_pod(pod).await.unwrap();
+    }
+    env.stop();
+}
+
+/// Each pod's infra process runs in the daemon's one empty mount namespace (a read-only tmpfs
+/// root, nothing else), not in a copy of the node's mounts it would have to detach one by one:
+/// two pods' infra processes share it, it is not the node's, and holds a single mount.
+#[tokio::test]
+async fn infra_processes_join_one_empty_mount_namespace() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let mut pods = Vec::new();
+    for name in ["empty-a", "empty-b"] {
+        pods.push(env.run_sleeping(name).await);
+    }
+    let mut spaces = Vec::new();
+    for (pod, _) in &pods {
+        let infra = d.infra_pid(pod).await.unwrap();
+        let ns = std::fs::read_link(format!("/proc/{infra}/ns/mnt")).unwrap();
+        let mounts = std::fs::read_to_string(format!("/proc/{infra}/mountinfo")).unwrap();
+        spaces.push((ns, mounts.lines().count()));
+    }
+    let node = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    assert_eq!(spaces[0].0, spaces[1].0, "{spaces:?}");
+    assert_ne!(spaces[0].0, node);
+    assert_eq!(spaces[0].1, 1, "{spaces:?}");
     for (pod, _) in &pods {
         d.stop_pod(pod).await.unwrap();
         d.remove_pod(pod).await.unwrap();

@@ -57,6 +57,8 @@ pub struct Inner {
     pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
     /// The RuntimeClass handlers (`[runtimes]`).
     pub(super) handlers: crate::runtimes::Handlers,
+    /// The empty mount namespace infra processes join (`empty_mnt.rs`), once made.
+    pub(super) empty_mnt: std::sync::OnceLock<PathBuf>,
 }
 
 pub(super) type EventStream = std::pin::Pin<
@@ -64,6 +66,11 @@ pub(super) type EventStream = std::pin::Pin<
 >;
 
 impl RuntimeService {
+    /// The empty mount namespace each pod's infra process joins (`empty_mnt.rs`).
+    pub fn set_empty_mnt(&self, path: PathBuf) {
+        let _ = self.inner.empty_mnt.set(path);
+    }
+
     /// The daemon on this node: records under `<root_dir>/records`, shims under
     /// `<state_dir>/pods`, container filesystems from `images`.
     pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
@@ -114,6 +121,7 @@ impl RuntimeService {
                 gpu,
                 streaming: std::sync::OnceLock::new(),
                 handlers,
+                empty_mnt: std::sync::OnceLock::new(),
             }),
         };
         let me = Arc::downgrade(&service.inner);

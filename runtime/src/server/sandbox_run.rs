@@ -361,6 +361,7 @@ impl Inner {
                 super::container_create::Lsm::of_host(),
             )
             .map(|l| l.process),
+            empty_mnt: self.empty_mnt.get().cloned(),
         };
         let network = async {
             match &netns {
