@@ -309,6 +309,17 @@ fn runtime() {
                   50 22 0:50 / /run/crishim/pods/p1/shm rw,nosuid shared:7 master:1 - tmpfs shm rw,size=65536k\n\
                   51 22 0:4 net:[4026532] /run/crishim/netns/p1 rw shared:8 - nsfs nsfs rw\n";
     seed("mountinfo", "node", mounts.as_bytes());
+    // A `struct statmount`: 512 bytes of fields (size, mask, the type's and the mount point's
+    // offsets, the propagation), then the strings.
+    let mut sm = vec![0u8; 512];
+    let strings = b"/run/crishim/pods/p1/shm\0tmpfs\0";
+    sm[0..4].copy_from_slice(&(512 + strings.len() as u32).to_ne_bytes());
+    sm[8..16].copy_from_slice(&0x32u64.to_ne_bytes());
+    sm[36..40].copy_from_slice(&25u32.to_ne_bytes());
+    sm[72..80].copy_from_slice(&0x100000u64.to_ne_bytes());
+    sm.extend_from_slice(strings);
+    assert!(crishim_proto::mountinfo::parse_statmount(&sm).is_some());
+    seed("mountinfo", "statmount", &sm);
 
     let v1 = r#"eth0
 {"cniVersion":"1.0.0","interfaces":[{"name":"cni0","mac":"aa:bb:cc:dd:ee:ff"},{"name":"eth0","sandbox":"/run/netns/x"}],"ips":[{"address":"10.88.0.5/16","gateway":"10.88.0.1","interface":1},{"address":"fd00::5/64","interface":1}],"routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["10.88.0.1"]}}"#;

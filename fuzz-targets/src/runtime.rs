@@ -14,8 +14,13 @@ use crate::split_at_byte;
 
 /// `/proc/self/mountinfo` as the daemon, the image store and the shim read it: mount points can
 /// carry names a pod chose (volume names), escaped by the kernel. Every mount kept is absolute.
+/// The same bytes as a `struct statmount` the kernel filled (`mountinfo::read_points`), whose
+/// strings are read only within the size it says it wrote.
 pub fn mountinfo(data: &[u8]) {
     for m in crishim_proto::mountinfo::parse(&String::from_utf8_lossy(data)) {
+        assert!(m.mount_point.is_absolute(), "{m:?}");
+    }
+    if let Some(m) = crishim_proto::mountinfo::parse_statmount(data) {
         assert!(m.mount_point.is_absolute(), "{m:?}");
     }
 }

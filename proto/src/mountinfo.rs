@@ -1,5 +1,11 @@
 //! `/proc/self/mountinfo`, the fields crishim reads: each mount's point, file system type and
 //! super options. Lines that do not parse are skipped.
+//!
+//! [`read_points`] reads the same mounts without their options through `listmount(2)` and
+//! `statmount(2)` (Linux 6.8) where the kernel has them: the kernel formats every mount's options
+//! for each read of the file, and a node's overlay mounts carry long ones (three absolute
+//! paths, escaped character by character). [`read_points_outside`] leaves out, unread, the
+//! mounts below given mounts: every pod's, below the state directory, for each create's view.
 
 use std::path::PathBuf;
 
@@ -25,6 +31,222 @@ pub fn read() -> Vec<Mount> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|t| parse(&t))
         .unwrap_or_default()
+}
+
+/// This process's mounts with an empty `super_options`: through `statmount(2)` where the kernel
+/// has it, else [`read`]. The same mounts in the same order (the kernel keeps a namespace's mounts
+/// ordered by their unique ids and lists both in that order).
+pub fn read_points() -> Vec<Mount> {
+    statmount::read().unwrap_or_else(|| {
+        let mut mounts = read();
+        for m in &mut mounts {
+            m.super_options.clear();
+        }
+        mounts
+    })
+}
+
+/// This process's mounts except those strictly below each of `roots` that is a mount's root (the
+/// daemon's state directory, holding every pod's mounts), with an empty `super_options`, and how
+/// many were left out: their points are never formatted. In mountinfo's order. `None` where no
+/// root is a mount's, the kernel lacks the calls (before 6.8) or a call fails.
+pub fn read_points_outside(roots: &[PathBuf]) -> Option<(Vec<Mount>, usize)> {
+    let below: Vec<u64> = roots.iter().filter_map(|r| statmount::root_id(r)).collect();
+    if below.is_empty() {
+        return None;
+    }
+    let mut skip = std::collections::HashSet::new();
+    for id in below {
+        skip.extend(statmount::ids(id)?);
+    }
+    let ids: Vec<u64> = statmount::ids(statmount::LSMT_ROOT)?
+        .into_iter()
+        .filter(|id| !skip.contains(id))
+        .collect();
+    Some((statmount::read_ids(&ids)?, skip.len()))
+}
+
+/// `listmount(2)` and `statmount(2)`, on the architectures whose system call numbers are known
+/// here (the generic table's: x86_64 and aarch64).
+mod statmount {
+    use super::Mount;
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    const SYS_STATMOUNT: libc::c_long = 457;
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    const SYS_LISTMOUNT: libc::c_long = 458;
+    /// `listmount`'s `mnt_id` for every mount reachable from this process's root.
+    pub(super) const LSMT_ROOT: u64 = u64::MAX;
+    /// `statx`'s mask bit for the unique (never reused) mount id `listmount` and `statmount` use.
+    const STATX_MNT_ID_UNIQUE: u32 = 0x4000;
+    const STATMOUNT_MNT_BASIC: u64 = 0x2;
+    const STATMOUNT_MNT_POINT: u64 = 0x10;
+    const STATMOUNT_FS_TYPE: u64 = 0x20;
+    const MASK: u64 = STATMOUNT_MNT_BASIC | STATMOUNT_MNT_POINT | STATMOUNT_FS_TYPE;
+    /// Mounts read at most; a namespace with more is read from mountinfo.
+    const MAX_MOUNTS: usize = 1 << 16;
+    /// `struct statmount` without its strings, and its fields' offsets.
+    const HEAD: usize = 512;
+    const OFF_SIZE: usize = 0;
+    const OFF_MASK: usize = 8;
+    const OFF_FS_TYPE: usize = 36;
+    const OFF_PROPAGATION: usize = 72;
+    const OFF_MNT_POINT: usize = 108;
+    /// A mount point is at most `PATH_MAX` bytes, a type name far less.
+    const BUF: usize = HEAD + 4096 + 512;
+
+    /// `struct mnt_id_req`, its first version (24 bytes; later kernels take it too).
+    #[repr(C)]
+    struct MntIdReq {
+        size: u32,
+        spare: u32,
+        mnt_id: u64,
+        param: u64,
+    }
+
+    /// Every mount, or `None` where the kernel lacks the calls or a call fails: the caller falls
+    /// back to mountinfo, so nothing is ever left out silently.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub(super) fn read() -> Option<Vec<Mount>> {
+        read_ids(&ids(LSMT_ROOT)?)
+    }
+
+    /// The mounts with these unique ids, or `None` where a call fails.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub(super) fn read_ids(ids: &[u64]) -> Option<Vec<Mount>> {
+        let mut mounts = Vec::with_capacity(ids.len());
+        let mut buf = vec![0u64; BUF / 8];
+        for &id in ids {
+            let req = MntIdReq {
+                size: std::mem::size_of::<MntIdReq>() as u32,
+                spare: 0,
+                mnt_id: id,
+                param: MASK,
+            };
+            // SAFETY: statmount(req, buf, bufsize, flags) writes at most `BUF` bytes to `buf`.
+            let r = unsafe {
+                libc::syscall(
+                    SYS_STATMOUNT,
+                    &req,
+                    buf.as_mut_ptr(),
+                    BUF,
+                    0 as libc::c_uint,
+                )
+            };
+            if r != 0 {
+                return None;
+            }
+            // SAFETY: `buf` is `BUF` bytes of initialised u64s, viewed as bytes.
+            let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), BUF) };
+            mounts.push(parse(bytes)?);
+        }
+        Some(mounts)
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(super) fn read() -> Option<Vec<Mount>> {
+        None
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(super) fn read_ids(_: &[u64]) -> Option<Vec<Mount>> {
+        None
+    }
+
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(super) fn ids(_: u64) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// The unique mount id of `path` where it is a mount's root, not following a final link.
+    pub(super) fn root_id(path: &std::path::Path) -> Option<u64> {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+        // SAFETY: a zeroed statx is a valid value for the kernel to fill.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: statx with a valid path into a struct we own.
+        let r = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+                STATX_MNT_ID_UNIQUE,
+                &mut stx,
+            )
+        };
+        let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+        let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
+        (r == 0 && is_root && stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
+    }
+
+    /// The unique ids of the mounts below `mnt_id` ([`LSMT_ROOT`]: every mount reachable from
+    /// this process's root), in the kernel's order.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub(super) fn ids(mnt_id: u64) -> Option<Vec<u64>> {
+        const BATCH: usize = 512;
+        let mut ids = Vec::new();
+        let mut chunk = [0u64; BATCH];
+        loop {
+            let req = MntIdReq {
+                size: std::mem::size_of::<MntIdReq>() as u32,
+                spare: 0,
+                mnt_id,
+                param: ids.last().copied().unwrap_or(0),
+            };
+            // SAFETY: listmount(req, ids, nr, flags) writes at most `BATCH` ids to `chunk`.
+            let n = unsafe {
+                libc::syscall(
+                    SYS_LISTMOUNT,
+                    &req,
+                    chunk.as_mut_ptr(),
+                    BATCH,
+                    0 as libc::c_uint,
+                )
+            };
+            let n = usize::try_from(n).ok().filter(|&n| n <= BATCH)?;
+            ids.extend_from_slice(&chunk[..n]);
+            if ids.len() > MAX_MOUNTS {
+                return None;
+            }
+            if n < BATCH {
+                return (mnt_id != LSMT_ROOT || !ids.is_empty()).then_some(ids);
+            }
+        }
+    }
+
+    /// One `struct statmount` as the kernel filled it: `None` where it lacks a field asked for or
+    /// a string lies outside what it says it wrote.
+    pub fn parse(buf: &[u8]) -> Option<Mount> {
+        let u32_at = |off: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(buf.get(off..off + 4)?.try_into().ok()?))
+        };
+        let u64_at = |off: usize| -> Option<u64> {
+            Some(u64::from_ne_bytes(buf.get(off..off + 8)?.try_into().ok()?))
+        };
+        let size = (u32_at(OFF_SIZE)? as usize).min(buf.len());
+        if u64_at(OFF_MASK)? & MASK != MASK || size <= HEAD {
+            return None;
+        }
+        let strings = &buf[HEAD..size];
+        let string = |off: usize| -> Option<&[u8]> {
+            let s = strings.get(u32_at(off)? as usize..)?;
+            Some(&s[..s.iter().position(|&b| b == 0)?])
+        };
+        use std::os::unix::ffi::OsStrExt;
+        let mount_point = std::path::Path::new(std::ffi::OsStr::from_bytes(string(OFF_MNT_POINT)?));
+        let fs_type = std::str::from_utf8(string(OFF_FS_TYPE)?).ok()?;
+        let shared = u64_at(OFF_PROPAGATION)? & libc::MS_SHARED != 0;
+        mount_point.is_absolute().then(|| Mount {
+            mount_point: mount_point.to_path_buf(),
+            fs_type: fs_type.to_string(),
+            super_options: String::new(),
+            shared,
+        })
+    }
+}
+
+/// A `struct statmount` buffer's parser, for the fuzz target.
+pub fn parse_statmount(buf: &[u8]) -> Option<Mount> {
+    statmount::parse(buf)
 }
 
 fn parse_line(line: &str) -> Option<Mount> {
@@ -100,6 +322,118 @@ mod tests {
         assert_eq!(unescape("/a\\040b\\134c"), PathBuf::from("/a b\\c"));
         assert_eq!(unescape("/end\\04"), PathBuf::from("/end\\04"));
         assert_eq!(unescape("/x\\777"), PathBuf::from("/x\\777"));
+    }
+
+    /// The same mounts in the same order as mountinfo's, options aside: through statmount on a
+    /// kernel that has it (6.8 on), which this machine's is.
+    #[test]
+    fn statmount_reads_what_mountinfo_says() {
+        let mut text = read();
+        for m in &mut text {
+            m.super_options.clear();
+        }
+        assert_eq!(read_points(), text);
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        if (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 8) {
+            assert!(statmount::read().is_some(), "statmount on {release}");
+        }
+    }
+
+    /// In a forked child with a mount namespace of its own: the mounts below a state directory
+    /// (a mount) are left out and counted, the rest read as mountinfo says, on a kernel with
+    /// statmount (6.8 on), which this machine's is; a directory that is not a mount's root is
+    /// refused.
+    #[test]
+    fn the_mounts_below_a_state_directory_are_left_out_unread() {
+        // SAFETY: plain libc call.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (6, 8) {
+            return;
+        }
+        let seen = crate::testing::in_child_mount_ns(|| {
+            let top = tempfile::tempdir().ok()?;
+            let state = top.path().join("state");
+            let tmpfs_at = |p: &std::path::Path| -> Option<()> {
+                std::fs::create_dir_all(p).ok()?;
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok()?;
+                // SAFETY: mount with valid strings.
+                let r = unsafe {
+                    libc::mount(
+                        c"tmpfs".as_ptr(),
+                        c.as_ptr(),
+                        c"tmpfs".as_ptr(),
+                        0,
+                        std::ptr::null(),
+                    )
+                };
+                (r == 0).then_some(())
+            };
+            tmpfs_at(&state)?;
+            for p in ["pods/a/shm", "pods/b/shm", "pods/b/shm/deeper"] {
+                tmpfs_at(&state.join(p))?;
+            }
+            tmpfs_at(&top.path().join("outside"))?;
+            let mut want = read();
+            want.retain(|m| m.mount_point == state || !m.mount_point.starts_with(&state));
+            for m in &mut want {
+                m.super_options.clear();
+            }
+            let (got, skipped) = read_points_outside(std::slice::from_ref(&state))?;
+            let plain = read_points_outside(&[top.path().join("outside/none")]);
+            Some(vec![got == want, skipped == 3, plain.is_none()])
+        });
+        assert_eq!(
+            seen,
+            Some(vec![true; 3]),
+            "(the rest as mountinfo says, 3 left out, no mount root refused)"
+        );
+    }
+
+    /// A crafted buffer: strings past the size the kernel wrote, offsets past the end, a missing
+    /// field or no NUL are refused, not read.
+    #[test]
+    fn statmount_buffers_are_read_within_their_size() {
+        let mut b = vec![0u8; 600];
+        let put32 =
+            |b: &mut Vec<u8>, off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_ne_bytes());
+        let put64 =
+            |b: &mut Vec<u8>, off: usize, v: u64| b[off..off + 8].copy_from_slice(&v.to_ne_bytes());
+        b[512..525].copy_from_slice(b"/a b\nc\0tmpfs\0".as_ref());
+        put32(&mut b, 0, 525);
+        put64(&mut b, 8, 0x32);
+        put32(&mut b, 108, 0);
+        put32(&mut b, 36, 7);
+        put64(&mut b, 72, libc::MS_SHARED);
+        let m = parse_statmount(&b).unwrap();
+        assert_eq!(m.mount_point, PathBuf::from("/a b\nc"));
+        assert_eq!((m.fs_type.as_str(), m.shared), ("tmpfs", true));
+        let mut short = b.clone();
+        put32(&mut short, 0, 520);
+        assert_eq!(parse_statmount(&short), None, "the type lies past the size");
+        let mut far = b.clone();
+        put32(&mut far, 36, u32::MAX);
+        assert_eq!(parse_statmount(&far), None);
+        let mut unmasked = b.clone();
+        put64(&mut unmasked, 8, 0x12);
+        assert_eq!(parse_statmount(&unmasked), None, "no type was written");
+        let mut relative = b.clone();
+        relative[512] = b'a';
+        assert_eq!(parse_statmount(&relative), None);
+        assert_eq!(parse_statmount(&b[..100]), None);
+        let mut huge = b.clone();
+        put32(&mut huge, 0, u32::MAX);
+        huge[524] = b'x';
+        huge.truncate(525);
+        assert_eq!(parse_statmount(&huge), None, "no NUL before the end");
     }
 
     #[test]

@@ -266,7 +266,11 @@ impl CreateView {
     /// daemon keeps it): [`with_create_view`] attaches it then.
     pub fn build(scope: ViewScope, work: &Path) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
-        let mounts = mountinfo::read();
+        // The mounts below a dropped root that is a mount of its own (the state directory: every
+        // pod's) are left out unread where the kernel can; the create's own there (its rootfs,
+        // `/dev/shm`) are attached by `with_create_view`, as to a spare.
+        let (mounts, unread) = mountinfo::read_points_outside(scope.drop_below)
+            .unwrap_or_else(|| (mountinfo::read(), 0));
         let prune = Prune {
             drop_below: scope.drop_below,
             keep: scope.keep,
@@ -274,7 +278,7 @@ impl CreateView {
             near: scope.near,
         };
         let plan = plan(&mounts, &prune);
-        if plan.dropped < CREATE_VIEW_MIN_DROPPED {
+        if plan.dropped + unread < CREATE_VIEW_MIN_DROPPED {
             return None;
         }
         let built = unshare_pruned(work, &plan.binds, &[], MsFlags::MS_SLAVE).and_then(|()| {
@@ -393,9 +397,10 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 ///
 /// The view is `spare`, built ahead of time by [`CreateView::build`], where it is young,
 /// dropped nothing this create needs, and each of `same` (the rootfs, the bind mounts' sources,
-/// the bundle) is the same file in it as in the shim's namespace, once each of `attach` (the
-/// rootfs, mounted on the node after the spare was built) that it lacks is attached to it;
-/// otherwise one built now in `work`. Where none can be built, or it would drop few mounts, `f` runs in the shim's
+/// the bundle) is the same file in it as in the shim's namespace, once each of `attach` that it
+/// lacks is attached to it (the rootfs, mounted on the node after a spare was built; the
+/// create's mounts below the state directory, which a view leaves out unread); otherwise one
+/// built now in `work`, attached to likewise. Where none can be built, or it would drop few mounts, `f` runs in the shim's
 /// namespace. Returns the view too, when one was used, for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
