@@ -66,6 +66,36 @@ pub fn read_points_outside(roots: &[PathBuf]) -> Option<(Vec<Mount>, usize)> {
     Some((statmount::read_ids(&ids)?, skip.len()))
 }
 
+/// Whether `path` is the root of a mount (not following a final link), by statx's attribute
+/// (Linux 5.8), not a scan of mountinfo, which grows with every pod; `None` where the kernel does
+/// not say or `path` cannot be read.
+pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {
+    mount_root_in(&statx_of(path, 0)?)
+}
+
+fn mount_root_in(stx: &libc::statx) -> Option<bool> {
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    (stx.stx_attributes_mask & root != 0).then_some(stx.stx_attributes & root != 0)
+}
+
+/// `path`'s statx, not following a final link, asking for `mask`.
+fn statx_of(path: &std::path::Path, mask: u32) -> Option<libc::statx> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: a zeroed statx is a valid value for the kernel to fill.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx with a valid path into a struct we own.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            mask,
+            &mut stx,
+        )
+    };
+    (r == 0).then_some(stx)
+}
+
 /// `listmount(2)` and `statmount(2)`, on the architectures whose system call numbers are known
 /// here (the generic table's: x86_64 and aarch64).
 mod statmount {
@@ -160,22 +190,9 @@ mod statmount {
 
     /// The unique mount id of `path` where it is a mount's root, not following a final link.
     pub(super) fn root_id(path: &std::path::Path) -> Option<u64> {
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: a zeroed statx is a valid value for the kernel to fill.
-        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-        // SAFETY: statx with a valid path into a struct we own.
-        let r = unsafe {
-            libc::statx(
-                libc::AT_FDCWD,
-                c.as_ptr(),
-                libc::AT_SYMLINK_NOFOLLOW,
-                STATX_MNT_ID_UNIQUE,
-                &mut stx,
-            )
-        };
-        let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-        let is_root = stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0;
-        (r == 0 && is_root && stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
+        let stx = super::statx_of(path, STATX_MNT_ID_UNIQUE)?;
+        let is_root = super::mount_root_in(&stx) == Some(true);
+        (is_root && stx.stx_mask & STATX_MNT_ID_UNIQUE != 0).then_some(stx.stx_mnt_id)
     }
 
     /// The unique ids of the mounts below `mnt_id` ([`LSMT_ROOT`]: every mount reachable from

@@ -108,31 +108,15 @@ impl ContainerImages for ImageStore {
 /// attribute, not a scan of `/proc/self/mountinfo`, which grows with every pod. Kernels before
 /// 5.8 lack the attribute and get the scan.
 pub fn is_mountpoint(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: statx writes only into `stx`, a plain C struct for which zero is valid.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    let rc = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c_path.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-            0,
-            &mut stx,
-        )
-    };
-    if rc != 0 {
-        return false;
+    match crishim_proto::mountinfo::is_mount_root(path) {
+        Some(root) => root,
+        None => {
+            path.symlink_metadata().is_ok()
+                && crishim_proto::mountinfo::read()
+                    .iter()
+                    .any(|m| m.mount_point == path)
+        }
     }
-    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    if stx.stx_attributes_mask & root != 0 {
-        return stx.stx_attributes & root != 0;
-    }
-    crishim_proto::mountinfo::read()
-        .iter()
-        .any(|m| m.mount_point == path)
 }
 
 #[cfg(test)]

@@ -330,7 +330,7 @@ impl CreateView {
         }
         let clones: Vec<_> = attach
             .iter()
-            .filter(|p| is_mount_root(p))
+            .filter(|p| mountinfo::is_mount_root(p) == Some(true))
             .filter_map(|p| {
                 let id = identities(std::slice::from_ref(p)).pop().flatten()?;
                 let tree = crishim_proto::idmap::clone_tree(p).ok()?;
@@ -352,28 +352,6 @@ impl CreateView {
         return_to(host);
         false
     }
-}
-
-/// Whether `path` is the root of a mount (a rootfs the daemon mounted), not following a final
-/// link.
-fn is_mount_root(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: a zeroed statx is a valid value for the kernel to fill.
-    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
-    // SAFETY: statx with a valid path into a struct we own.
-    let r = unsafe {
-        libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-            0,
-            &mut stx,
-        )
-    };
-    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    r == 0 && stx.stx_attributes_mask & root != 0 && stx.stx_attributes & root != 0
 }
 
 /// Each path's device and inode, following links (as libcontainer will); `None` for one that
