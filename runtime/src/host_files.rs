@@ -115,6 +115,7 @@ pub fn private_mount(dir: &Path) -> std::io::Result<()> {
             MsFlags::MS_BIND,
             None::<&str>,
         )?;
+        BOUND.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     mount(
         None::<&str>,
@@ -126,12 +127,17 @@ pub fn private_mount(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// At shutdown: undo [`private_mount`]'s bind where no mount is left below `dir` (no pod outlives
-/// the daemon), so that a stopped daemon leaves no mount behind. With pods left it stays, for
-/// the next daemon. Only a bind within the parent's file system is undone, never a file system
-/// mounted there (a tmpfs), nor one in use.
+/// Whether this daemon made the state directory's bind ([`private_mount`]).
+static BOUND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At shutdown: undo the bind [`private_mount`] made at this daemon's start where no mount is
+/// left below `dir` (no pod outlives the daemon), so that a stopped daemon leaves no mount behind.
+/// With pods left it stays, for the next daemon. A mount this daemon did not make (an operator's,
+/// a tmpfs, a previous daemon's) stays, and so does one in use.
 pub fn release_private_mount(dir: &Path) {
-    use std::os::unix::fs::MetadataExt as _;
+    if !BOUND.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     let Ok(dir) = std::fs::canonicalize(dir) else {
         return;
     };
@@ -140,11 +146,7 @@ pub fn release_private_mount(dir: &Path) {
     let below = mounts
         .iter()
         .any(|m| m.mount_point != dir && m.mount_point.starts_with(&dir));
-    let dev = |p: &Path| std::fs::metadata(p).map(|m| m.dev()).ok();
-    let bind = dir
-        .parent()
-        .is_some_and(|parent| dev(&dir).is_some() && dev(&dir) == dev(parent));
-    if own && !below && bind {
+    if own && !below {
         if let Err(e) = nix::mount::umount(&dir) {
             tracing::debug!(dir = %dir.display(), error = %e, "leaving the state directory's mount");
         }
