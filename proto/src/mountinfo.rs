@@ -1,11 +1,11 @@
 //! `/proc/self/mountinfo`, the fields crishim reads: each mount's point, file system type and
 //! super options. Lines that do not parse are skipped.
 //!
-//! [`read_points`] reads the same mounts without their options through `listmount(2)` and
-//! `statmount(2)` (Linux 6.8) where the kernel has them: the kernel formats every mount's options
-//! for each read of the file, and a node's overlay mounts carry long ones (three absolute
-//! paths, escaped character by character). [`read_points_outside`] leaves out, unread, the
-//! mounts below given mounts: every pod's, below the state directory, for each create's view.
+//! [`read_points_outside`] reads them without their options through `listmount(2)` and
+//! `statmount(2)` (Linux 6.8) where the kernel has them, leaving out, unread, the mounts below
+//! given mounts (every pod's, below the state directory, for each create's view): the kernel
+//! formats every mount of the file for each read, and a node's overlay mounts carry long options
+//! (three absolute paths, escaped character by character).
 
 use std::path::PathBuf;
 
@@ -33,23 +33,11 @@ pub fn read() -> Vec<Mount> {
         .unwrap_or_default()
 }
 
-/// This process's mounts with an empty `super_options`: through `statmount(2)` where the kernel
-/// has it, else [`read`]. The same mounts in the same order (the kernel keeps a namespace's mounts
-/// ordered by their unique ids and lists both in that order).
-pub fn read_points() -> Vec<Mount> {
-    statmount::read().unwrap_or_else(|| {
-        let mut mounts = read();
-        for m in &mut mounts {
-            m.super_options.clear();
-        }
-        mounts
-    })
-}
-
 /// This process's mounts except those strictly below each of `roots` that is a mount's root (the
 /// daemon's state directory, holding every pod's mounts), with an empty `super_options`, and how
 /// many were left out: their points are never formatted. In mountinfo's order. `None` where no
-/// root is a mount's, the kernel lacks the calls (before 6.8) or a call fails.
+/// root is a mount's, the kernel lacks the calls (before 6.8) or a call fails. (The kernel keeps a
+/// namespace's mounts ordered by their unique ids and lists both in that order.)
 pub fn read_points_outside(roots: &[PathBuf]) -> Option<(Vec<Mount>, usize)> {
     let below: Vec<u64> = roots.iter().filter_map(|r| statmount::root_id(r)).collect();
     if below.is_empty() {
@@ -134,14 +122,8 @@ mod statmount {
         param: u64,
     }
 
-    /// Every mount, or `None` where the kernel lacks the calls or a call fails: the caller falls
-    /// back to mountinfo, so nothing is ever left out silently.
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    pub(super) fn read() -> Option<Vec<Mount>> {
-        read_ids(&ids(LSMT_ROOT)?)
-    }
-
-    /// The mounts with these unique ids, or `None` where a call fails.
+    /// The mounts with these unique ids, or `None` where a call fails: the caller falls back to
+    /// mountinfo, so nothing is ever left out silently.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     pub(super) fn read_ids(ids: &[u64]) -> Option<Vec<Mount>> {
         let mut mounts = Vec::with_capacity(ids.len());
@@ -171,11 +153,6 @@ mod statmount {
             mounts.push(parse(bytes)?);
         }
         Some(mounts)
-    }
-
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    pub(super) fn read() -> Option<Vec<Mount>> {
-        None
     }
 
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -341,22 +318,28 @@ mod tests {
         assert_eq!(unescape("/x\\777"), PathBuf::from("/x\\777"));
     }
 
-    /// The same mounts in the same order as mountinfo's, options aside: through statmount on a
-    /// kernel that has it (6.8 on), which this machine's is.
-    #[test]
-    fn statmount_reads_what_mountinfo_says() {
-        let mut text = read();
-        for m in &mut text {
-            m.super_options.clear();
-        }
-        assert_eq!(read_points(), text);
+    /// Whether this kernel has `listmount` and `statmount` (6.8 on), which this machine's has.
+    fn has_statmount() -> bool {
         let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
         let mut v = release
             .split(['.', '-'])
             .map(|p| p.parse::<u32>().unwrap_or(0));
-        if (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 8) {
-            assert!(statmount::read().is_some(), "statmount on {release}");
+        (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 8)
+    }
+
+    /// The same mounts in the same order as mountinfo's, options aside, through statmount on a
+    /// kernel that has it.
+    #[test]
+    fn statmount_reads_what_mountinfo_says() {
+        if !has_statmount() {
+            return;
         }
+        let mut text = read();
+        for m in &mut text {
+            m.super_options.clear();
+        }
+        let ids = statmount::ids(statmount::LSMT_ROOT).expect("listmount");
+        assert_eq!(statmount::read_ids(&ids), Some(text));
     }
 
     /// In a forked child with a mount namespace of its own: the mounts below a state directory
@@ -366,14 +349,7 @@ mod tests {
     #[test]
     fn the_mounts_below_a_state_directory_are_left_out_unread() {
         // SAFETY: plain libc call.
-        if unsafe { libc::geteuid() } != 0 {
-            return;
-        }
-        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-        let mut v = release
-            .split(['.', '-'])
-            .map(|p| p.parse::<u32>().unwrap_or(0));
-        if (v.next().unwrap_or(0), v.next().unwrap_or(0)) < (6, 8) {
+        if unsafe { libc::geteuid() } != 0 || !has_statmount() {
             return;
         }
         let seen = crate::testing::in_child_mount_ns(|| {

@@ -98,12 +98,9 @@ pub fn prepare(config: &Config) -> std::io::Result<()> {
 pub fn private_mount(dir: &Path) -> std::io::Result<()> {
     use nix::mount::{mount, MsFlags};
     let dir = std::fs::canonicalize(dir)?;
-    let mounts = crishim_proto::mountinfo::read();
-    if !mounts.iter().any(|m| m.mount_point == dir) {
-        if mounts
-            .iter()
-            .any(|m| m.mount_point != dir && m.mount_point.starts_with(&dir))
-        {
+    let (own, below) = mounts_at_and_below(&dir);
+    if !own {
+        if below {
             return Err(std::io::Error::other(
                 "it is not a mount and has mounts below it (pods of an earlier daemon)",
             ));
@@ -141,16 +138,20 @@ pub fn release_private_mount(dir: &Path) {
     let Ok(dir) = std::fs::canonicalize(dir) else {
         return;
     };
-    let mounts = crishim_proto::mountinfo::read();
-    let own = mounts.iter().any(|m| m.mount_point == dir);
-    let below = mounts
-        .iter()
-        .any(|m| m.mount_point != dir && m.mount_point.starts_with(&dir));
-    if own && !below {
+    if mounts_at_and_below(&dir) == (true, false) {
         if let Err(e) = nix::mount::umount(&dir) {
             tracing::debug!(dir = %dir.display(), error = %e, "leaving the state directory's mount");
         }
     }
+}
+
+/// Whether `dir` is a mount point, and whether any mount lies below it.
+fn mounts_at_and_below(dir: &Path) -> (bool, bool) {
+    let mounts = crishim_images::mounts_under(dir);
+    (
+        mounts.iter().any(|m| m == dir),
+        mounts.iter().any(|m| m != dir),
+    )
 }
 
 fn annotate(p: &Path, e: std::io::Error) -> std::io::Error {

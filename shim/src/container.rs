@@ -519,10 +519,8 @@ impl Shim {
                     keep: &keep,
                     near: near.as_deref(),
                 };
-                // Each is attached where a spare view lacks it: the rootfs, mounted after it was
-                // built below the (private) state directory.
                 let (built, view) =
-                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, &same, build);
+                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, build);
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }

@@ -68,7 +68,9 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     };
     // Above the numbers the child moves descriptors to. Not for a pod with its own user
     // namespace: its root has no say over a namespace of the node's.
-    let empty_mnt = (spec.empty_mnt.as_ref())
+    let empty_mnt = spec
+        .empty_mnt
+        .as_ref()
         .filter(|_| spec.userns.is_none())
         .and_then(|p| std::fs::File::open(p).ok())
         .and_then(|f| {

@@ -315,33 +315,24 @@ impl CreateView {
 
     /// Enter the view if each of `same` exists in the shim's namespace (`ids`, from
     /// [`identities`]) and is the same file there: a mount made on the node since the view was
-    /// built reaches it only where the node's mount above it propagates. Each of `attach` that
-    /// is a mount's root in the shim's namespace but another file in the view is attached to it
+    /// built reaches it only where the node's mount above it propagates. Each of `same` that is
+    /// a mount's root in the shim's namespace but another file in the view is attached to it
     /// first, as a clone of the node's mount. Back in `host` otherwise.
-    fn enter_if_same(
-        &self,
-        host: &File,
-        same: &[PathBuf],
-        ids: &[Option<(u64, u64)>],
-        attach: &[PathBuf],
-    ) -> bool {
+    fn enter_if_same(&self, host: &File, same: &[PathBuf], ids: &[Option<(u64, u64)>]) -> bool {
         if ids.iter().any(Option::is_none) {
             return false;
         }
-        let clones: Vec<_> = attach
+        let clones: Vec<_> = same
             .iter()
-            .filter(|p| mountinfo::is_mount_root(p) == Some(true))
-            .filter_map(|p| {
-                let id = identities(std::slice::from_ref(p)).pop().flatten()?;
-                let tree = crishim_proto::idmap::clone_tree(p).ok()?;
-                Some((p, id, tree))
-            })
+            .zip(ids)
+            .filter(|(p, _)| mountinfo::is_mount_root(p) == Some(true))
+            .filter_map(|(p, id)| Some((p, id, crishim_proto::idmap::clone_tree(p).ok()?)))
             .collect();
         if setns(self.ns.as_fd(), CloneFlags::CLONE_NEWNS).is_err() {
             return false;
         }
         for (path, id, tree) in &clones {
-            if identities(std::slice::from_ref(*path)).pop().flatten() != Some(*id) {
+            if identities(std::slice::from_ref(*path)).pop().as_ref() != Some(*id) {
                 // A failure shows in the check below.
                 let _ = crishim_proto::idmap::attach(tree, path);
             }
@@ -375,17 +366,17 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 ///
 /// The view is `spare`, built ahead of time by [`CreateView::build`], where it is young,
 /// dropped nothing this create needs, and each of `same` (the rootfs, the bind mounts' sources,
-/// the bundle) is the same file in it as in the shim's namespace, once each of `attach` that it
-/// lacks is attached to it (the rootfs, mounted on the node after a spare was built; the
-/// create's mounts below the state directory, which a view leaves out unread); otherwise one
-/// built now in `work`, attached to likewise. Where none can be built, or it would drop few mounts, `f` runs in the shim's
-/// namespace. Returns the view too, when one was used, for [`LeanNs::build_from`].
+/// the bundle) is the same file in it as in the shim's namespace, once each of them that is a
+/// mount on the node and that it lacks is attached to it (the rootfs, mounted after a spare was
+/// built; the create's mounts below the state directory, which a view leaves out unread);
+/// otherwise one built now in `work`, attached to likewise. Where none can be built, or it would
+/// drop few mounts, `f` runs in the shim's namespace. Returns the view too, when one was used,
+/// for [`LeanNs::build_from`].
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
     scope: ViewScope,
     work: &Path,
     same: &[PathBuf],
-    attach: &[PathBuf],
     f: impl FnOnce() -> T,
 ) -> (T, Option<File>) {
     let Ok(host) = File::open("/proc/thread-self/ns/mnt") else {
@@ -395,10 +386,8 @@ pub fn with_create_view<T>(
     let entered = spare
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
         .filter(|v| v.serves(scope))
-        .filter(|v| v.enter_if_same(&host, same, &ids, attach))
-        .or_else(|| {
-            CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids, attach))
-        });
+        .filter(|v| v.enter_if_same(&host, same, &ids))
+        .or_else(|| CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids)));
     let Some(view) = entered else {
         return (f(), None);
     };
@@ -847,8 +836,8 @@ garbage line
             keep: &keep,
             near: None,
         };
-        let attach = std::slice::from_ref(&rootfs);
-        let (mut seen, view) = with_create_view(Some(spare), scope, &work, attach, attach, || {
+        let same = std::slice::from_ref(&rootfs);
+        let (mut seen, view) = with_create_view(Some(spare), scope, &work, same, || {
             vec![
                 rootfs.join("marker").exists(),
                 mounted(&later),
@@ -897,7 +886,7 @@ garbage line
         };
         let spare = CreateView::build(scope, &work)?;
         let (through_spare, view) =
-            with_create_view(Some(spare), scope, &work, &[], &[], || mounted(&volume));
+            with_create_view(Some(spare), scope, &work, &[], || mounted(&volume));
         view?;
         // The create binds the kubelet's directory: only the state directory may go.
         let spare = CreateView::build(scope, &work)?;
@@ -908,7 +897,7 @@ garbage line
             ..scope
         };
         let (through_own, _) =
-            with_create_view(Some(spare), own, &work, &source, &[], || mounted(&volume));
+            with_create_view(Some(spare), own, &work, &source, || mounted(&volume));
         Some(vec![through_spare, through_own])
     }
 
