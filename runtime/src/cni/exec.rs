@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt as _;
 
+use super::pidfd::PidFd;
 use super::CniError;
 use crate::bounds::read_capped;
 
@@ -165,29 +166,40 @@ impl Exec {
             let _ = stdin.write_all(&stdin_data).await;
             drop(stdin);
         };
-        // On timeout the future (and with it the child) is dropped: kill_on_drop kills it and
-        // tokio reaps it in the background.
+        // On timeout the child is dropped with this call: kill_on_drop kills it and tokio reaps
+        // it in the background.
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
+        // Its status read through a pidfd, the plugin is reaped a moment later (see `pidfd`);
+        // where pidfds are missing, tokio reaps it at once.
+        let pidfd = child.id().and_then(|pid| PidFd::open(pid).ok());
         let output = tokio::time::timeout(self.timeout, async {
             let ((), stdout, stderr) = tokio::join!(
                 write,
                 read_capped(stdout, MAX_PLUGIN_STDOUT),
                 read_capped(stderr, MAX_PLUGIN_STDERR)
             );
+            let status = match &pidfd {
+                Some(fd) => fd.exited().await?,
+                None => child.wait().await?,
+            };
             Ok::<_, std::io::Error>(std::process::Output {
-                status: child.wait().await?,
+                status,
                 stdout: stdout?,
                 stderr: stderr?,
             })
         })
-        .await
-        .map_err(|_| CniError::Timeout {
-            plugin: plugin_type.to_string(),
-            command: inv.command.to_string(),
-            after: self.timeout,
-        })?
-        .map_err(|e| CniError::Io(format!("waiting for CNI plugin {plugin_type}: {e}")))?;
+        .await;
+        if output.is_ok() && pidfd.is_some() {
+            super::pidfd::reap_later(child);
+        }
+        let output = output
+            .map_err(|_| CniError::Timeout {
+                plugin: plugin_type.to_string(),
+                command: inv.command.to_string(),
+                after: self.timeout,
+            })?
+            .map_err(|e| CniError::Io(format!("waiting for CNI plugin {plugin_type}: {e}")))?;
         if output.status.success() {
             tracing::debug!(
                 plugin = plugin_type,

@@ -21,6 +21,7 @@ pub mod cache;
 pub mod config;
 pub mod exec;
 pub mod netns;
+pub mod pidfd;
 pub mod result;
 
 #[cfg(test)]
