@@ -1,15 +1,17 @@
-//! Idmapped mounts (`mount_setattr(MOUNT_ATTR_IDMAP)`): a clone of a mount tree through which
-//! files are seen with their owners mapped into a user namespace. What gives a pod with its own
-//! user namespace its image layers and volumes, owned by its root, without copying or chowning.
+//! Detached mount trees (`open_tree`, `mount_setattr`, `move_mount`), and idmapped ones
+//! (`MOUNT_ATTR_IDMAP`): a clone of a mount tree through which files are seen with their owners
+//! mapped into a user namespace. What gives a pod with its own user namespace its image layers
+//! and volumes, owned by its root, without copying or chowning.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x0000_0040;
 
 #[repr(C)]
 struct MountAttr {
@@ -50,36 +52,85 @@ pub fn idmapped_clone(source: &Path, userns: &File) -> io::Result<OwnedFd> {
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
     };
+    set_attr(&fd, &attr, libc::AT_RECURSIVE)?;
+    Ok(fd)
+}
+
+/// `mount_setattr` on a detached tree (`flags`: `AT_RECURSIVE` for its submounts too).
+fn set_attr(tree: &OwnedFd, attr: &MountAttr, flags: libc::c_int) -> io::Result<()> {
     // SAFETY: mount_setattr on our detached tree with a correctly sized attribute struct.
     let r = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            fd.as_raw_fd(),
+            tree.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
-            &attr as *const MountAttr,
+            libc::AT_EMPTY_PATH | flags,
+            attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fd)
+    Ok(())
+}
+
+/// A detached clone of the one mount `at` (an `O_PATH` descriptor of its root) names, without
+/// its submounts, made `propagation` (`MS_SLAVE`, `MS_PRIVATE`) before anything can be attached
+/// to it: a clone of a shared mount is otherwise a peer of it, and what is mounted on the clone
+/// would reach the original.
+pub fn clone_one(at: BorrowedFd<'_>, propagation: libc::c_ulong) -> io::Result<OwnedFd> {
+    // SAFETY: open_tree on a descriptor we borrow; the result is a new descriptor we own.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            at.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a descriptor that nothing else owns.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let attr = MountAttr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: u64::from(propagation as u32),
+        userns_fd: 0,
+    };
+    set_attr(&tree, &attr, 0)?;
+    Ok(tree)
+}
+
+/// Attach a detached mount on the file `target` (an `O_PATH` descriptor) names.
+pub fn attach_at(tree: &OwnedFd, target: BorrowedFd<'_>) -> io::Result<()> {
+    move_mount(tree, target.as_raw_fd(), c"", MOVE_MOUNT_T_EMPTY_PATH)
 }
 
 /// Attach a detached mount at `target` (which must exist, as a directory or a file to match).
 pub fn attach(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     let c = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
-    // SAFETY: move_mount of our detached tree onto a path.
+    move_mount(tree, libc::AT_FDCWD, &c, 0)
+}
+
+fn move_mount(
+    tree: &OwnedFd,
+    dir: libc::c_int,
+    target: &std::ffi::CStr,
+    flags: libc::c_uint,
+) -> io::Result<()> {
+    // SAFETY: move_mount of our detached tree onto a path or a descriptor.
     let r = unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            dir,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | flags,
         )
     };
     if r < 0 {

@@ -4,7 +4,8 @@
 //!   (at [`CRI_API_VERSION`]).
 //! - `shim`: the daemon ⇄ per-pod shim protocol, and `record`: the atomic record files both read.
 //! - `hostfs`: creating and tightening root-only directories and files.
-//! - `mountinfo`: the mounts of `/proc/self/mountinfo`.
+//! - `mountinfo`: the mounts of `/proc/self/mountinfo`; `idmap`: detached (and idmapped) mount
+//!   trees; `empty_ns`: an empty mount namespace.
 //! - `cgroups_path`: the OCI cgroupsPath forms (cgroupfs and systemd) and the directory each names.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `vgpu`: the config the runtime writes for the GPU interceptor in a container.
@@ -32,6 +33,7 @@ impl std::fmt::Debug for cri::AuthConfig {
 /// The `k8s.io/cri-api` release whose `runtime.v1` the proto follows.
 pub const CRI_API_VERSION: &str = "v0.36.3";
 pub mod cgroups_path;
+pub mod empty_ns;
 pub mod hostfs;
 pub mod idmap;
 pub mod mountinfo;

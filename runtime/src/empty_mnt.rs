@@ -8,16 +8,14 @@
 use std::io;
 use std::path::PathBuf;
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::sched::{unshare, CloneFlags};
-
 /// Start the thread; returns the path of its mount namespace.
 pub fn start() -> io::Result<PathBuf> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("crishim-mnt".into())
         .spawn(move || {
-            let made = make_here().map(|()| nix::unistd::gettid().as_raw());
+            let made =
+                crishim_proto::empty_ns::make_here().map(|()| nix::unistd::gettid().as_raw());
             let ok = made.is_ok();
             let _ = tx.send(made);
             // Held for the daemon's life; a thread that failed to make it ends.
@@ -36,27 +34,6 @@ pub fn start() -> io::Result<PathBuf> {
     )))
 }
 
-/// In the calling thread: a new mount namespace whose only mount is an empty read-only tmpfs,
-/// its root.
-fn make_here() -> io::Result<()> {
-    let none: Option<&str> = None;
-    unshare(CloneFlags::CLONE_NEWNS)?;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
-    // Any directory serves as the mount point; /proc is on every node.
-    mount(
-        Some("tmpfs"),
-        "/proc",
-        Some("tmpfs"),
-        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some("size=4k,nr_inodes=2,mode=0555"),
-    )?;
-    nix::unistd::chdir("/proc")?;
-    nix::unistd::pivot_root(".", ".")?;
-    umount2(".", MntFlags::MNT_DETACH)?;
-    nix::unistd::chdir("/")?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,7 +49,7 @@ mod tests {
         let path = start().unwrap();
         let ns = std::fs::File::open(&path).unwrap();
         let inside = crishim_proto::testing::in_child_mount_ns(|| {
-            nix::sched::setns(&ns, CloneFlags::CLONE_NEWNS).ok()?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS).ok()?;
             Some(vec![
                 std::fs::read_dir("/").ok()?.next().is_none(),
                 !std::path::Path::new("/proc/self").exists(),

@@ -84,6 +84,9 @@ pub struct Shim {
     /// The kubelet's directory for this pod (from its uid): a create's view keeps it and drops
     /// the other pods' volumes. `None`: the view keeps every pod's volumes.
     pub kubelet_dir: Option<PathBuf>,
+    /// The daemon's empty mount namespace, which create views are made from (see
+    /// `lean_ns::CreateView::build`); `None`: from a copy of the shim's.
+    pub empty_mnt: Option<std::fs::File>,
 }
 
 pub type Shared = Rc<RefCell<Shim>>;
@@ -167,6 +170,7 @@ impl Shim {
             spare_view: RefCell::new(None),
             spare_tried: std::cell::Cell::new(false),
             kubelet_dir: None,
+            empty_mnt: None,
         }
     }
 
@@ -215,7 +219,7 @@ impl Shim {
             keep: &keep,
             near: Some(&near),
         };
-        let view = CreateView::build(scope, &self.view_work());
+        let view = CreateView::build(scope, &self.view_work(), self.empty_mnt.as_ref());
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built
@@ -519,8 +523,14 @@ impl Shim {
                     keep: &keep,
                     near: near.as_deref(),
                 };
-                let (built, view) =
-                    lean_ns::with_create_view(spare, scope, &self.view_work(), &same, build);
+                let (built, view) = lean_ns::with_create_view(
+                    spare,
+                    scope,
+                    &self.view_work(),
+                    self.empty_mnt.as_ref(),
+                    &same,
+                    build,
+                );
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }

@@ -19,9 +19,9 @@ const MAX_REPORT: u64 = 4096;
 pub const PAUSE_BINARY: &str = "crishim-pause";
 
 /// Clone the infra process into new namespaces; returns its pid (in our pid namespace) once it has
-/// confined itself, or why it could not. It joins the daemon's empty mount namespace
-/// (`spec.empty_mnt`) where it can (see `crishim_pause::MNT_FD`).
-pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
+/// confined itself, or why it could not. It joins `empty_mnt`, the daemon's empty mount
+/// namespace (`spec.empty_mnt`, opened by the caller), where it can (see `crishim_pause::MNT_FD`).
+pub fn spawn(spec: &InfraSpec, empty_mnt: Option<&std::fs::File>) -> Result<i32, String> {
     let exe = pause_binary()?;
     let exe = CString::new(exe.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     // The infra process reports `ok` or its error on `w`; EOF means it died before.
@@ -68,11 +68,8 @@ pub fn spawn(spec: &InfraSpec) -> Result<i32, String> {
     };
     // Above the numbers the child moves descriptors to. Not for a pod with its own user
     // namespace: its root has no say over a namespace of the node's.
-    let empty_mnt = spec
-        .empty_mnt
-        .as_ref()
+    let empty_mnt = empty_mnt
         .filter(|_| spec.userns.is_none())
-        .and_then(|p| std::fs::File::open(p).ok())
         .and_then(|f| {
             nix::fcntl::fcntl(f.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10)).ok()
         })

@@ -29,9 +29,15 @@ pub fn serve(
     let oci = oci
         .map(|spec| crate::oci_runtime::OciRuntime::new(spec, &dir))
         .transpose()?;
+    // The daemon's empty mount namespace: the infra process joins it, and the create views are
+    // made from it.
+    let empty_mnt = infra
+        .as_ref()
+        .and_then(|spec| spec.empty_mnt.as_ref())
+        .and_then(|p| std::fs::File::open(p).ok());
     let infra_pid = match &infra {
         Some(spec) => {
-            let pid = crate::infra::spawn(spec)?;
+            let pid = crate::infra::spawn(spec, empty_mnt.as_ref())?;
             write_atomic(&dir.join(paths::INFRA_PID), pid.to_string().as_bytes())
                 .map_err(|e| format!("recording infra pid: {e}"))?;
             pid
@@ -44,6 +50,7 @@ pub fn serve(
         let listener = listen(&dir)?;
         let mut shim = Shim::new(dir, infra_pid);
         shim.oci = oci;
+        shim.empty_mnt = empty_mnt;
         shim.kubelet_dir = infra
             .as_ref()
             .and_then(|i| i.pod_uid.as_deref())
