@@ -18,7 +18,7 @@ use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
 
-use crate::lean_ns::{self, CreateView, LeanNs, ViewScope};
+use crate::lean_ns::{self, CreateView, LeanNs, ViewScope, Workspace};
 use nix::fcntl::OFlag;
 use nix::sys::wait::WaitStatus;
 use tokio::io::AsyncReadExt;
@@ -192,7 +192,7 @@ impl Shim {
         };
         let (drop, work) = self.lean_paths();
         let must_see = self.lean_must_see();
-        match LeanNs::build_from(&view, host, &drop, &work, &must_see) {
+        match LeanNs::build_from(&view, host, &drop, self.workspace(&work), &must_see) {
             Ok(ns) => {
                 let _ = self.lean.set(Some(ns));
             }
@@ -219,7 +219,8 @@ impl Shim {
             keep: &keep,
             near: Some(&near),
         };
-        let view = CreateView::build(scope, &self.view_work(), self.empty_mnt.as_ref());
+        let work = self.view_work();
+        let view = CreateView::build(scope, self.workspace(&work));
         let built = view.is_some();
         *self.spare_view.borrow_mut() = view;
         built
@@ -265,6 +266,14 @@ impl Shim {
         lean_ns::create_view_drops(state, self.kubelet_dir.is_some(), sources)
     }
 
+    /// Where the shim builds a namespace in `dir` (see [`Workspace`]).
+    fn workspace<'a>(&'a self, dir: &'a Path) -> Workspace<'a> {
+        Workspace {
+            dir,
+            empty: self.empty_mnt.as_ref(),
+        }
+    }
+
     fn view_work(&self) -> PathBuf {
         self.dir.join("create-view")
     }
@@ -283,7 +292,7 @@ impl Shim {
     fn in_lean_ns<T>(&self, f: impl FnOnce() -> T) -> T {
         let lean = self.lean.get_or_init(|| {
             let (drop, work) = self.lean_paths();
-            match LeanNs::build(&drop, &work, &self.lean_must_see()) {
+            match LeanNs::build(&drop, self.workspace(&work), &self.lean_must_see()) {
                 Ok(ns) => Some(ns),
                 Err(e) => {
                     eprintln!(
@@ -523,14 +532,9 @@ impl Shim {
                     keep: &keep,
                     near: near.as_deref(),
                 };
-                let (built, view) = lean_ns::with_create_view(
-                    spare,
-                    scope,
-                    &self.view_work(),
-                    self.empty_mnt.as_ref(),
-                    &same,
-                    build,
-                );
+                let work = self.view_work();
+                let (built, view) =
+                    lean_ns::with_create_view(spare, scope, self.workspace(&work), &same, build);
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }

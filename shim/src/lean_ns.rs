@@ -56,6 +56,16 @@ struct Plan {
     far: Vec<PathBuf>,
 }
 
+/// Where the shim builds a namespace.
+#[derive(Clone, Copy)]
+pub struct Workspace<'a> {
+    /// An empty directory the shim owns: the new root's mount point in a copy of its namespace.
+    pub dir: &'a Path,
+    /// The daemon's empty mount namespace, which the namespace is made from instead where the
+    /// shim has it (see [`unshare_from_empty`]).
+    pub empty: Option<&'a File>,
+}
+
 /// Whether `a` and `b` are one path, or one lies below the other.
 fn related(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
@@ -140,10 +150,14 @@ pub struct LeanNs {
 }
 
 impl LeanNs {
-    /// Build the namespace, using `work` (an empty directory the shim owns) as the new root's
-    /// mount point inside it; the host's namespace is left untouched. `must_see` are paths the
-    /// calls made in it need; a namespace without one of them is refused.
-    pub fn build(drop_below: &[PathBuf], work: &Path, must_see: &[&Path]) -> Result<Self, String> {
+    /// Build the namespace in `work` (see [`Workspace`]); the host's namespace is left
+    /// untouched. `must_see` are paths the calls made in it need; a namespace without one of
+    /// them is refused.
+    pub fn build(
+        drop_below: &[PathBuf],
+        work: Workspace,
+        must_see: &[&Path],
+    ) -> Result<Self, String> {
         let host = File::open("/proc/thread-self/ns/mnt")
             .map_err(|e| format!("opening the shim's mount namespace: {e}"))?;
         let lean = build_here(drop_below, work, must_see, &host)?;
@@ -157,7 +171,7 @@ impl LeanNs {
         view: &File,
         host: File,
         drop_below: &[PathBuf],
-        work: &Path,
+        work: Workspace,
         must_see: &[&Path],
     ) -> Result<Self, String> {
         setns(view.as_fd(), CloneFlags::CLONE_NEWNS)
@@ -185,7 +199,7 @@ impl LeanNs {
 /// `back` in every case.
 fn build_here(
     drop_below: &[PathBuf],
-    work: &Path,
+    work: Workspace,
     must_see: &[&Path],
     back: &File,
 ) -> Result<File, String> {
@@ -259,13 +273,12 @@ pub fn create_view_drops(state_dir: &Path, kubelet: bool, sources: &[PathBuf]) -
 }
 
 impl CreateView {
-    /// Build a view of the node's mounts as `scope` says, rooted at `work` inside it, from this
+    /// Build a view of the node's mounts as `scope` says, in `work` (see [`Workspace`]), from this
     /// thread's namespace, which it ends in again. `None` where it would drop fewer than
     /// [`CREATE_VIEW_MIN_DROPPED`] mounts or cannot be built. Built ahead of the create (a spare),
     /// it lacks the rootfs the daemon mounts after where the state directory is private (as the
-    /// daemon keeps it): [`with_create_view`] attaches it then. Made from `empty`, the daemon's
-    /// empty mount namespace, where the shim has it (see [`unshare_from_empty`]).
-    pub fn build(scope: ViewScope, work: &Path, empty: Option<&File>) -> Option<CreateView> {
+    /// daemon keeps it): [`with_create_view`] attaches it then.
+    pub fn build(scope: ViewScope, work: Workspace) -> Option<CreateView> {
         let host = File::open("/proc/thread-self/ns/mnt").ok()?;
         // The mounts below a dropped root that is a mount of its own (the state directory: every
         // pod's) are left out unread where the kernel can; the create's own there (its rootfs,
@@ -282,11 +295,7 @@ impl CreateView {
         if plan.dropped + unread < CREATE_VIEW_MIN_DROPPED {
             return None;
         }
-        let made = match empty {
-            Some(empty) => unshare_from_empty(empty, &plan.binds, MsFlags::MS_SLAVE),
-            None => unshare_pruned(work, &plan.binds, &[], MsFlags::MS_SLAVE),
-        };
-        let built = made.and_then(|()| {
+        let built = unshare_pruned(work, &plan.binds, &[], MsFlags::MS_SLAVE).and_then(|()| {
             File::open("/proc/thread-self/ns/mnt").map_err(|e| format!("opening it: {e}"))
         });
         return_to(&host);
@@ -380,8 +389,7 @@ fn identities(paths: &[PathBuf]) -> Vec<Option<(u64, u64)>> {
 pub fn with_create_view<T>(
     spare: Option<CreateView>,
     scope: ViewScope,
-    work: &Path,
-    empty: Option<&File>,
+    work: Workspace,
     same: &[PathBuf],
     f: impl FnOnce() -> T,
 ) -> (T, Option<File>) {
@@ -393,9 +401,7 @@ pub fn with_create_view<T>(
         .filter(|v| v.built.elapsed() < SPARE_VIEW_MAX_AGE)
         .filter(|v| v.serves(scope))
         .filter(|v| v.enter_if_same(&host, same, &ids))
-        .or_else(|| {
-            CreateView::build(scope, work, empty).filter(|v| v.enter_if_same(&host, same, &ids))
-        });
+        .or_else(|| CreateView::build(scope, work).filter(|v| v.enter_if_same(&host, same, &ids)));
     let Some(view) = entered else {
         return (f(), None);
     };
@@ -422,18 +428,30 @@ fn open_path(dir: RawFd, path: &Path, extra: ResolveFlag) -> nix::Result<OwnedFd
     openat2(dir, path, how).map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// A new mount namespace for this thread holding `/` and `binds` only (see [`populate`]), rooted
-/// at `work`, which is created first.
+/// A new mount namespace for this thread holding `/` and `binds` only, each mount made
+/// `propagation` (private or slave: nothing done in it reaches the node): from the daemon's empty
+/// namespace where `work` has it ([`unshare_from_empty`]), else from a copy of this thread's,
+/// rooted at `work.dir`, which is created first ([`populate`]). One without each of `must_see`
+/// is refused.
 fn unshare_pruned(
-    work: &Path,
+    work: Workspace,
     binds: &[PathBuf],
     must_see: &[&Path],
     propagation: MsFlags,
 ) -> Result<(), String> {
-    crishim_proto::hostfs::create_private_dir(work)
-        .map_err(|e| format!("creating {}: {e}", work.display()))?;
-    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
-    populate(work, binds, must_see, propagation)
+    match work.empty {
+        Some(empty) => unshare_from_empty(empty, binds, propagation)?,
+        None => {
+            crishim_proto::hostfs::create_private_dir(work.dir)
+                .map_err(|e| format!("creating {}: {e}", work.dir.display()))?;
+            unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
+            populate(work.dir, binds, propagation)?;
+        }
+    }
+    match must_see.iter().find(|p| !p.exists()) {
+        Some(p) => Err(format!("{} is not visible in it", p.display())),
+        None => Ok(()),
+    }
 }
 
 /// A new mount namespace for this thread holding `/` and `binds` only, as [`unshare_pruned`]
@@ -482,12 +500,7 @@ fn unshare_from_empty(empty: &File, binds: &[PathBuf], propagation: MsFlags) -> 
 /// In the freshly unshared namespace: bind `/` and then each kept mount (without their
 /// submounts) under `work`, pivot into it and drop the old tree in one detach. `propagation`
 /// (private or slave) is applied to the whole copy first: nothing done here reaches the node.
-fn populate(
-    work: &Path,
-    binds: &[PathBuf],
-    must_see: &[&Path],
-    propagation: MsFlags,
-) -> Result<(), String> {
+fn populate(work: &Path, binds: &[PathBuf], propagation: MsFlags) -> Result<(), String> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | propagation, none)
         .map_err(|e| format!("setting the copy's propagation: {e}"))?;
@@ -528,11 +541,7 @@ fn populate(
     nix::unistd::chdir(work).map_err(|e| format!("chdir: {e}"))?;
     nix::unistd::pivot_root(".", ".").map_err(|e| format!("pivot_root: {e}"))?;
     umount2(".", MntFlags::MNT_DETACH).map_err(|e| format!("detaching the old root: {e}"))?;
-    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))?;
-    match must_see.iter().find(|p| !p.exists()) {
-        Some(p) => Err(format!("{} is not visible in it", p.display())),
-        None => Ok(()),
-    }
+    nix::unistd::chdir("/").map_err(|e| format!("chdir /: {e}"))
 }
 
 #[cfg(test)]
@@ -879,7 +888,11 @@ garbage line
             keep: std::slice::from_ref(&pod),
             near: None,
         };
-        let spare = CreateView::build(pod_scope, &work, empty.as_ref())?;
+        let ws = Workspace {
+            dir: &work,
+            empty: empty.as_ref(),
+        };
+        let spare = CreateView::build(pod_scope, ws)?;
         // Held, so that a view built instead cannot get its namespace's (reused) inode number.
         let spare_ns = spare.ns.try_clone().ok()?;
         // The daemon mounts the rootfs, and another pod starts, after the spare was built.
@@ -897,7 +910,7 @@ garbage line
             near: None,
         };
         let same = std::slice::from_ref(&rootfs);
-        let (mut seen, view) = with_create_view(Some(spare), scope, &work, None, same, || {
+        let (mut seen, view) = with_create_view(Some(spare), scope, ws, same, || {
             vec![
                 rootfs.join("marker").exists(),
                 mounted(&later),
@@ -944,20 +957,23 @@ garbage line
             keep: &keep,
             near: None,
         };
-        let spare = CreateView::build(scope, &work, None)?;
+        let ws = Workspace {
+            dir: &work,
+            empty: None,
+        };
+        let spare = CreateView::build(scope, ws)?;
         let (through_spare, view) =
-            with_create_view(Some(spare), scope, &work, None, &[], || mounted(&volume));
+            with_create_view(Some(spare), scope, ws, &[], || mounted(&volume));
         view?;
         // The create binds the kubelet's directory: only the state directory may go.
-        let spare = CreateView::build(scope, &work, None)?;
+        let spare = CreateView::build(scope, ws)?;
         let only_state = [state.clone()];
         let source = [kubelet.clone()];
         let own = ViewScope {
             drop_below: &only_state,
             ..scope
         };
-        let (through_own, _) =
-            with_create_view(Some(spare), own, &work, None, &source, || mounted(&volume));
+        let (through_own, _) = with_create_view(Some(spare), own, ws, &source, || mounted(&volume));
         Some(vec![through_spare, through_own])
     }
 
@@ -1004,18 +1020,25 @@ garbage line
                     unshare(CloneFlags::CLONE_NEWNS).ok()?;
                     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).ok()?;
                     mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::empty(), none).ok()?;
-                    let lean = LeanNs::build(
-                        &drop_roots(&pod),
-                        &pod.join("lean"),
-                        &[&pod.join("state.json"), Path::new("/proc/self")],
-                    )
-                    .ok()?;
-                    let inside = lean.enter(|| (mounted(&shm), pod.join("state.json").exists()));
-                    Some(if inside == (false, true) && mounted(&shm) {
-                        0
-                    } else {
-                        1
-                    })
+                    // Made from a copy of this namespace, then from an empty one.
+                    let empty = crishim_proto::empty_ns::make().ok()?;
+                    let mut all = true;
+                    for empty in [None, Some(&empty)] {
+                        let work = Workspace {
+                            dir: &pod.join("lean"),
+                            empty,
+                        };
+                        let lean = LeanNs::build(
+                            &drop_roots(&pod),
+                            work,
+                            &[&pod.join("state.json"), Path::new("/proc/self")],
+                        )
+                        .ok()?;
+                        let inside =
+                            lean.enter(|| (mounted(&shm), pod.join("state.json").exists()));
+                        all &= inside == (false, true) && mounted(&shm);
+                    }
+                    Some(if all { 0 } else { 1 })
                 })()
                 .unwrap_or(2);
                 unsafe { libc::_exit(code) };
