@@ -11,6 +11,11 @@
 //! quarantine directory for a person, and cut off. When the file holds more than twice its live
 //! frames, it is rewritten with only those (temp file, `fdatasync`, rename, directory `fsync`).
 //!
+//! The file is grown ahead of the frames, [`GROW_BY`] bytes of zeros at a time: an append then
+//! writes into blocks the file system has already allocated, and its `fdatasync` writes that
+//! data alone, not the inode and the block allocation an append past the end needs. A replay
+//! stops where only zeros are left.
+//!
 //! Concurrent puts share their `fdatasync` (group commit): a writer appends under the lock, then
 //! syncs outside it, and one `fdatasync` covers every frame appended before it began. Writers
 //! that come while one runs wait for it, and the first of them syncs for the rest. In a burst of
@@ -38,6 +43,8 @@ pub const MAX_KEY: usize = 255;
 const MAX_KEPT_DAMAGE: usize = 16;
 /// Rewrite only past this size, so small journals are never rewritten.
 const COMPACT_AT: u64 = 1 << 20;
+/// How far past its frames the file is grown with zeros at a time.
+pub const GROW_BY: u64 = 128 << 10;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -113,6 +120,8 @@ pub struct Replay {
     pub live: u64,
     /// The end of the last valid frame.
     pub valid_end: u64,
+    /// Where the zeros the file was grown with begin (its size, without any).
+    pub zeros_from: u64,
     /// Ranges that are not valid frames: a frame that damage or a crash cut short, up to the next
     /// valid frame or the end of the file.
     pub damaged: Vec<(u64, u64)>,
@@ -173,13 +182,15 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
     };
     let mut budget = RESYNC_BUDGET;
     let mut at = HEAD;
-    while at < src.size() {
+    out.zeros_from = zeros_from(src)?.max(HEAD);
+    // No frame starts in the zeros (its length would be 0): they are where the frames end.
+    while at < out.zeros_from {
         let mut unbounded = u64::MAX;
         let found = match frame_at(src, at, max_value, &mut unbounded)? {
             Some(f) => Some((at, f)),
             None => {
                 let next = resync(src, at + 1, max_value, &mut budget)?;
-                let damaged_to = next.as_ref().map_or(src.size(), |(n, _)| *n);
+                let damaged_to = next.as_ref().map_or(out.zeros_from, |(n, _)| *n);
                 out.damaged.push((at, damaged_to));
                 if next.is_some() {
                     out.suspect.extend(named_key(src, at, damaged_to)?);
@@ -193,6 +204,23 @@ pub fn replay<S: Source + ?Sized>(src: &S, max_value: u32) -> std::io::Result<Re
         apply(&mut out.index, &mut out.live, f.op, f.key, f.slot);
     }
     Ok(out)
+}
+
+/// Where the run of zero bytes that ends `src` begins (its size where the last byte is not zero).
+/// Reads only that run and the block before it.
+fn zeros_from<S: Source + ?Sized>(src: &S) -> std::io::Result<u64> {
+    let mut end = src.size();
+    let mut buf = vec![0u8; 64 << 10];
+    while end > 0 {
+        let n = end.min(buf.len() as u64) as usize;
+        let chunk = &mut buf[..n];
+        src.read_at(chunk, end - n as u64)?;
+        if let Some(last) = chunk.iter().rposition(|&b| b != 0) {
+            return Ok(end - n as u64 + last as u64 + 1);
+        }
+        end -= n as u64;
+    }
+    Ok(0)
 }
 
 /// The key a damaged frame at `at` names, if its head and key are whole and look like an id.
@@ -314,7 +342,10 @@ pub struct Journal {
 struct Inner {
     /// Shared with a sync running outside the lock; a rewrite puts a new file here.
     file: Arc<File>,
+    /// The end of the last frame, where the next is appended.
     end: u64,
+    /// The file's size: `end` and the zeros past it (see [`GROW_BY`]).
+    size: u64,
     index: HashMap<String, Slot>,
     live: u64,
     /// A failed append could not be cut back off: nothing more may be appended after it.
@@ -328,6 +359,19 @@ struct Inner {
     epoch: u64,
     /// `fdatasync` calls made for appends.
     syncs: u64,
+}
+
+/// Grows the file with zeros to hold frames up to `end`: to the next multiple of [`GROW_BY`]
+/// past it. Synced with the append that needed it.
+fn grow(inner: &mut Inner, end: u64) -> std::io::Result<()> {
+    if end <= inner.size {
+        return Ok(());
+    }
+    let to = (end / GROW_BY + 1) * GROW_BY;
+    let zeros = vec![0u8; (to - inner.size) as usize];
+    inner.file.write_all_at(&zeros, inner.size)?;
+    inner.size = to;
+    Ok(())
 }
 
 impl Inner {
@@ -386,13 +430,14 @@ impl Journal {
             max_value,
             inner: Mutex::new(Inner {
                 file: Arc::new(file),
-                end: size,
+                end: replay.valid_end,
+                size,
                 index: replay.index,
                 live: replay.live,
                 poisoned: false,
                 appended: 0,
                 durable: 0,
-                durable_end: size,
+                durable_end: replay.valid_end,
                 epoch: 0,
                 syncs: 0,
             }),
@@ -406,10 +451,15 @@ impl Journal {
             // Damage stays behind in the file (found and skipped again at the next start), but
             // a cut-short last frame must go: the next append follows the last valid frame.
             tracing::warn!(path = %path.display(), error = %e, "rewriting a damaged journal");
-            if replay.damaged.last().is_some_and(|&(_, to)| to == size) {
+            if replay
+                .damaged
+                .last()
+                .is_some_and(|&(_, to)| to == replay.zeros_from)
+            {
                 inner.file.set_len(replay.valid_end).map_err(io)?;
                 inner.file.sync_data().map_err(io)?;
                 inner.end = replay.valid_end;
+                inner.size = replay.valid_end;
                 inner.all_durable();
             }
         }
@@ -421,6 +471,11 @@ impl Journal {
         // A panic while holding the lock leaves `Inner` consistent: every change to it comes
         // after its write succeeded.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Where its frames end: the bytes of the file in use (zeros follow).
+    pub fn end(&self) -> u64 {
+        self.lock().end
     }
 
     /// Keys whose latest value damage found at open may have taken (see [`Replay::suspect`]).
@@ -478,7 +533,10 @@ impl Journal {
                 });
             }
             let at = inner.end;
-            if let Err(source) = inner.file.write_all_at(&f, at) {
+            let end = at + f.len() as u64;
+            if let Err(source) =
+                grow(&mut inner, end).and_then(|()| inner.file.write_all_at(&f, at))
+            {
                 // Cut off what may have reached the file, so that the next append follows
                 // valid frames; if that fails too, nothing more is appended.
                 if inner
@@ -489,6 +547,7 @@ impl Journal {
                 {
                     inner.poisoned = true;
                 }
+                inner.size = at;
                 return Err(self.io(source));
             }
             inner.end = at + f.len() as u64;
@@ -555,6 +614,7 @@ impl Journal {
         match undone {
             Ok(replay) => {
                 inner.end = cut;
+                inner.size = cut;
                 inner.index = replay.index;
                 inner.live = replay.live;
                 inner.all_durable();
@@ -643,6 +703,7 @@ impl Journal {
                 inner.file = Arc::new(out);
                 inner.index = index;
                 inner.end = end;
+                inner.size = end;
                 inner.all_durable();
                 Ok(())
             }
@@ -760,6 +821,10 @@ mod tests {
         }
     }
 
+    fn end(j: &Journal) -> u64 {
+        j.end()
+    }
+
     fn sorted_keys(j: &Journal) -> Vec<String> {
         let mut keys = j.keys();
         keys.sort();
@@ -781,6 +846,34 @@ mod tests {
         assert_eq!(j.get("a").unwrap().unwrap(), b"3");
         assert_eq!(j.get("c").unwrap().unwrap(), b"");
         assert_eq!(j.get("b").unwrap(), None);
+    }
+
+    #[test]
+    fn the_file_grows_ahead_of_the_frames_and_appends_follow_the_last_frame() {
+        let f = fixture();
+        let j = f.open();
+        j.put("a", b"1").unwrap();
+        let size = f.len();
+        assert!(size.is_multiple_of(GROW_BY));
+        assert!(size > end(&j), "grown past its frames");
+        let bytes = std::fs::read(&f.path).unwrap();
+        assert!(bytes[end(&j) as usize..].iter().all(|&b| b == 0));
+        drop(j);
+        let j = f.open();
+        j.put("b", b"2").unwrap();
+        j.remove("a").unwrap();
+        j.put("c", b"3").unwrap();
+        assert_eq!(f.len(), size, "written into the zeros, not grown again");
+        drop(j);
+        let j = f.open();
+        assert_eq!(sorted_keys(&j), ["b", "c"]);
+        assert!(!f.quarantine.exists(), "the zeros are no damage");
+        // Frames past the zeros' first block grow it again.
+        let value = vec![b'x'; GROW_BY as usize];
+        j.put("big", &value).unwrap();
+        assert!(f.len() > size && f.len().is_multiple_of(GROW_BY));
+        drop(j);
+        assert_eq!(f.open().get("big").unwrap().unwrap(), value);
     }
 
     #[test]
@@ -864,17 +957,20 @@ mod tests {
         let f = fixture();
         let j = f.open();
         j.put("a", b"kept").unwrap();
-        let whole = f.len();
+        let whole = end(&j);
         j.put("b", b"cut short").unwrap();
+        let torn_end = end(&j);
         drop(j);
-        // A crash during the last append: the file ends 3 bytes into its value.
+        // A crash during the last append: only its first bytes reached the file, 3 bytes into
+        // its value; the zeros the file was grown with follow.
         let cut = whole + 8 + 2 + 1 + 3;
-        std::fs::OpenOptions::new()
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .open(&f.path)
-            .unwrap()
-            .set_len(cut)
             .unwrap();
+        file.write_all_at(&vec![0; (torn_end - cut) as usize], cut)
+            .unwrap();
+        drop(file);
         let j = f.open();
         assert_eq!(j.keys(), ["a"]);
         assert!(
@@ -896,9 +992,9 @@ mod tests {
         let f = fixture();
         let j = f.open();
         j.put("a", b"first").unwrap();
-        let second = f.len();
+        let second = end(&j);
         j.put("b", b"second").unwrap();
-        let third = f.len();
+        let third = end(&j);
         j.put("c", b"third").unwrap();
         drop(j);
         let mut bytes = std::fs::read(&f.path).unwrap();
@@ -988,7 +1084,8 @@ mod tests {
         let r = replay(&bytes[..], 1 << 20).unwrap();
         assert_eq!(r.index.len(), 1);
         assert_eq!(r.valid_end, HEAD + frame(OP_PUT, "a", b"1").len() as u64);
-        assert_eq!(r.damaged, [(r.valid_end, bytes.len() as u64)]);
+        // The damage ends where the zeros at the end of the file begin.
+        assert_eq!(r.damaged, [(r.valid_end, r.valid_end + 4)]);
     }
 
     #[test]
@@ -1001,7 +1098,7 @@ mod tests {
             j.put(&format!("k{}", i % 4), &value).unwrap();
         }
         j.put("k0", b"last").unwrap();
-        assert!(f.len() < COMPACT_AT + 8192, "rewritten: {} bytes", f.len());
+        assert!(end(&j) < COMPACT_AT + 8192, "rewritten: {} bytes", end(&j));
         drop(j);
         let j = f.open();
         assert_eq!(j.keys().len(), 4);

@@ -478,7 +478,7 @@ mod tests {
             ..pod_record("p1")
         };
         rd.save("p1", &creating).unwrap();
-        let damaged_at = std::fs::metadata(dir.join(JOURNAL)).unwrap().len();
+        let damaged_at = rd.journal.end();
         rd.save("p1", &pod_record("p1")).unwrap();
         rd.save("p2", &pod_record("p2")).unwrap();
         drop(rd);
