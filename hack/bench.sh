@@ -20,6 +20,7 @@ echo "+ cargo build --release -p crishim-runtime -p crishim-shim -p crishim-benc
 cargo build --release -p crishim-runtime -p crishim-shim -p crishim-bench
 
 bin="${CARGO_TARGET_DIR:-$PWD/target}/release"
-# The infra process as installed (hack/run.sh): static, next to crishim-shim.
+# The shim and the infra process as installed (hack/run.sh): static, side by side.
+install -m 0755 "$(./hack/build-init.sh --release crishim-shim)" "$bin/crishim-shim"
 install -m 0755 "$(./hack/build-init.sh --release crishim-pause)" "$bin/crishim-pause"
 exec "$bin/crishim-bench" --crishim-bin "$bin/crishim" "$@"

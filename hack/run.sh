@@ -9,7 +9,8 @@ bash hack/install-deps.sh
 cargo build --release --workspace
 rel="${CARGO_TARGET_DIR:-target}/release"
 install -m 0755 "$rel"/crishim /usr/local/bin/crishim
-install -m 0755 "$rel"/crishim-shim /usr/local/bin/crishim-shim
+# The per-pod shim, static (hack/build-init.sh says why).
+install -m 0755 "$(hack/build-init.sh --release crishim-shim)" /usr/local/bin/crishim-shim
 # The GPU interceptor: [gpu] interceptor defaults to this file next to the crishim binary.
 install -m 0755 "$rel"/libcrishim_vgpu.so /usr/local/bin/libcrishim_vgpu.so
 install -m 0755 "$(hack/build-init.sh --release)" /usr/local/bin/crishim-init

@@ -29,6 +29,12 @@ cargo build --workspace --all-targets
 echo "+ hack/build-init.sh" >&2
 CRISHIM_INIT_BIN="$(./hack/build-init.sh)"
 export CRISHIM_INIT_BIN
+# The daemons the integration tests start run the shim and the infra as installed: static, side
+# by side.
+echo "+ hack/build-init.sh crishim-shim, crishim-pause" >&2
+CRISHIM_SHIM_BIN="$(./hack/build-init.sh crishim-shim)"
+./hack/build-init.sh crishim-pause >/dev/null
+export CRISHIM_SHIM_BIN
 
 echo "+ cargo fmt --check, cargo clippy -D warnings" >&2
 cargo fmt --all -- --check

@@ -535,6 +535,10 @@ impl Shim {
                 let work = self.view_work();
                 let (built, view) =
                     lean_ns::with_create_view(spare, scope, self.workspace(&work), &same, build);
+                if view.is_some() {
+                    // For a person (and the tests) asking why a container sees the mounts it does.
+                    eprintln!("crishim-shim: created {id} in a view of the node's mounts");
+                }
                 if self.lean.get().is_none() {
                     *self.pending_view.borrow_mut() = view;
                 }

@@ -145,6 +145,10 @@ impl DaemonOptions {
         if let Some(init) = std::env::var_os("CRISHIM_INIT_BIN") {
             writeln!(t, "init_binary = {}", toml_str(&init.to_string_lossy())).unwrap();
         }
+        // The static shim, with the static infra beside it, as installed (hack/test.sh).
+        if let Some(shim) = std::env::var_os("CRISHIM_SHIM_BIN") {
+            writeln!(t, "shim_binary = {}", toml_str(&shim.to_string_lossy())).unwrap();
+        }
         t.push_str(&self.extra_toml);
         for (host, endpoints) in &self.mirrors {
             let eps: Vec<String> = endpoints.iter().map(|e| toml_str(e)).collect();

@@ -1723,8 +1723,10 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
     assert_eq!(d.exec_ok(&pods[0].1, &["echo", "lean"]).await, "lean\n");
 
     // The shim of the first pod now holds the lean namespace open (the other one holds the
-    // view its create ran in, until it builds its own lean namespace from it).
+    // view its create ran in, until it builds its own lean namespace from it), besides the
+    // daemon's empty one, which its infra process is in.
     let own = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    let empty = own(d.infra_pid(&pods[0].0).await.unwrap());
     let held: Vec<(i32, std::path::PathBuf)> = shims(d)
         .iter()
         .filter(|s| s.command().contains(&pods[0].0))
@@ -1733,9 +1735,13 @@ async fn exec_runs_in_a_mount_namespace_without_the_pods_mounts() {
             std::fs::read_dir(format!("/proc/{}/fd", s.pid))
                 .unwrap()
                 .flatten()
-                .filter(move |fd| {
-                    std::fs::read_link(fd.path())
-                        .is_ok_and(|l| l.to_string_lossy().starts_with("mnt:[") && l != mine)
+                .filter({
+                    let empty = empty.clone();
+                    move |fd| {
+                        std::fs::read_link(fd.path()).is_ok_and(|l| {
+                            l.to_string_lossy().starts_with("mnt:[") && l != mine && l != empty
+                        })
+                    }
                 })
                 .map(move |fd| (s.pid, fd.path()))
         })
@@ -1860,6 +1866,13 @@ async fn a_create_in_the_view_built_ahead_gets_its_mounts_and_the_nodes_propagat
     many_pods_then_a_viewed_create(DaemonOptions::new().state_on_tmpfs()).await;
 }
 
+/// Whether the pod's shim says it created the container in a view of the node's mounts.
+fn created_in_a_view(d: &Daemon, pod: &str, id: &str) -> bool {
+    let log = d.state_dir().join("pods").join(pod).join("shim.log");
+    std::fs::read_to_string(log)
+        .is_ok_and(|l| l.contains(&format!("created {id} in a view of the node's mounts")))
+}
+
 async fn many_pods_then_a_viewed_create(opts: DaemonOptions) {
     let shared = SharedDir::new();
     let host_dir = shared.path().to_path_buf();
@@ -1886,7 +1899,7 @@ async fn many_pods_then_a_viewed_create(opts: DaemonOptions) {
         .filter(|m| Path::new(&m.mount_point).starts_with(&state))
         .count();
     assert!(
-        state.join("pods").join(&pod).join("create-view").is_dir(),
+        created_in_a_view(d, &pod, &id),
         "the create did not use a pruned view ({under_state} mounts under {})",
         state.display()
     );
@@ -1988,11 +2001,7 @@ async fn a_create_view_leaves_out_other_pods_volumes_but_not_its_own_or_an_agent
     )
     .await;
     assert!(
-        d.state_dir()
-            .join("pods")
-            .join(&pod)
-            .join("create-view")
-            .is_dir(),
+        created_in_a_view(d, &pod, &id),
         "the create did not use a view without the other pods' volumes"
     );
     assert_eq!(
