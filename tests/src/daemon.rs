@@ -73,6 +73,8 @@ pub struct DaemonOptions {
     /// The state directory on a tmpfs of its own, as `/run/crishim` is on a node (the benchmark
     /// measures that; elsewhere it is a plain directory of the temporary one).
     pub state_on_tmpfs: bool,
+    /// `shim_binary`; else `CRISHIM_SHIM_BIN` when set, else the one next to `crishim`.
+    pub shim_binary: Option<PathBuf>,
 }
 
 impl DaemonOptions {
@@ -102,6 +104,11 @@ impl DaemonOptions {
 
     pub fn insecure_skip_verify(mut self, host: &str) -> Self {
         self.insecure_hosts.push(host.to_string());
+        self
+    }
+
+    pub fn shim_binary(mut self, path: &Path) -> Self {
+        self.shim_binary = Some(path.to_path_buf());
         self
     }
 
@@ -146,7 +153,9 @@ impl DaemonOptions {
             writeln!(t, "init_binary = {}", toml_str(&init.to_string_lossy())).unwrap();
         }
         // The static shim, with the static infra beside it, as installed (hack/test.sh).
-        if let Some(shim) = std::env::var_os("CRISHIM_SHIM_BIN") {
+        let shim = (self.shim_binary.clone())
+            .or_else(|| std::env::var_os("CRISHIM_SHIM_BIN").map(PathBuf::from));
+        if let Some(shim) = shim {
             writeln!(t, "shim_binary = {}", toml_str(&shim.to_string_lossy())).unwrap();
         }
         t.push_str(&self.extra_toml);

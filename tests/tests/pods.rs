@@ -2239,11 +2239,7 @@ async fn a_missing_executable_is_a_start_error() {
 
 /// A daemon that runs `shim` (a link to `crishim-shim`, or a stand-in) as the pods' shim.
 async fn env_with_shim_binary(shim: &Path) -> PodEnv {
-    let opts = DaemonOptions::new().extra_toml(&format!(
-        "shim_binary = {}\n",
-        serde_json::to_string(&shim.to_string_lossy()).unwrap()
-    ));
-    PodEnv::start_with(opts).await
+    PodEnv::start_with(DaemonOptions::new().shim_binary(shim)).await
 }
 
 /// A shim that cannot start the pod's infra process (here: no `crishim-pause` beside it) fails
