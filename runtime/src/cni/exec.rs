@@ -180,7 +180,11 @@ impl Exec {
                 read_capped(stderr, MAX_PLUGIN_STDERR)
             );
             let status = match &pidfd {
-                Some(fd) => fd.exited().await?,
+                Some(fd) => match fd.exited().await {
+                    Ok(status) => status,
+                    // `waitid(P_PIDFD)` is Linux 5.4, a year after `pidfd_open`: tokio reaps.
+                    Err(_) => child.wait().await?,
+                },
                 None => child.wait().await?,
             };
             Ok::<_, std::io::Error>(std::process::Output {
