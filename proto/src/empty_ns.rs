@@ -3,7 +3,6 @@
 //! views in (see `crishim-runtime`'s `empty_mnt`).
 
 use std::ffi::CStr;
-use std::fs::File;
 use std::io;
 
 fn check(r: libc::c_long) -> io::Result<()> {
@@ -61,27 +60,4 @@ pub fn make_here() -> io::Result<()> {
         check(libc::umount2(c".".as_ptr(), libc::MNT_DETACH).into())?;
         check(libc::chdir(c"/".as_ptr()).into())
     }
-}
-
-/// A new empty mount namespace, made in a thread of its own that ends once the caller holds it:
-/// the descriptor returned (opened from outside, as the namespace has no `/proc`).
-pub fn make() -> io::Result<File> {
-    let (made_tx, made_rx) = std::sync::mpsc::channel();
-    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        // SAFETY: gettid has no arguments.
-        let made = make_here().map(|()| unsafe { libc::gettid() });
-        let _ = made_tx.send(made);
-        let _ = held_rx.recv();
-    });
-    let opened = made_rx
-        .recv()
-        .map_err(|_| io::Error::other("the thread making an empty mount namespace ended"))
-        .and_then(|made| {
-            let tid = made?;
-            File::open(format!("/proc/self/task/{tid}/ns/mnt"))
-        });
-    drop(held_tx);
-    let _ = thread.join();
-    opened
 }

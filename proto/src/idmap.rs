@@ -26,13 +26,22 @@ struct MountAttr {
 pub fn clone_tree(source: &Path) -> io::Result<OwnedFd> {
     let c = std::ffi::CString::new(source.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))?;
-    // SAFETY: open_tree with a valid path; the result is a new descriptor we own.
+    open_tree_clone(libc::AT_FDCWD, &c, libc::AT_RECURSIVE as libc::c_uint)
+}
+
+/// `open_tree(dir, path, OPEN_TREE_CLONE | O_CLOEXEC | flags)`.
+fn open_tree_clone(
+    dir: libc::c_int,
+    path: &std::ffi::CStr,
+    flags: libc::c_uint,
+) -> io::Result<OwnedFd> {
+    // SAFETY: open_tree with a NUL-terminated path; the result is a new descriptor we own.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint,
+            dir,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | flags,
         )
     };
     if fd < 0 {
@@ -80,20 +89,7 @@ fn set_attr(tree: &OwnedFd, attr: &MountAttr, flags: libc::c_int) -> io::Result<
 /// to it: a clone of a shared mount is otherwise a peer of it, and what is mounted on the clone
 /// would reach the original.
 pub fn clone_one(at: BorrowedFd<'_>, propagation: libc::c_ulong) -> io::Result<OwnedFd> {
-    // SAFETY: open_tree on a descriptor we borrow; the result is a new descriptor we own.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            at.as_raw_fd(),
-            c"".as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open_tree returned a descriptor that nothing else owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let tree = open_tree_clone(at.as_raw_fd(), c"", libc::AT_EMPTY_PATH as libc::c_uint)?;
     let attr = MountAttr {
         attr_set: 0,
         attr_clr: 0,

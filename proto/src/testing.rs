@@ -47,3 +47,26 @@ pub fn in_child_mount_ns(f: impl FnOnce() -> Option<Vec<bool>>) -> Option<Vec<bo
         }
     }
 }
+
+/// A new empty mount namespace, made in a thread of its own that ends once the caller holds it:
+/// the descriptor returned (opened from outside, as the namespace has no `/proc`).
+pub fn empty_mount_ns() -> std::io::Result<File> {
+    let (made_tx, made_rx) = std::sync::mpsc::channel();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        // SAFETY: gettid has no arguments.
+        let made = crate::empty_ns::make_here().map(|()| unsafe { libc::gettid() });
+        let _ = made_tx.send(made);
+        let _ = held_rx.recv();
+    });
+    let opened = made_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the thread making an empty mount namespace ended"))
+        .and_then(|made| {
+            let tid = made?;
+            File::open(format!("/proc/self/task/{tid}/ns/mnt"))
+        });
+    drop(held_tx);
+    let _ = thread.join();
+    opened
+}

@@ -18,8 +18,9 @@
 //!
 //! Concurrent puts share their `fdatasync` (group commit): a writer appends under the lock, then
 //! syncs outside it, and one `fdatasync` covers every frame appended before it began. Writers
-//! that come while one runs wait for it, and the first of them syncs for the rest. In a burst of
-//! pod starts this halved the calls, and appends no longer wait behind a sync in progress.
+//! that come while one runs wait for it, and the first of them syncs for the rest; appends no
+//! longer wait behind a sync in progress. (In a 110-pod burst the puts seldom overlap: 9 % fewer
+//! calls.)
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -550,7 +551,7 @@ impl Journal {
                 inner.size = at;
                 return Err(self.io(source));
             }
-            inner.end = at + f.len() as u64;
+            inner.end = end;
             inner.appended += 1;
             let slot = Slot::new(at, key.len() as u64, value.len() as u32);
             let inner = &mut *inner;
@@ -821,10 +822,6 @@ mod tests {
         }
     }
 
-    fn end(j: &Journal) -> u64 {
-        j.end()
-    }
-
     fn sorted_keys(j: &Journal) -> Vec<String> {
         let mut keys = j.keys();
         keys.sort();
@@ -855,9 +852,9 @@ mod tests {
         j.put("a", b"1").unwrap();
         let size = f.len();
         assert!(size.is_multiple_of(GROW_BY));
-        assert!(size > end(&j), "grown past its frames");
+        assert!(size > j.end(), "grown past its frames");
         let bytes = std::fs::read(&f.path).unwrap();
-        assert!(bytes[end(&j) as usize..].iter().all(|&b| b == 0));
+        assert!(bytes[j.end() as usize..].iter().all(|&b| b == 0));
         drop(j);
         let j = f.open();
         j.put("b", b"2").unwrap();
@@ -957,9 +954,9 @@ mod tests {
         let f = fixture();
         let j = f.open();
         j.put("a", b"kept").unwrap();
-        let whole = end(&j);
+        let whole = j.end();
         j.put("b", b"cut short").unwrap();
-        let torn_end = end(&j);
+        let torn_end = j.end();
         drop(j);
         // A crash during the last append: only its first bytes reached the file, 3 bytes into
         // its value; the zeros the file was grown with follow.
@@ -992,9 +989,9 @@ mod tests {
         let f = fixture();
         let j = f.open();
         j.put("a", b"first").unwrap();
-        let second = end(&j);
+        let second = j.end();
         j.put("b", b"second").unwrap();
-        let third = end(&j);
+        let third = j.end();
         j.put("c", b"third").unwrap();
         drop(j);
         let mut bytes = std::fs::read(&f.path).unwrap();
@@ -1098,7 +1095,7 @@ mod tests {
             j.put(&format!("k{}", i % 4), &value).unwrap();
         }
         j.put("k0", b"last").unwrap();
-        assert!(end(&j) < COMPACT_AT + 8192, "rewritten: {} bytes", end(&j));
+        assert!(j.end() < COMPACT_AT + 8192, "rewritten: {} bytes", j.end());
         drop(j);
         let j = f.open();
         assert_eq!(j.keys().len(), 4);

@@ -153,7 +153,9 @@ impl DaemonOptions {
             writeln!(t, "init_binary = {}", toml_str(&init.to_string_lossy())).unwrap();
         }
         // The static shim, with the static infra beside it, as installed (hack/test.sh).
-        let shim = (self.shim_binary.clone())
+        let shim = self
+            .shim_binary
+            .clone()
             .or_else(|| std::env::var_os("CRISHIM_SHIM_BIN").map(PathBuf::from));
         if let Some(shim) = shim {
             writeln!(t, "shim_binary = {}", toml_str(&shim.to_string_lossy())).unwrap();
