@@ -47,6 +47,9 @@ pub struct ImageStore {
     gc_lock: tokio::sync::RwLock<()>,
     inflight: pull::KeyedLocks,
     trash: store::Trash,
+    /// Mount roots whose submounts are never a container's (the daemon's state directory, with
+    /// every pod's): [`cleanup`](Self::cleanup) leaves them out unread.
+    mounts_elsewhere: Vec<PathBuf>,
 }
 
 /// Space used by the store.
@@ -76,9 +79,17 @@ impl ImageStore {
             gc_lock: Default::default(),
             inflight: Default::default(),
             trash: store::Trash::new(layout_trash)?,
+            mounts_elsewhere: Vec::new(),
         };
         store.gc().await?;
         Ok(store)
+    }
+
+    /// Mounts below these directories, where each is a mount's root, are not a container's:
+    /// [`cleanup`](Self::cleanup)'s search for what is left mounted skips them unread.
+    pub fn with_mounts_elsewhere(mut self, roots: Vec<PathBuf>) -> Self {
+        self.mounts_elsewhere = roots;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -237,7 +248,7 @@ impl ImageStore {
     pub async fn cleanup(&self, container_id: &str) -> Result<()> {
         validate_id(container_id)?;
         let dir = self.layout.container(container_id);
-        for mp in mounts_under(&dir) {
+        for mp in mounts_under_except(&dir, &self.mounts_elsewhere) {
             if let Err(e) = nix::mount::umount2(&mp, nix::mount::MntFlags::MNT_DETACH) {
                 warn!(mountpoint = %mp.display(), error = %e, "unmount failed");
             }
@@ -335,7 +346,23 @@ fn validate_id(id: &str) -> Result<()> {
 
 /// Mount points at or below `dir`, deepest first, from /proc/self/mountinfo.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = crishim_proto::mountinfo::read()
+    mounts_under_except(dir, &[])
+}
+
+/// [`mounts_under`], leaving out unread the mounts strictly below each of `elsewhere` that is a
+/// mount's root and neither holds `dir` nor lies below it, where the kernel can (`statmount`):
+/// mountinfo grows with every pod and formats each overlay's layers, 1 ms of the daemon's CPU
+/// per removed container at 110 pods.
+pub fn mounts_under_except(dir: &Path, elsewhere: &[PathBuf]) -> Vec<PathBuf> {
+    let skip: Vec<PathBuf> = elsewhere
+        .iter()
+        .filter(|r| !dir.starts_with(r) && !r.starts_with(dir))
+        .cloned()
+        .collect();
+    let mounts = crishim_proto::mountinfo::read_points_outside(&skip)
+        .map(|(mounts, _)| mounts)
+        .unwrap_or_else(crishim_proto::mountinfo::read);
+    let mut out: Vec<PathBuf> = mounts
         .into_iter()
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
@@ -343,4 +370,44 @@ pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     out.dedup();
     out
+}
+
+#[cfg(test)]
+mod mounts_tests {
+    use super::mounts_under_except;
+    use std::path::Path;
+
+    /// In a child mount namespace: what is mounted below a container's directory is found
+    /// whether or not the state directory's mounts are skipped, a mount below the skipped root
+    /// is not (it is no container's), and a root that holds the directory is not skipped.
+    #[test]
+    fn mounts_below_a_container_are_found_and_the_pods_are_skipped() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let top = tempfile::tempdir().unwrap();
+        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+            use nix::mount::{mount, MsFlags};
+            let none: Option<&str> = None;
+            let tmpfs_at = |p: &Path| {
+                std::fs::create_dir_all(p).ok()?;
+                mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
+            };
+            let (state, dir) = (top.path().join("state"), top.path().join("root/c1"));
+            tmpfs_at(&state)?;
+            tmpfs_at(&state.join("pods/p1/shm"))?;
+            tmpfs_at(&dir.join("upper/left"))?;
+            let inside_state = state.join("c2");
+            tmpfs_at(&inside_state.join("upper/left"))?;
+            let skip = [state.clone()];
+            let found = mounts_under_except(&dir, &skip);
+            Some(vec![
+                found == [dir.join("upper/left")],
+                mounts_under_except(&dir, &[]) == found,
+                mounts_under_except(&state, &skip).contains(&state.join("pods/p1/shm")),
+                mounts_under_except(&inside_state, &skip) == [inside_state.join("upper/left")],
+            ])
+        });
+        assert_eq!(seen, Some(vec![true; 4]));
+    }
 }

@@ -87,11 +87,7 @@ impl ContainerImages for ImageStore {
     }
 
     async fn release_rootfs(&self, id: &str, target: &Path) -> Result<(), ImageError> {
-        if is_mountpoint(target) {
-            if let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH) {
-                tracing::warn!(id = %id, target = %target.display(), error = %e, "unmounting");
-            }
-        }
+        unmount_rootfs(id, target);
         self.cleanup(id).await
     }
 
@@ -101,6 +97,16 @@ impl ContainerImages for ImageStore {
 
     fn root(&self) -> &Path {
         ImageStore::root(self)
+    }
+}
+
+/// Detach container `id`'s rootfs mount at `target`, where it is mounted. The writable layer
+/// stays until the container is removed.
+pub fn unmount_rootfs(id: &str, target: &Path) {
+    if is_mountpoint(target) {
+        if let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH) {
+            tracing::warn!(id = %id, target = %target.display(), error = %e, "unmounting");
+        }
     }
 }
 

@@ -52,7 +52,9 @@ pub async fn serve_until(
         config.images.clone(),
     )
     .await
-    .context("opening the image store")?;
+    .context("opening the image store")?
+    // The pods' rootfs, /dev/shm and netns mounts: none is ever below a container's directory.
+    .with_mounts_elsewhere(vec![config.state_dir.clone()]);
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone())
         .with_handlers(crate::runtimes::Handlers::new(&config.runtimes));

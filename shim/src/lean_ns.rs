@@ -204,15 +204,22 @@ fn build_here(
     back: &File,
 ) -> Result<File, String> {
     let built = (|| {
-        let text = std::fs::read_to_string("/proc/self/mountinfo")
-            .map_err(|e| format!("reading mountinfo: {e}"))?;
+        // As a create's view does: the pods' mounts below the state directory are left out
+        // unread where the kernel can (this namespace drops them all), not read from mountinfo,
+        // which formats each overlay's layers (0.3 ms of a shim's CPU per pod at 110 pods).
+        let mounts = match mountinfo::read_points_outside(drop_below) {
+            Some((mounts, _)) => mounts,
+            None => std::fs::read_to_string("/proc/self/mountinfo")
+                .map(|text| mountinfo::parse(&text))
+                .map_err(|e| format!("reading mountinfo: {e}"))?,
+        };
         let prune = Prune {
             drop_below,
             keep: &[],
             drop_types: true,
             near: None,
         };
-        let plan = plan(&mountinfo::parse(&text), &prune);
+        let plan = plan(&mounts, &prune);
         unshare_pruned(work, &plan.binds, must_see, MsFlags::MS_PRIVATE)?;
         File::open("/proc/thread-self/ns/mnt").map_err(|e| e.to_string())
     })();
@@ -996,7 +1003,9 @@ garbage line
 
     /// In a forked child (unshare needs a single-threaded process), in a private namespace of
     /// its own so the host sees nothing: a tmpfs below the dropped directory is gone inside the
-    /// lean namespace, and back on return; a kept directory's files stay visible.
+    /// lean namespace, and back on return; a kept directory's files stay visible. Both with the
+    /// state directory a mount of its own (as the daemon keeps it: its pods' mounts are left out
+    /// unread, through statmount) and as a plain directory (read from mountinfo).
     #[test]
     fn the_lean_namespace_hides_the_pods_mounts() {
         if !nix::unistd::Uid::effective().is_root() {
@@ -1004,10 +1013,7 @@ garbage line
         }
         let state = tempfile::tempdir().unwrap();
         let pod = state.path().join("pods/p1");
-        std::fs::create_dir_all(&pod).unwrap();
         let shm = pod.join("shm");
-        std::fs::create_dir(&shm).unwrap();
-        std::fs::write(pod.join("state.json"), "{}").unwrap();
         // SAFETY: the child only runs this test's steps and exits.
         match unsafe { nix::unistd::fork() }.unwrap() {
             nix::unistd::ForkResult::Child => {
@@ -1019,24 +1025,39 @@ garbage line
                     let none: Option<&str> = None;
                     unshare(CloneFlags::CLONE_NEWNS).ok()?;
                     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).ok()?;
-                    mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::empty(), none).ok()?;
-                    // Made from a copy of this namespace, then from an empty one.
                     let empty = crishim_proto::testing::empty_mount_ns().ok()?;
                     let mut all = true;
-                    for empty in [None, Some(&empty)] {
-                        let work = Workspace {
-                            dir: &pod.join("lean"),
-                            empty,
-                        };
-                        let lean = LeanNs::build(
-                            &drop_roots(&pod),
-                            work,
-                            &[&pod.join("state.json"), Path::new("/proc/self")],
-                        )
-                        .ok()?;
-                        let inside =
-                            lean.enter(|| (mounted(&shm), pod.join("state.json").exists()));
-                        all &= inside == (false, true) && mounted(&shm);
+                    for state_mounted in [false, true] {
+                        if state_mounted {
+                            nix::mount::umount(&shm).ok()?;
+                            mount(
+                                Some("tmpfs"),
+                                state.path(),
+                                Some("tmpfs"),
+                                MsFlags::empty(),
+                                none,
+                            )
+                            .ok()?;
+                        }
+                        std::fs::create_dir_all(&shm).ok()?;
+                        std::fs::write(pod.join("state.json"), "{}").ok()?;
+                        mount(Some("tmpfs"), &shm, Some("tmpfs"), MsFlags::empty(), none).ok()?;
+                        // Made from a copy of this namespace, then from an empty one.
+                        for empty in [None, Some(&empty)] {
+                            let work = Workspace {
+                                dir: &pod.join("lean"),
+                                empty,
+                            };
+                            let lean = LeanNs::build(
+                                &drop_roots(&pod),
+                                work,
+                                &[&pod.join("state.json"), Path::new("/proc/self")],
+                            )
+                            .ok()?;
+                            let inside =
+                                lean.enter(|| (mounted(&shm), pod.join("state.json").exists()));
+                            all &= inside == (false, true) && mounted(&shm);
+                        }
                     }
                     Some(if all { 0 } else { 1 })
                 })()

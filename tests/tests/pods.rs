@@ -1421,6 +1421,64 @@ async fn stopping_and_removing_twice_is_fine_for_containers_and_pods() {
     env.stop();
 }
 
+/// StopPodSandbox unmounts its containers' rootfs (while the CNI DEL runs); what they wrote
+/// stays in the writable layer, and the container's status with it, until RemovePodSandbox.
+#[tokio::test]
+async fn a_stopped_pods_containers_keep_their_writable_layer_but_not_their_rootfs_mount() {
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let cfg = env.pod_config("stop-unmounts");
+    let pod = d.run_pod(&cfg).await.expect("RunPodSandbox");
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let id = d
+        .run_container(
+            &pod,
+            &sh_container(&env, "writer", LOOP_UNTIL_TERM, &marker("w")),
+            &cfg,
+        )
+        .await
+        .expect("run container");
+    traces.add_container(&id);
+    traces.capture(d).await;
+    d.exec_ok(&id, &["sh", "-c", "echo kept > /written"]).await;
+    let rootfs = d.state_dir().join("containers").join(&id).join("rootfs");
+    let is_mounted = || mounts().iter().any(|m| Path::new(&m.mount_point) == rootfs);
+    assert!(
+        is_mounted(),
+        "{} is not mounted while the container runs",
+        rootfs.display()
+    );
+
+    d.stop_pod(&pod).await.expect("StopPodSandbox");
+    assert!(
+        !is_mounted(),
+        "{} is still mounted after StopPodSandbox",
+        rootfs.display()
+    );
+    let written = d
+        .root_dir()
+        .join("images/containers")
+        .join(&id)
+        .join("upper/written");
+    assert_eq!(
+        std::fs::read_to_string(&written).ok().as_deref(),
+        Some("kept\n"),
+        "the writable layer lost what the container wrote"
+    );
+    assert_eq!(
+        d.container_status(&id).await.unwrap().state,
+        ContainerExited as i32
+    );
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert!(
+        !written.exists(),
+        "the writable layer outlived RemovePodSandbox"
+    );
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 

@@ -52,6 +52,9 @@ impl Inner {
         self.store.set_watched(pod_id, false);
         for c in self.store.pod_containers(pod_id) {
             let _ = self.refresh(&c).await;
+            // No process uses the rootfs now: it is unmounted here, while the CNI DEL runs (as
+            // containerd's shim unmounts at a task's exit), not on RemoveContainer's path.
+            crate::container_images::unmount_rootfs(&c.id, &self.bundle_dir(&c.id).join("rootfs"));
         }
         let mut pod = self.store.pod(pod_id)?;
         if pod.state != PodState::NotReady {
