@@ -1,7 +1,7 @@
 //! `crishim serve`: open the stores, bind the socket, serve CRI until SIGTERM or SIGINT.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -53,8 +53,7 @@ pub async fn serve_until(
     )
     .await
     .context("opening the image store")?
-    // The pods' rootfs, /dev/shm and netns mounts: none is ever below a container's directory.
-    .with_mounts_elsewhere(vec![config.state_dir.clone()]);
+    .with_mounts_elsewhere(pods_mounts_root(&config));
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone())
         .with_handlers(crate::runtimes::Handlers::new(&config.runtimes));
@@ -158,5 +157,20 @@ async fn shutdown() {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM: shutting down"),
         _ = int.recv() => info!("SIGINT: shutting down"),
+    }
+}
+
+/// The state directory, which holds the pods' rootfs, /dev/shm and netns mounts (none is ever
+/// below a container's writable layer), as the image store's cleanup may skip it: resolved as
+/// `host_files` mounted it, and only where it and the root directory do not nest.
+fn pods_mounts_root(config: &Config) -> Vec<PathBuf> {
+    match (
+        std::fs::canonicalize(&config.state_dir),
+        std::fs::canonicalize(&config.root_dir),
+    ) {
+        (Ok(state), Ok(root)) if !state.starts_with(&root) && !root.starts_with(&state) => {
+            vec![state]
+        }
+        _ => Vec::new(),
     }
 }
