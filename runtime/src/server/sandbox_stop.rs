@@ -96,15 +96,7 @@ impl Inner {
             }
         }
         phases.done("shim shutdown");
-        for file in [paths::INFRA_PID, paths::SHIM_PID] {
-            if let Some(pid) = std::fs::read_to_string(dir.join(file))
-                .ok()
-                .and_then(|s| s.trim().parse::<i32>().ok())
-            {
-                crishim_proto::shim::kill_if_ours(pid);
-                reap(pid).await;
-            }
-        }
+        kill_shim_then_infra(&dir).await;
         phases.done("reap shim and infra");
         let shm = dir.join("shm");
         if crate::container_images::is_mountpoint(&shm) {
@@ -168,6 +160,21 @@ impl Inner {
     }
 }
 
+/// Kill what is left of the pod's shim, then of its infra process, and reap both. The shim
+/// first: the infra is its child, and a shim that hangs would never reap an infra killed before
+/// it; once the shim is gone the infra is the daemon's (the subreaper's) to reap.
+async fn kill_shim_then_infra(dir: &std::path::Path) {
+    for file in [paths::SHIM_PID, paths::INFRA_PID] {
+        if let Some(pid) = std::fs::read_to_string(dir.join(file))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            crishim_proto::shim::kill_if_ours(pid);
+            reap(pid).await;
+        }
+    }
+}
+
 /// The daemon is the shims' subreaper: collect an exited shim so it leaves no zombie. A pid that is
 /// not our child (the daemon restarted since) is someone else's to reap.
 async fn reap(pid: i32) {
@@ -194,5 +201,80 @@ fn kill_child(pid: i32) {
     let p = nix::unistd::Pid::from_raw(pid);
     if let Ok(WaitStatus::StillAlive) = waitpid(p, Some(WaitPidFlag::WNOHANG)) {
         let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shim that hangs (here: one that never waits for its children) and its infra, left for
+    /// the teardown to kill: both are gone after it, not left as zombies. In a forked child that
+    /// is a subreaper, as the daemon is, so the test process keeps its own parentage.
+    #[test]
+    fn a_hung_shim_and_its_infra_are_killed_and_both_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = |pid: i32| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        // SAFETY: the child runs this test's steps only and ends with _exit.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let code = (|| {
+                    // SAFETY: prctl with integer arguments.
+                    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+                        return None;
+                    }
+                    // The infra runs under the name the teardown checks for; the shim then
+                    // becomes a process that never reaps it.
+                    let script = format!(
+                        "bash -c 'exec -a crishim-pause sleep 60' & echo $! > {}; \
+                         exec -a crishim-shim sleep 60",
+                        dir.path().join(paths::INFRA_PID).display()
+                    );
+                    let shim = std::process::Command::new("bash")
+                        .args(["-c", &script])
+                        .spawn()
+                        .ok()?;
+                    let shim_pid = shim.id() as i32;
+                    std::fs::write(dir.path().join(paths::SHIM_PID), shim_pid.to_string()).ok()?;
+                    let infra_pid = (0..500).find_map(|_| {
+                        let named = |pid: i32, name: &str| {
+                            std::fs::read(format!("/proc/{pid}/cmdline"))
+                                .is_ok_and(|c| c.starts_with(name.as_bytes()))
+                        };
+                        let infra = std::fs::read_to_string(dir.path().join(paths::INFRA_PID))
+                            .ok()
+                            .and_then(|s| s.trim().parse::<i32>().ok())
+                            .filter(|&p| {
+                                named(p, "crishim-pause") && named(shim_pid, "crishim-shim")
+                            });
+                        if infra.is_none() {
+                            std::thread::sleep(std::time::Duration::from_millis(10));
+                        }
+                        infra
+                    })?;
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_time()
+                        .build()
+                        .ok()?;
+                    rt.block_on(kill_shim_then_infra(dir.path()));
+                    Some(gone(shim_pid) && gone(infra_pid))
+                })();
+                let status = match code {
+                    Some(true) => 0,
+                    Some(false) => 1,
+                    None => 2,
+                };
+                // SAFETY: ends the forked child without running the parent's destructors.
+                unsafe { libc::_exit(status) };
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                let status = nix::sys::wait::waitpid(child, None).unwrap();
+                assert_eq!(
+                    status,
+                    nix::sys::wait::WaitStatus::Exited(child, 0),
+                    "1: the shim or the infra was left behind (a zombie); 2: the setup failed"
+                );
+            }
+        }
     }
 }
