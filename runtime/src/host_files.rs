@@ -242,6 +242,10 @@ mod tests {
             loose(f, *m);
         }
         prepare(&config).unwrap();
+        // `prepare` made the state directory a mount of its own in the test's namespace: undone
+        // at once (the modes checked are the directories'), so no run leaves a mount behind.
+        let state_mount = std::fs::canonicalize(state).unwrap();
+        nix::mount::umount2(&state_mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
         for d in [
             root.clone(),
             state.clone(),
