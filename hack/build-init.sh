@@ -3,8 +3,8 @@
 # its path. crishim-init is bind-mounted into containers of any image (some have no libc at all),
 # so it must not link libc dynamically; crishim-pause, each pod's infra process, then maps no
 # shared library. crishim-shim, started for every pod, skips the dynamic loader's work (about
-# half the CPU of its start: 0.37 against 0.70 ms) and links libseccomp statically; it stays at a fixed address
-# (shim/build.rs), so nothing in it is relocated at load.
+# half the CPU of its start: 0.37 against 0.70 ms) and links libseccomp statically; it stays at a
+# fixed address (shim/build.rs), so nothing in it is relocated at load.
 # crt-static is passed with an explicit --target so it never reaches host-side build scripts or
 # proc-macros.
 # Honours an exported CARGO_TARGET_DIR (relative ones are taken from the workspace root).

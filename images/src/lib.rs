@@ -359,9 +359,7 @@ pub fn mounts_under_except(dir: &Path, elsewhere: &[PathBuf]) -> Vec<PathBuf> {
         .filter(|r| !dir.starts_with(r) && !r.starts_with(dir))
         .cloned()
         .collect();
-    let mounts = crishim_proto::mountinfo::read_points_outside(&skip)
-        .map(|(mounts, _)| mounts)
-        .unwrap_or_else(crishim_proto::mountinfo::read);
+    let (mounts, _) = crishim_proto::mountinfo::read_outside(&skip).unwrap_or_default();
     let mut out: Vec<PathBuf> = mounts
         .into_iter()
         .map(|m| m.mount_point)

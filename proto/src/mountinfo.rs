@@ -28,9 +28,21 @@ pub fn parse(mountinfo: &str) -> Vec<Mount> {
 
 /// This process's mounts; none where the file cannot be read.
 pub fn read() -> Vec<Mount> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse(&t))
-        .unwrap_or_default()
+    read_text().unwrap_or_default()
+}
+
+fn read_text() -> std::io::Result<Vec<Mount>> {
+    std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse(&t))
+}
+
+/// This process's mounts but those strictly below each of `roots` that is a mount's root, and
+/// how many were left out unread, as [`read_points_outside`] reads them; where it cannot, every
+/// mount, from mountinfo (none left out).
+pub fn read_outside(roots: &[PathBuf]) -> std::io::Result<(Vec<Mount>, usize)> {
+    match read_points_outside(roots) {
+        Some(read) => Ok(read),
+        None => read_text().map(|mounts| (mounts, 0)),
+    }
 }
 
 /// This process's mounts except those strictly below each of `roots` that is a mount's root (the

@@ -207,12 +207,8 @@ fn build_here(
         // As a create's view does: the pods' mounts below the state directory are left out
         // unread where the kernel can (this namespace drops them all), not read from mountinfo,
         // which formats each overlay's layers (0.3 ms of a shim's CPU per pod at 110 pods).
-        let mounts = match mountinfo::read_points_outside(drop_below) {
-            Some((mounts, _)) => mounts,
-            None => std::fs::read_to_string("/proc/self/mountinfo")
-                .map(|text| mountinfo::parse(&text))
-                .map_err(|e| format!("reading mountinfo: {e}"))?,
-        };
+        let (mounts, _) =
+            mountinfo::read_outside(drop_below).map_err(|e| format!("reading mountinfo: {e}"))?;
         let prune = Prune {
             drop_below,
             keep: &[],
@@ -290,8 +286,7 @@ impl CreateView {
         // The mounts below a dropped root that is a mount of its own (the state directory: every
         // pod's) are left out unread where the kernel can; the create's own there (its rootfs,
         // `/dev/shm`) are attached by `with_create_view`, as to a spare.
-        let (mounts, unread) = mountinfo::read_points_outside(scope.drop_below)
-            .unwrap_or_else(|| (mountinfo::read(), 0));
+        let (mounts, unread) = mountinfo::read_outside(scope.drop_below).unwrap_or_default();
         let prune = Prune {
             drop_below: scope.drop_below,
             keep: scope.keep,
@@ -464,9 +459,9 @@ fn unshare_pruned(
 /// A new mount namespace for this thread holding `/` and `binds` only, as [`unshare_pruned`]
 /// makes, but from `empty` (the daemon's empty mount namespace) rather than from a copy of the
 /// node's: the node's namespace holds every pod's mounts, and copying then detaching them cost
-/// each view in proportion to the pods on the node (1.1 % of a 110-pod burst's CPU). Here each kept mount
-/// is cloned alone, made `propagation` (nothing attached to a clone reaches the node), and
-/// attached in a private copy of `empty`; `/` is stacked on its root, which entering the
+/// each view in proportion to the pods on the node (1.1 % of a 110-pod burst's CPU). Here each
+/// kept mount is cloned alone, made `propagation` (nothing attached to a clone reaches the node),
+/// and attached in a private copy of `empty`; `/` is stacked on its root, which entering the
 /// namespace resolves to.
 fn unshare_from_empty(empty: &File, binds: &[PathBuf], propagation: MsFlags) -> Result<(), String> {
     use crishim_proto::idmap::{attach_at, clone_one};
