@@ -165,9 +165,12 @@ impl Inner {
 /// it; once the shim is gone the infra is the daemon's (the subreaper's) to reap.
 async fn kill_shim_then_infra(dir: &std::path::Path) {
     for file in [paths::SHIM_PID, paths::INFRA_PID] {
+        // Only a process's own pid: `waitpid` takes 0 and -1 for "any child", which would reap
+        // one of the daemon's that another task waits for.
         if let Some(pid) = std::fs::read_to_string(dir.join(file))
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|p| *p > 0)
         {
             crishim_proto::shim::kill_if_ours(pid);
             reap(pid).await;
@@ -208,73 +211,108 @@ fn kill_child(pid: i32) {
 mod tests {
     use super::*;
 
+    /// Runs `f` in a forked child that is a subreaper, as the daemon is, so the test process
+    /// keeps its own children and parentage.
+    fn in_subreaper(f: impl FnOnce() -> Option<Vec<bool>>) -> Option<Vec<bool>> {
+        crishim_proto::testing::in_child_mount_ns(|| {
+            // SAFETY: prctl with integer arguments.
+            if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+                return None;
+            }
+            f()
+        })
+    }
+
+    fn run(dir: &std::path::Path) -> Option<()> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .ok()?
+            .block_on(kill_shim_then_infra(dir));
+        Some(())
+    }
+
     /// A shim that hangs (here: one that never waits for its children) and its infra, left for
-    /// the teardown to kill: both are gone after it, not left as zombies. In a forked child that
-    /// is a subreaper, as the daemon is, so the test process keeps its own parentage.
+    /// the teardown to kill: both are gone after it, not left as zombies.
     #[test]
     fn a_hung_shim_and_its_infra_are_killed_and_both_reaped() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
         let gone = |pid: i32| !std::path::Path::new(&format!("/proc/{pid}")).exists();
-        // SAFETY: the child runs this test's steps only and ends with _exit.
-        match unsafe { nix::unistd::fork() }.unwrap() {
-            nix::unistd::ForkResult::Child => {
-                let code = (|| {
-                    // SAFETY: prctl with integer arguments.
-                    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-                        return None;
-                    }
-                    // The infra runs under the name the teardown checks for; the shim then
-                    // becomes a process that never reaps it.
-                    let script = format!(
-                        "bash -c 'exec -a crishim-pause sleep 60' & echo $! > {}; \
-                         exec -a crishim-shim sleep 60",
-                        dir.path().join(paths::INFRA_PID).display()
-                    );
-                    let shim = std::process::Command::new("bash")
-                        .args(["-c", &script])
-                        .spawn()
-                        .ok()?;
-                    let shim_pid = shim.id() as i32;
-                    std::fs::write(dir.path().join(paths::SHIM_PID), shim_pid.to_string()).ok()?;
-                    let infra_pid = (0..500).find_map(|_| {
-                        let named = |pid: i32, name: &str| {
-                            std::fs::read(format!("/proc/{pid}/cmdline"))
-                                .is_ok_and(|c| c.starts_with(name.as_bytes()))
-                        };
-                        let infra = std::fs::read_to_string(dir.path().join(paths::INFRA_PID))
-                            .ok()
-                            .and_then(|s| s.trim().parse::<i32>().ok())
-                            .filter(|&p| {
-                                named(p, "crishim-pause") && named(shim_pid, "crishim-shim")
-                            });
-                        if infra.is_none() {
-                            std::thread::sleep(std::time::Duration::from_millis(10));
-                        }
-                        infra
-                    })?;
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_time()
-                        .build()
-                        .ok()?;
-                    rt.block_on(kill_shim_then_infra(dir.path()));
-                    Some(gone(shim_pid) && gone(infra_pid))
-                })();
-                let status = match code {
-                    Some(true) => 0,
-                    Some(false) => 1,
-                    None => 2,
+        let seen = in_subreaper(|| {
+            // The infra runs under the name the teardown checks for; the shim then becomes a
+            // process that never reaps it.
+            let script = format!(
+                "bash -c 'exec -a crishim-pause sleep 60' & echo $! > {}; \
+                 exec -a crishim-shim sleep 60",
+                dir.path().join(paths::INFRA_PID).display()
+            );
+            let shim = std::process::Command::new("bash")
+                .args(["-c", &script])
+                .spawn()
+                .ok()?;
+            let shim_pid = shim.id() as i32;
+            std::fs::write(dir.path().join(paths::SHIM_PID), shim_pid.to_string()).ok()?;
+            let infra_pid = (0..500).find_map(|_| {
+                let named = |pid: i32, name: &str| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| c.starts_with(name.as_bytes()))
                 };
-                // SAFETY: ends the forked child without running the parent's destructors.
-                unsafe { libc::_exit(status) };
-            }
-            nix::unistd::ForkResult::Parent { child } => {
-                let status = nix::sys::wait::waitpid(child, None).unwrap();
-                assert_eq!(
-                    status,
-                    nix::sys::wait::WaitStatus::Exited(child, 0),
-                    "1: the shim or the infra was left behind (a zombie); 2: the setup failed"
-                );
-            }
+                let infra = std::fs::read_to_string(dir.path().join(paths::INFRA_PID))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i32>().ok())
+                    .filter(|&p| named(p, "crishim-pause") && named(shim_pid, "crishim-shim"));
+                if infra.is_none() {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                infra
+            })?;
+            run(dir.path())?;
+            Some(vec![gone(shim_pid), gone(infra_pid)])
+        });
+        assert_eq!(
+            seen,
+            Some(vec![true, true]),
+            "[shim gone, infra gone] (None: the setup failed)"
+        );
+    }
+
+    /// Pid files that say 0 or -1 (damaged after a crash) reap nothing: `waitpid` would take
+    /// them for any child, here one of the daemon's own that has exited and is still its to wait
+    /// for.
+    #[test]
+    fn pid_files_of_zero_or_minus_one_reap_no_other_child() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
         }
+        let dir = tempfile::tempdir().unwrap();
+        let seen = in_subreaper(|| {
+            std::fs::write(dir.path().join(paths::SHIM_PID), "0").ok()?;
+            std::fs::write(dir.path().join(paths::INFRA_PID), "-1").ok()?;
+            let mut other = std::process::Command::new("true").spawn().ok()?;
+            let other_pid = other.id();
+            // Exited, not yet waited for.
+            let zombie = (0..500).any(|_| {
+                let state =
+                    std::fs::read_to_string(format!("/proc/{other_pid}/stat")).unwrap_or_default();
+                let z = state
+                    .rsplit(')')
+                    .next()
+                    .is_some_and(|s| s.trim_start().starts_with('Z'));
+                if !z {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                z
+            });
+            run(dir.path())?;
+            Some(vec![zombie, other.wait().is_ok_and(|s| s.success())])
+        });
+        assert_eq!(
+            seen,
+            Some(vec![true, true]),
+            "[the other child exited, its status was still ours to read]"
+        );
     }
 }
