@@ -38,6 +38,10 @@ struct Args {
     /// Pods in flight at once in the burst.
     #[arg(long, default_value_t = 10)]
     concurrency: usize,
+    /// Bursts per mode, one after the other (each torn down before the next); the burst figures
+    /// are their medians. One burst is a single sample, the noisiest figure of a run.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    bursts: u64,
     /// ExecSync calls (`echo`), over the running pods in turn.
     #[arg(long, default_value_t = 100)]
     execs: usize,
@@ -198,6 +202,7 @@ async fn bench(args: &Args) -> Result<()> {
             plans.push(Plan {
                 pods,
                 concurrency: args.concurrency,
+                bursts: args.bursts as usize,
                 execs: args.execs,
                 pull_rounds: if plans.is_empty() {
                     args.pull_rounds
@@ -277,9 +282,10 @@ async fn bench(args: &Args) -> Result<()> {
     for m in &modes {
         let plan = &m.plan;
         println!(
-            "\n## {}\n\n{} pods serial, burst {} at a time, {} ExecSync, {} relists, {} cold pulls of {} x {} MiB\n",
+            "\n## {}\n\n{} pods serial, {} bursts {} at a time, {} ExecSync, {} relists, {} cold pulls of {} x {} MiB\n",
             mode_name(plan),
             plan.pods,
+            plan.bursts,
             plan.concurrency,
             plan.execs,
             plan.relists,

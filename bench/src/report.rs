@@ -15,6 +15,25 @@ pub fn percentile(samples: &[f64], p: f64) -> f64 {
     v[rank.clamp(1, v.len()) - 1]
 }
 
+/// The middle sample; the mean of the two middle ones for an even count.
+pub fn median(samples: &[f64]) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Every burst's pod starts, in one list.
+fn burst_pods(r: &Results) -> Vec<f64> {
+    r.bursts
+        .iter()
+        .flat_map(|b| b.pods.iter().map(|p| p.total_ms))
+        .collect()
+}
+
 fn max(samples: &[f64]) -> f64 {
     samples.iter().copied().fold(f64::NAN, f64::max)
 }
@@ -66,14 +85,19 @@ fn figures() -> Vec<Figure> {
             percentile(&col(&r.pod_start, |p| p.start_ms), 50.0)
         }),
         ("burst: per pod p50", Unit::Ms, None, |r| {
-            percentile(&col(&r.burst.pods, |p| p.total_ms), 50.0)
+            percentile(&burst_pods(r), 50.0)
         }),
         ("burst: per pod p90", Unit::Ms, None, |r| {
-            percentile(&col(&r.burst.pods, |p| p.total_ms), 90.0)
+            percentile(&burst_pods(r), 90.0)
         }),
-        ("burst: wall", Unit::Ms, Some(0.25), |r| r.burst.wall_ms),
+        (
+            "burst: wall (median of the bursts)",
+            Unit::Ms,
+            Some(0.25),
+            |r| median(&col(&r.bursts, |b| b.wall_ms)),
+        ),
         ("burst: node CPU per pod", Unit::Ms, None, |r| {
-            r.burst.node_cpu_ms_per_pod
+            median(&col(&r.bursts, |b| b.node_cpu_ms_per_pod))
         }),
         ("ExecSync p50", Unit::Ms, Some(0.25), |r| {
             percentile(&r.exec_ms, 50.0)
@@ -194,5 +218,13 @@ mod tests {
         assert_eq!(percentile(&v, 100.0), 10.0);
         assert_eq!(percentile(&[3.0], 50.0), 3.0);
         assert!(percentile(&[], 50.0).is_nan());
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[7.0]), 7.0);
+        assert!(median(&[]).is_nan());
     }
 }

@@ -1060,6 +1060,30 @@ fn cgroup_v2_is_detected_from_the_filesystem_at_the_cgroup_root() {
     assert_eq!(HostFacts::detect().cgroup_v2, root_is_cgroup2);
 }
 
+/// The fixed facts are read once; the hostname is read for each spec. A thread with a UTS
+/// namespace of its own renames the node: it sees the new name, and the same fixed facts.
+#[test]
+fn the_node_hostname_is_read_for_each_spec_while_the_fixed_facts_are_kept() {
+    if !nix::unistd::Uid::effective().is_root() {
+        return;
+    }
+    let before = HostFacts::detect();
+    let seen = std::thread::spawn(|| {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUTS).ok()?;
+        nix::unistd::sethostname("crishim-renamed-node").ok()?;
+        Some(HostFacts::detect())
+    })
+    .join()
+    .unwrap()
+    .expect("a UTS namespace for the thread");
+    assert_eq!(seen.hostname, "crishim-renamed-node");
+    assert_ne!(before.hostname, seen.hostname);
+    assert_eq!(
+        (seen.cgroup_v2, seen.cgroup_v1_dirs, seen.nofile_hard),
+        (before.cgroup_v2, before.cgroup_v1_dirs, before.nofile_hard)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. Devices
 
