@@ -346,6 +346,7 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
     }
 
     let rounds = plan.bursts.max(1);
+    let ours = format!("/{}/", t.cgroup_top);
     for round in 1..=rounds {
         progress(&format!(
             "{} pods, {} at a time (burst {round} of {rounds})",
@@ -372,7 +373,6 @@ pub async fn run(t: &Target<'_>, plan: &Plan, progress: &dyn Fn(&str)) -> Result
         remove_all(cri, &burst_pods, plan.concurrency).await?;
         // As the kubelet removes a deleted pod's cgroup: each burst meets the cgroups the first
         // one met, not those of the bursts before it.
-        let ours = format!("/{}/", t.cgroup_top);
         for spec in &specs {
             let parent = spec.pod.linux.as_ref().map(|l| l.cgroup_parent.as_str());
             if let Some(p) = parent.filter(|p| p.starts_with(&ours)) {

@@ -28,10 +28,10 @@ pub fn parse(mountinfo: &str) -> Vec<Mount> {
 
 /// This process's mounts; none where the file cannot be read.
 pub fn read() -> Vec<Mount> {
-    read_text().unwrap_or_default()
+    read_parsed().unwrap_or_default()
 }
 
-fn read_text() -> std::io::Result<Vec<Mount>> {
+fn read_parsed() -> std::io::Result<Vec<Mount>> {
     std::fs::read_to_string("/proc/self/mountinfo").map(|t| parse(&t))
 }
 
@@ -41,7 +41,7 @@ fn read_text() -> std::io::Result<Vec<Mount>> {
 pub fn read_outside(roots: &[PathBuf]) -> std::io::Result<(Vec<Mount>, usize)> {
     match read_points_outside(roots) {
         Some(read) => Ok(read),
-        None => read_text().map(|mounts| (mounts, 0)),
+        None => read_parsed().map(|mounts| (mounts, 0)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Facts about the node that containerd consults while building a spec, passed down so tests can
 //! pin them instead of depending on the machine. What cannot change while the daemon runs (the
-//! cgroup layout, the daemon's own capabilities and NOFILE ceiling) is read once, as containerd
-//! reads it once; the hostname is read for every spec.
+//! cgroup layout, the daemon's own capabilities) is read once, as containerd reads it once; the
+//! hostname and the NOFILE ceiling (`prlimit` can lower it) are read for every spec.
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,6 @@ use oci_spec::runtime::Capabilities;
 use super::security;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// capability(7) number.
-const CAP_SYS_RESOURCE: u32 = 24;
 
 #[derive(Debug, Clone)]
 pub(super) struct HostFacts {
@@ -39,13 +37,14 @@ pub(super) struct HostFacts {
 
 impl HostFacts {
     /// The node's facts: the fixed ones from the first call (reading them all took 0.1 ms of
-    /// every CreateContainer), the hostname now.
+    /// every CreateContainer), the hostname and the NOFILE ceiling now.
     pub fn detect() -> Self {
         static FIXED: std::sync::OnceLock<HostFacts> = std::sync::OnceLock::new();
         let mut facts = FIXED.get_or_init(Self::detect_fixed).clone();
         facts.hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
+        facts.nofile_hard = nofile_ceiling(&facts.current_caps);
         facts
     }
 
@@ -58,7 +57,7 @@ impl HostFacts {
             current_caps: current_capabilities(),
             hostname: String::new(),
             dev_root: PathBuf::from("/dev"),
-            nofile_hard: nofile_ceiling(),
+            nofile_hard: None,
             cgroup_v1_dirs: if cgroup_v2 {
                 Vec::new()
             } else {
@@ -121,16 +120,10 @@ pub(super) fn cgroup_v1_dirs(root: &Path) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-/// The hard NOFILE limit when we may not raise it (no CAP_SYS_RESOURCE); None when we may.
-fn nofile_ceiling() -> Option<u64> {
-    let has_sys_resource = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        });
-    if has_sys_resource.is_some_and(|caps| caps & (1 << CAP_SYS_RESOURCE) != 0) {
+/// The hard NOFILE limit when we may not raise it (`caps`, the daemon's effective set, lacks
+/// CAP_SYS_RESOURCE); None when we may.
+pub(super) fn nofile_ceiling(caps: &Capabilities) -> Option<u64> {
+    if caps.contains(&oci_spec::runtime::Capability::SysResource) {
         return None;
     }
     nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)

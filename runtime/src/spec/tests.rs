@@ -1084,6 +1084,18 @@ fn the_node_hostname_is_read_for_each_spec_while_the_fixed_facts_are_kept() {
     );
 }
 
+/// The NOFILE ceiling is the daemon's hard limit as it is now, unless the daemon may raise it.
+#[test]
+fn the_nofile_ceiling_is_the_current_hard_limit_without_cap_sys_resource() {
+    let hard = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .unwrap()
+        .1;
+    let none = oci_spec::runtime::Capabilities::new();
+    assert_eq!(super::host::nofile_ceiling(&none), Some(hard));
+    let may_raise = oci_spec::runtime::Capabilities::from([Capability::SysResource]);
+    assert_eq!(super::host::nofile_ceiling(&may_raise), None);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. Devices
 
