@@ -293,6 +293,9 @@ impl Metrics {
 /// Connections served at once.
 const MAX_SCRAPES: usize = 16;
 
+/// The most a scrape waits for its gauges (the GPU usage in them has a 2 s deadline of its own).
+const GAUGES_DEADLINE: Duration = Duration::from_secs(3);
+
 /// Serve `/metrics` on `listener` until the process ends: one small GET per connection.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -332,7 +335,16 @@ pub async fn serve(
             }
             let line = String::from_utf8_lossy(&head);
             let (status, body) = if line.starts_with("GET /metrics ") {
-                ("200 OK", global().render(&gauges()))
+                // The gauges read files containers write (the GPU accounting files): never on
+                // an async worker, and never for longer than the deadline.
+                let read = tokio::task::spawn_blocking(move || gauges());
+                match tokio::time::timeout(GAUGES_DEADLINE, read).await {
+                    Ok(Ok(g)) => ("200 OK", global().render(&g)),
+                    _ => (
+                        "503 Service Unavailable",
+                        "the gauges took too long to read\n".to_string(),
+                    ),
+                }
             } else {
                 ("404 Not Found", "not found: try /metrics\n".to_string())
             };

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::container::{grants, usage, GpuUsage, Grant};
+use super::container::{grants, usage_within, GpuUsage, Grant, USAGE_DEADLINE};
 use super::discover::{discover, Gpu};
 use super::{containers_dir, libraries, probe};
 use crate::config::Config;
@@ -124,7 +124,14 @@ fn list(cfg: &Config) -> Result<Listing> {
     }
     inventory.gpus = all;
     let dir = containers_dir(&cfg.state_dir);
-    let usage: std::collections::HashMap<String, GpuUsage> = usage(&dir)
+    // The accounting files are the containers' to write: read for at most the deadline.
+    let usage: std::collections::HashMap<String, GpuUsage> = usage_within(&dir, USAGE_DEADLINE)
+        .unwrap_or_else(|| {
+            eprintln!(
+                "crishim gpu list: the GPU accounting files took over 2 s to read; usage left out"
+            );
+            Vec::new()
+        })
         .into_iter()
         .map(|u| (u.container_id.clone(), u))
         .collect();

@@ -5,7 +5,6 @@
 //! `libgcc_s.so.1` (which Rust's standard library links) to be there. An image without a glibc
 //! (static or musl programs) cannot load the CUDA driver anyway and is let through.
 
-use std::io::Read as _;
 use std::path::Path;
 
 use super::GpuError;
@@ -52,9 +51,15 @@ pub fn newest_glibc(bytes: &[u8]) -> Option<u32> {
     newest
 }
 
+/// The most of an image's library read: glibc's `libc.so.6` is about 2 MiB, `libgcc_s.so.1`
+/// well under 1 MiB. The image chooses what is there, so anything larger is refused.
+pub const MAX_IMAGE_LIBRARY_BYTES: u64 = 32 << 20;
+
 /// Read a library of the image (resolved inside the root filesystem) from the first library
-/// directory that has it.
+/// directory that has it, through the bounded reader: a device, a FIFO or an oversized file
+/// there is refused with `FailedPrecondition`, never read.
 fn image_library(rootfs: &Path, name: &str) -> Result<Option<Vec<u8>>, GpuError> {
+    use crishim_proto::confined::{self, Limits, ReadError};
     let root = match std::fs::File::open(rootfs) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -62,19 +67,19 @@ fn image_library(rootfs: &Path, name: &str) -> Result<Option<Vec<u8>>, GpuError>
     };
     for dir in LIB_DIRS {
         let rel = format!("{dir}/{name}");
-        match crate::spec::user::openat2_in_root(&root, &rel) {
-            Ok(mut f) => {
-                let mut bytes = Vec::new();
-                f.read_to_end(&mut bytes)
-                    .map_err(|e| GpuError::io(format!("reading /{rel} of the image"), e))?;
-                return Ok(Some(bytes));
+        match confined::read_at(&root, &rel, Limits::in_root(MAX_IMAGE_LIBRARY_BYTES)) {
+            Ok(bytes) => return Ok(Some(bytes)),
+            Err(e) if e.is_missing() => {}
+            // A directory where the library would be: look in the next directory.
+            Err(ReadError::NotRegular {
+                kind: "directory", ..
+            }) => {}
+            Err(e @ (ReadError::NotRegular { .. } | ReadError::TooLarge { .. } | ReadError::Escapes { .. })) => {
+                return Err(GpuError::Unavailable(format!(
+                    "GPU limits need the interceptor, and checking that the image can load it failed: the image's {e}"
+                )))
             }
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENOENT | libc::ENOTDIR | libc::EISDIR)
-                ) => {}
-            Err(e) => return Err(GpuError::io(format!("opening /{rel} of the image"), e)),
+            Err(e) => return Err(GpuError::Internal(format!("the image's {e}"))),
         }
     }
     Ok(None)
@@ -137,6 +142,42 @@ mod tests {
             .to_string();
         assert!(e.contains("libgcc_s.so.1"), "{e}");
         std::fs::write(lib.join("libgcc_s.so.1"), b"").unwrap();
+        check_image(dir.path(), &interceptor).unwrap();
+    }
+
+    #[test]
+    fn a_device_or_fifo_or_huge_file_as_the_images_libc_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join(LIB_DIRS[0]);
+        std::fs::create_dir_all(&lib).unwrap();
+        let interceptor = dir.path().join("i.so");
+        std::fs::write(&interceptor, b"\0GLIBC_2.34\0").unwrap();
+        let libc_path = lib.join("libc.so.6");
+        // /dev/zero (1:5) where the image's libc should be: read whole, it never ends.
+        if nix::unistd::Uid::effective().is_root() {
+            nix::sys::stat::mknod(
+                &libc_path,
+                nix::sys::stat::SFlag::S_IFCHR,
+                nix::sys::stat::Mode::from_bits_truncate(0o644),
+                nix::sys::stat::makedev(1, 5),
+            )
+            .unwrap();
+            let e = check_image(dir.path(), &interceptor).unwrap_err();
+            assert!(matches!(e, GpuError::Unavailable(_)), "{e}");
+            assert!(e.to_string().contains("character device"), "{e}");
+            std::fs::remove_file(&libc_path).unwrap();
+        }
+        nix::unistd::mkfifo(&libc_path, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let e = check_image(dir.path(), &interceptor).unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+        std::fs::remove_file(&libc_path).unwrap();
+        let f = std::fs::File::create(&libc_path).unwrap();
+        f.set_len(MAX_IMAGE_LIBRARY_BYTES + 1).unwrap();
+        let e = check_image(dir.path(), &interceptor).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
+        // A symlink out of the image names the image's own file, which is not there.
+        std::fs::remove_file(&libc_path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &libc_path).unwrap();
         check_image(dir.path(), &interceptor).unwrap();
     }
 }

@@ -7,6 +7,12 @@
 //! shared/usage     the accounting file            → /etc/crishim/vgpu/shared (rw)
 //! ld.so.preload    preload mode only              → /etc/ld.so.preload (ro)
 //! ```
+//!
+//! `shared/` is the container's to write, and lives on the host (the state directory, the
+//! node's `/run`): it is a tmpfs of its own, of [`ACCOUNTING_TMPFS`], so a container filling it
+//! fills that, not the node's `/run`. Whatever the container leaves there is read back (by
+//! `/metrics` and `crishim gpu list`) only through the bounded reader, beneath the container's
+//! directory and through no symlink, and off the async workers, under a deadline.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
@@ -66,8 +72,9 @@ impl ContainerDir {
         Ok(self.path.join("config.json"))
     }
 
-    /// The accounting directory with an empty `usage` every container user may write: the
-    /// container's processes may run as any uid.
+    /// The accounting directory, a bounded tmpfs of its own ([`ACCOUNTING_TMPFS`]), with an
+    /// empty `usage` every container user may write: the container's processes may run as any
+    /// uid.
     pub fn create_accounting(&self) -> Result<PathBuf, GpuError> {
         let dir = self.path.join("shared");
         let file = dir.join("usage");
@@ -75,6 +82,22 @@ impl ContainerDir {
             r.map_err(|e| GpuError::io(format!("{what} {}", file.display()), e))
         };
         step("creating", std::fs::create_dir_all(&dir))?;
+        if !crate::container_images::is_mountpoint(&dir) {
+            use nix::mount::MsFlags;
+            nix::mount::mount(
+                Some("crishim-vgpu"),
+                &dir,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(ACCOUNTING_TMPFS),
+            )
+            .map_err(|e| {
+                GpuError::io(
+                    format!("mounting the accounting tmpfs at {}", dir.display()),
+                    e.into(),
+                )
+            })?;
+        }
         step(
             "creating",
             std::fs::OpenOptions::new()
@@ -124,6 +147,19 @@ impl ContainerDir {
     }
 }
 
+/// The accounting tmpfs: room for [`MAX_LEDGER_RECORDS`] records (1 MiB) and a few files.
+pub const ACCOUNTING_TMPFS: &str = "mode=0755,size=1m,nr_inodes=16";
+
+/// Detach a container directory's accounting tmpfs, if it has one (before the directory is
+/// removed). A directory that is gone, or not a mount, is not an error.
+pub fn release_accounting(container_dir: &Path) -> io::Result<()> {
+    let shared = container_dir.join("shared");
+    if crate::container_images::is_mountpoint(&shared) {
+        nix::mount::umount2(&shared, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
+
 /// Every grant under `containers_dir` (skipping unreadable ones).
 pub fn grants(containers_dir: &Path) -> Vec<Grant> {
     let Ok(entries) = std::fs::read_dir(containers_dir) else {
@@ -153,12 +189,16 @@ pub struct GpuUsage {
 }
 
 /// The usage of every container with a GPU memory or core limit, from its grant and its
-/// accounting file (`shared/usage`). The file is the container's to write, so it is read only
-/// up to [`MAX_LEDGER_RECORDS`], and a record failing its checksum counts for nothing. Memory
+/// accounting file (`shared/usage`). The file is the container's to write, so one over
+/// [`MAX_LEDGER_RECORDS`] records, or not a regular file, counts for nothing, and so does a
+/// record failing its checksum. Memory
 /// counts only in records of live processes: a killed process's record stays until the
 /// interceptor in another of the container's processes reclaims it. Throttled time counts in
 /// every process record, live or not: the interceptor moves a dead process's time to the
 /// container's totals record in the same write that frees the process's record.
+///
+/// This reads files a container writes, so callers on an async runtime, or that must answer
+/// in time, use [`usage_within`].
 pub fn usage(containers_dir: &Path) -> Vec<GpuUsage> {
     let limited: Vec<Grant> = grants(containers_dir)
         .into_iter()
@@ -172,8 +212,16 @@ pub fn usage(containers_dir: &Path) -> Vec<GpuUsage> {
         .into_iter()
         .map(|g| {
             let gpus = g.uuids.len().max(1) as u64;
-            let ledger = containers_dir.join(&g.container_id).join("shared/usage");
-            let (used_bytes, throttled_us) = read_ledger(&ledger, &live).unwrap_or((0, 0));
+            let dir = containers_dir.join(&g.container_id);
+            let (used_bytes, throttled_us) = match read_ledger(&dir, &live) {
+                Ok(u) => u,
+                Err(e) => {
+                    if !e.is_missing() {
+                        tracing::debug!(container = %g.container_id, error = %e, "the GPU accounting file is not read");
+                    }
+                    (0, 0)
+                }
+            };
             GpuUsage {
                 used_bytes,
                 throttled_us,
@@ -225,18 +273,54 @@ fn live_processes(proc_root: &Path) -> std::collections::HashSet<(u32, u64)> {
     live
 }
 
-/// From an accounting file: the bytes the records of live processes hold, and the throttled
-/// time of every process record, each summed.
+/// What `/metrics` and `crishim gpu list` give [`usage_within`].
+pub const USAGE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// [`usage`] on a thread of its own, given at most `deadline`: `None` if it took longer, or if
+/// the read an earlier call started has not finished yet (so a file that hangs its reader holds
+/// one thread, never one per call). The files are refused unless regular and small, which a
+/// FIFO or a device is not; the deadline is there should a read block all the same.
+pub fn usage_within(containers_dir: &Path, deadline: std::time::Duration) -> Option<Vec<GpuUsage>> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
+    if IN_FLIGHT.swap(true, Ordering::AcqRel) {
+        return None;
+    }
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            IN_FLIGHT.store(false, Ordering::Release);
+        }
+    }
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let dir = containers_dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("gpu-usage".into())
+        .spawn(move || {
+            let _done = Done;
+            let _ = tx.send(usage(&dir));
+        });
+    if spawned.is_err() {
+        IN_FLIGHT.store(false, Ordering::Release);
+        return None;
+    }
+    rx.recv_timeout(deadline).ok()
+}
+
+/// From a container directory's accounting file (`shared/usage`, read beneath the directory
+/// through no symlink, a regular file of at most [`MAX_LEDGER_RECORDS`] records): the bytes the
+/// records of live processes hold, and the throttled time of every process record, each summed.
 fn read_ledger(
-    path: &Path,
+    container_dir: &Path,
     live: &std::collections::HashSet<(u32, u64)>,
-) -> io::Result<(u64, u64)> {
+) -> Result<(u64, u64), crishim_proto::confined::ReadError> {
+    use crishim_proto::confined::{self, Limits};
     use crishim_proto::vgpu::ledger::{Entry, PROCESS, RECORD};
-    use std::io::Read as _;
-    let mut raw = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_LEDGER_RECORDS * RECORD as u64)
-        .read_to_end(&mut raw)?;
+    let raw = confined::read(
+        container_dir,
+        "shared/usage",
+        Limits::beneath_no_symlinks(MAX_LEDGER_RECORDS * RECORD as u64),
+    )?;
     Ok(raw
         .chunks(RECORD)
         .filter_map(Entry::decode)
@@ -263,7 +347,25 @@ mod tests {
     #[test]
     fn usage_sums_valid_records_within_the_cap() {
         use crishim_proto::vgpu::ledger::{Entry, PROCESS};
+        // The accounting directory is a tmpfs of its own: mounting it takes root.
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
         let dir = tempfile::tempdir().unwrap();
+        struct Unmount(Vec<PathBuf>);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                for d in &self.0 {
+                    release_accounting(d).unwrap();
+                }
+            }
+        }
+        let _unmount = Unmount(
+            ["limited", "unlimited", "cores"]
+                .iter()
+                .map(|id| dir.path().join(id))
+                .collect(),
+        );
         let grant = |id: &str, limit: Option<u64>, gpus: usize, cores: Option<u32>| {
             let d = ContainerDir::create(dir.path().join(id)).unwrap();
             d.write_grant(&Grant {
@@ -350,11 +452,32 @@ mod tests {
                 }
             ]
         );
-        // A file grown past the cap is read only up to it.
+        // The container cannot grow the file (or fill the directory) past the tmpfs, whose size
+        // is the cap.
+        assert!(crate::container_images::is_mountpoint(&shared));
         let mut big = vec![0u8; (MAX_LEDGER_RECORDS as usize) * 64];
         big.extend(entry(5).encode());
-        std::fs::write(shared.join("usage"), &big).unwrap();
+        let e = std::fs::write(shared.join("usage"), &big).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        // A FIFO, a symlink to a host file of valid records, a directory: none is read, and
+        // nothing blocks.
+        let host = dir.path().join("host-ledger");
+        std::fs::write(&host, &file).unwrap();
+        let usage_file = shared.join("usage");
+        std::fs::remove_file(&usage_file).unwrap();
+        nix::unistd::mkfifo(&usage_file, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        let t = std::time::Instant::now();
         assert_eq!(usage(dir.path())[1].used_bytes, 0);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        std::fs::remove_file(&usage_file).unwrap();
+        std::os::unix::fs::symlink(&host, &usage_file).unwrap();
+        assert_eq!(usage(dir.path())[1].used_bytes, 0);
+        std::fs::remove_file(&usage_file).unwrap();
+        std::fs::write(&usage_file, &file).unwrap();
+        assert_eq!(
+            usage_within(dir.path(), std::time::Duration::from_secs(2)).unwrap()[1].used_bytes,
+            123
+        );
     }
 
     #[test]
@@ -394,14 +517,17 @@ mod tests {
             .unwrap();
         std::fs::create_dir_all(dir.path().join("broken")).unwrap();
         assert_eq!(grants(dir.path()), vec![g]);
+        // The accounting directory is a tmpfs of its own: mounting it takes root.
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
         let usage = ContainerDir::create(dir.path().join("c1"))
             .unwrap()
             .create_accounting()
             .unwrap()
             .join("usage");
-        assert_eq!(
-            std::fs::metadata(usage).unwrap().permissions().mode() & 0o777,
-            0o666
-        );
+        let mode = std::fs::metadata(&usage).unwrap().permissions().mode() & 0o777;
+        release_accounting(&dir.path().join("c1")).unwrap();
+        assert_eq!(mode, 0o666);
     }
 }

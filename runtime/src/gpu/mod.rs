@@ -174,6 +174,9 @@ impl Gpus {
     /// Remove a container's GPU directory. Idempotent.
     pub fn release(&self, container_id: &str) {
         let dir = self.container_dir(container_id);
+        if let Err(e) = container::release_accounting(&dir) {
+            warn!(container = %container_id, error = %e, dir = %dir.display(), "detaching the GPU accounting tmpfs");
+        }
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 warn!(container = %container_id, error = %e, dir = %dir.display(), "removing the GPU directory")
@@ -537,24 +540,26 @@ impl Gpus {
     }
 }
 
-/// A file of the image, resolved inside the root filesystem (never through a link out of it).
+/// The most of the image's `/etc/ld.so.preload` read (a list of a few library paths; glibc
+/// itself reads no more than a page or two of it in practice).
+const MAX_PRELOAD_BYTES: u64 = 64 << 10;
+
+/// A file of the image, resolved inside the root filesystem (never through a link out of it),
+/// through the bounded reader: a device, a FIFO or a file over `MAX_PRELOAD_BYTES` is refused
+/// with `FailedPrecondition`, never read.
 fn read_in_rootfs(rootfs: &Path, rel: &str) -> Result<Option<String>, GpuError> {
-    use std::io::Read as _;
-    let what = || format!("reading /{rel} of the image");
-    let dir = match std::fs::File::open(rootfs) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(GpuError::io(what(), e)),
-    };
-    match crate::spec::user::openat2_in_root(&dir, rel) {
-        Ok(mut f) => {
-            let mut s = String::new();
-            f.read_to_string(&mut s)
-                .map_err(|e| GpuError::io(what(), e))?;
-            Ok(Some(s))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(GpuError::io(what(), e)),
+    use crishim_proto::confined::{self, Limits, ReadError};
+    match confined::read(rootfs, rel, Limits::in_root(MAX_PRELOAD_BYTES)) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(
+            e @ (ReadError::NotRegular { .. }
+            | ReadError::TooLarge { .. }
+            | ReadError::Escapes { .. }),
+        ) => Err(GpuError::Unavailable(format!(
+            "GPU limits need the interceptor named in the image's /etc/ld.so.preload, and the image's own could not be read: {e}"
+        ))),
+        Err(e) => Err(GpuError::Internal(e.to_string())),
     }
 }
 

@@ -17,6 +17,16 @@ struct Node {
     rootfs: PathBuf,
 }
 
+impl Drop for Node {
+    /// The containers' accounting tmpfs mounts, which the temporary directory cannot remove.
+    fn drop(&mut self) {
+        let dir = self.state.join("gpu/containers");
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let _ = container::release_accounting(&e.path());
+        }
+    }
+}
+
 fn node(inject: InjectMode) -> Option<Node> {
     if !is_root() {
         return None;

@@ -169,8 +169,17 @@ impl RuntimeService {
             };
             *g.containers.entry(name).or_default() += 1;
         }
-        g.gpu =
-            crate::gpu::container::usage(&crate::gpu::containers_dir(&self.inner.config.state_dir));
+        // Files the containers write: read on a thread of their own, for at most 2 s.
+        g.gpu = crate::gpu::container::usage_within(
+            &crate::gpu::containers_dir(&self.inner.config.state_dir),
+            crate::gpu::container::USAGE_DEADLINE,
+        )
+        .unwrap_or_else(|| {
+            tracing::warn!(
+                "the GPU accounting files took over 2 s to read; GPU gauges left out of this scrape"
+            );
+            Vec::new()
+        });
         g
     }
 

@@ -1,13 +1,12 @@
 //! The process's uid, gid and supplementary groups, resolved against the image's own
 //! /etc/passwd and /etc/group as containerd's `WithUser` / `WithAdditionalGIDs` do.
 //!
-//! Both files come from an untrusted image, so they are opened with `openat2(RESOLVE_IN_ROOT)`:
-//! the kernel resolves every symlink and `..` as if the rootfs were `/`, so `etc/passwd ->
-//! /etc/shadow` names the image's shadow file, never the host's.
+//! Both files come from an untrusted image, so they are read with the bounded reader
+//! (`crishim_proto::confined`, `RESOLVE_IN_ROOT`): the kernel resolves every symlink and `..` as
+//! if the rootfs were `/`, so `etc/passwd -> /etc/shadow` names the image's shadow file, never
+//! the host's; only a regular file of at most 10 MiB is read.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::{self, Read};
 use std::num::IntErrorKind;
 use std::path::Path;
 
@@ -294,42 +293,22 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
         .map(|l| l.split(':').collect())
 }
 
-/// Reads `rel` as if `root` were `/`. `Ok(None)` if it does not exist; a non-regular file (a
-/// FIFO that would block us, a device) or an oversized one is refused.
+/// Reads `rel` as if `root` were `/`, through the bounded reader. `Ok(None)` if it does not
+/// exist; a non-regular file (a FIFO that would block us, a device that never ends) or one over
+/// `MAX_USER_FILE_BYTES` is refused without being read.
 pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, SpecError> {
-    let what = || format!("{} in the container rootfs {}", rel, root.display());
-    let dir = File::open(root)
-        .map_err(|e| SpecError::internal(format!("opening rootfs {}", root.display()), e))?;
-    let file = match openat2_in_root(&dir, rel) {
-        Ok(file) => file,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(SpecError::internal(format!("opening {}", what()), e)),
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| SpecError::internal(format!("stat {}", what()), e))?;
-    if !meta.is_file() {
-        return Err(SpecError::Invalid(format!(
-            "{} is not a regular file",
-            what()
-        )));
+    use crishim_proto::confined::{self, Limits, ReadError};
+    match confined::read(root, rel, Limits::in_root(MAX_USER_FILE_BYTES)) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(
+            e @ (ReadError::NotRegular { .. }
+            | ReadError::TooLarge { .. }
+            | ReadError::Escapes { .. }),
+        ) => Err(SpecError::Invalid(format!("the container rootfs's {e}"))),
+        Err(e) => Err(SpecError::internal(
+            format!("reading {rel} in the container rootfs"),
+            e,
+        )),
     }
-    let mut bytes = Vec::new();
-    file.take(MAX_USER_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| SpecError::internal(format!("reading {}", what()), e))?;
-    if bytes.len() as u64 > MAX_USER_FILE_BYTES {
-        return Err(SpecError::Invalid(format!(
-            "{} is larger than {MAX_USER_FILE_BYTES} bytes",
-            what()
-        )));
-    }
-    Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
-}
-
-pub(crate) fn openat2_in_root(dir: &File, rel: &str) -> io::Result<File> {
-    // O_NONBLOCK: opening a FIFO must not hang; it is refused right after by the type check.
-    let flags = libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
-    let resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
-    crishim_images::unpack::openat2(dir, Path::new(rel), flags, resolve).map(File::from)
 }

@@ -596,9 +596,14 @@ impl Runner {
         // The subPath too is resolved inside the volume: it may be a symlink a container made.
         let dir =
             subpath::open_dir(&root, sub).map_err(|e| format!("{}/{sub}: {e}", root.display()))?;
-        let f = crate::spec::user::openat2_in_root(&dir, rel.trim_start_matches('/'))
-            .map_err(|e| format!("{path}: {e}"))?;
-        result::read_capped(f, self.opts.max_output)
+        // The container wrote it: read through the bounded reader (a regular file of at most
+        // `max_output` bytes, resolved inside the volume or rootfs).
+        crishim_proto::confined::read_at(
+            &dir,
+            rel.trim_start_matches('/'),
+            crishim_proto::confined::Limits::in_root(self.opts.max_output),
+        )
+        .map_err(|e| format!("{path}: {e}"))
     }
 
     /// The container's root filesystem as the runtime mounted it (until it is removed).

@@ -98,23 +98,6 @@ pub fn timestamp(nanos: i64) -> Option<String> {
     })
 }
 
-/// Read at most `max` bytes of a regular file; larger files are an error, not a silent cut.
-pub fn read_capped(mut f: std::fs::File, max: u64) -> Result<Vec<u8>, String> {
-    let md = f.metadata().map_err(|e| e.to_string())?;
-    if !md.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut bytes = Vec::new();
-    (&mut f)
-        .take(max + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
-    if bytes.len() as u64 > max {
-        return Err(format!("larger than the {max}-byte limit on outputs"));
-    }
-    Ok(bytes)
-}
-
 /// One parsed line of a CRI log file.
 pub struct LogLine<'a> {
     pub stream: &'a str,
@@ -137,11 +120,36 @@ pub fn parse_log_line(line: &str) -> Option<LogLine<'_>> {
     })
 }
 
+/// What of a CRI log file is read besides four times the tail kept: room for stderr lines
+/// between the stdout ones.
+const LOG_WINDOW: u64 = 4 << 20;
+
 /// The last `max` bytes of the stdout recorded in a CRI log file, and whether it was cut.
+/// The container's output sets the log's size, so only its last `LOG_WINDOW + 4 × max` bytes
+/// are read (a log cut there counts as cut).
 pub fn stdout_tail(path: &Path, max: usize) -> (String, bool) {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    use std::io::{Seek, SeekFrom};
+    let window = LOG_WINDOW.saturating_add(4 * max as u64);
+    let Ok(mut f) = std::fs::File::open(path) else {
         return (String::new(), false);
     };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let from = len.saturating_sub(window);
+    let mut raw = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(window).read_to_end(&mut raw).is_err() {
+        return (String::new(), false);
+    }
+    let mut skipped = false;
+    if from > 0 {
+        // The first line is a part of one.
+        let nl = raw
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(raw.len(), |i| i + 1);
+        raw.drain(..nl);
+        skipped = true;
+    }
+    let text = String::from_utf8_lossy(&raw);
     let mut out = String::new();
     for l in text.lines().filter_map(parse_log_line) {
         if l.stream == "stdout" {
@@ -152,7 +160,7 @@ pub fn stdout_tail(path: &Path, max: usize) -> (String, bool) {
         }
     }
     if out.len() <= max {
-        return (out, false);
+        return (out, skipped);
     }
     let mut cut = out.len() - max;
     while !out.is_char_boundary(cut) {
