@@ -184,8 +184,11 @@ impl Executor for SeccompExecutor {
                 .load()
                 .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
         } else if let Some(seccomp) = &self.seccomp {
-            let notify = libcontainer::seccomp::initialize_seccomp(seccomp)
-                .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
+            // libcontainer reads masked comparisons the other way round: it gets them swapped.
+            let translated = crate::seccomp_program::for_libcontainer(seccomp);
+            let notify =
+                libcontainer::seccomp::initialize_seccomp(translated.as_ref().unwrap_or(seccomp))
+                    .map_err(|e| ExecutorError::Other(format!("loading the seccomp filter: {e}")))?;
             if let Some(fd) = notify {
                 let _ = nix::unistd::close(fd);
             }

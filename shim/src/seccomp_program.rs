@@ -10,6 +10,11 @@
 //! which `crishim bundle` still uses), so both paths install the same program; the
 //! `security` tests read both back with `PTRACE_SECCOMP_GET_FILTER` and compare them.
 //!
+//! One reading of `SCMP_CMP_MASKED_EQ`: the OCI runtime spec's, runc's and containerd's, where
+//! `value` is the mask and `valueTwo` the datum (`(arg & value) == valueTwo`). Every profile a
+//! bundle holds means that, whichever runtime runs it. libcontainer 0.7 reads the two the other
+//! way round, so wherever it still loads a filter itself it gets [`for_libcontainer`]'s copy.
+//!
 //! Profiles with a `SCMP_ACT_NOTIFY` rule or `SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV` are not
 //! compiled here (they need a listener fd): those go through libcontainer as before.
 
@@ -21,8 +26,8 @@ use libseccomp::{
     ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
 };
 use oci_spec::runtime::{
-    Arch, LinuxSeccomp, LinuxSeccompAction as Act, LinuxSeccompFilterFlag as Flag,
-    LinuxSeccompOperator as Op,
+    Arch, LinuxSeccomp, LinuxSeccompAction as Act, LinuxSeccompArg, LinuxSeccompArgBuilder,
+    LinuxSeccompFilterFlag as Flag, LinuxSeccompOperator as Op,
 };
 
 /// Distinct profiles one shim keeps programs for; past that the cache starts again.
@@ -124,8 +129,9 @@ impl Program {
 fn disk_path(dir: &std::path::Path, key: &str) -> std::path::PathBuf {
     use sha2::Digest as _;
     let v = libseccomp::ScmpVersion::current().ok();
+    // Programs compiled before masked comparisons were read the OCI way must not be found.
     let who = format!(
-        "crishim-shim {} libseccomp {:?}\n",
+        "crishim-shim {} libseccomp {:?} masked-eq value=mask\n",
         env!("CARGO_PKG_VERSION"),
         v.map(|v| (v.major, v.minor, v.micro))
     );
@@ -234,12 +240,7 @@ pub fn compile(profile: &LinuxSeccomp) -> Result<Program, String> {
                 ctx.add_rule(act, nr).map_err(|e| err("adding a rule", e))?;
                 continue;
             };
-            let cmps: Vec<ScmpArgCompare> = args
-                .iter()
-                .map(|a| {
-                    ScmpArgCompare::new(a.index() as u32, op(a.op(), a.value_two()), a.value())
-                })
-                .collect();
+            let cmps: Vec<ScmpArgCompare> = args.iter().map(compare).collect();
             let mut indexes: Vec<usize> = args.iter().map(|a| a.index()).collect();
             indexes.sort_unstable();
             indexes.dedup();
@@ -309,16 +310,70 @@ fn action(a: Act, errno: Option<u32>) -> Result<ScmpAction, String> {
     })
 }
 
-fn op(o: Op, value_two: Option<u64>) -> ScmpCompareOp {
-    match o {
+/// One argument comparison, read as the OCI runtime spec (and runc) reads it: for
+/// `SCMP_CMP_MASKED_EQ`, `value` is the mask and `valueTwo` the datum; otherwise `value` is the
+/// datum.
+fn compare(a: &LinuxSeccompArg) -> ScmpArgCompare {
+    let index = a.index() as u32;
+    let op = match a.op() {
         Op::ScmpCmpNe => ScmpCompareOp::NotEqual,
         Op::ScmpCmpLt => ScmpCompareOp::Less,
         Op::ScmpCmpLe => ScmpCompareOp::LessOrEqual,
         Op::ScmpCmpEq => ScmpCompareOp::Equal,
         Op::ScmpCmpGe => ScmpCompareOp::GreaterEqual,
         Op::ScmpCmpGt => ScmpCompareOp::Greater,
-        Op::ScmpCmpMaskedEq => ScmpCompareOp::MaskedEqual(value_two.unwrap_or(0)),
+        Op::ScmpCmpMaskedEq => {
+            return ScmpArgCompare::new(
+                index,
+                ScmpCompareOp::MaskedEqual(a.value()),
+                a.value_two().unwrap_or(0),
+            )
+        }
+    };
+    ScmpArgCompare::new(index, op, a.value())
+}
+
+/// `profile` as libcontainer 0.7 must be handed it to mean what it says: libcontainer passes
+/// `valueTwo` to libseccomp as the mask and `value` as the datum, the reverse of the OCI order,
+/// so each `SCMP_CMP_MASKED_EQ` comparison has the two swapped (a missing `valueTwo` is 0).
+/// `None` when the profile has no masked comparison: libcontainer reads it as it is.
+pub fn for_libcontainer(profile: &LinuxSeccomp) -> Option<LinuxSeccomp> {
+    let masked = |a: &LinuxSeccompArg| a.op() == Op::ScmpCmpMaskedEq;
+    let any = profile
+        .syscalls()
+        .iter()
+        .flatten()
+        .filter_map(|r| r.args().as_ref())
+        .flatten()
+        .any(masked);
+    if !any {
+        return None;
     }
+    let mut out = profile.clone();
+    let rules = profile.syscalls().iter().flatten().map(|rule| {
+        let mut rule = rule.clone();
+        if let Some(args) = rule.args().clone() {
+            let swapped = args
+                .into_iter()
+                .map(|a| {
+                    if !masked(&a) {
+                        return a;
+                    }
+                    LinuxSeccompArgBuilder::default()
+                        .index(a.index())
+                        .op(a.op())
+                        .value(a.value_two().unwrap_or(0))
+                        .value_two(a.value())
+                        .build()
+                        .expect("all fields set")
+                })
+                .collect();
+            rule.set_args(Some(swapped));
+        }
+        rule
+    });
+    out.set_syscalls(Some(rules.collect()));
+    Some(out)
 }
 
 fn arch(a: Arch) -> ScmpArch {
@@ -353,7 +408,7 @@ fn arch(a: Arch) -> ScmpArch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oci_spec::runtime::{LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSyscallBuilder};
+    use oci_spec::runtime::{LinuxSeccompBuilder, LinuxSyscallBuilder};
 
     #[test]
     fn programs_round_trip_through_their_cache_file_and_torn_ones_are_refused() {
@@ -450,6 +505,152 @@ mod tests {
         let mut p = profile(1);
         p.set_flags(Some(vec![Flag::SeccompFilterFlagWaitKillableRecv]));
         assert!(cached(&p).unwrap().is_none());
+    }
+
+    const NEWUSER: u64 = libc::CLONE_NEWUSER as u64;
+    const NEWNET: u64 = libc::CLONE_NEWNET as u64;
+
+    /// containerd's clone rule, for `unshare`: refuse (EXDEV) but for `unshare` without
+    /// NEWUSER or NEWNET, written the OCI way (`value` the mask NEWUSER|NEWNET, `valueTwo` the
+    /// datum 0). Read the other way round the mask is 0: an unconditional allow. Also allowed:
+    /// what the child needs after the load to exit, and personality(8) (a plain comparison).
+    fn masked_profile() -> LinuxSeccomp {
+        let allow = |names: &[&str], args: Option<LinuxSeccompArg>| {
+            let mut r = LinuxSyscallBuilder::default()
+                .names(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .action(Act::ScmpActAllow)
+                .build()
+                .unwrap();
+            r.set_args(args.map(|a| vec![a]));
+            r
+        };
+        let arg = |op, value: u64, value_two: u64| {
+            LinuxSeccompArgBuilder::default()
+                .index(0usize)
+                .op(op)
+                .value(value)
+                .value_two(value_two)
+                .build()
+                .unwrap()
+        };
+        LinuxSeccompBuilder::default()
+            .default_action(Act::ScmpActErrno)
+            .default_errno_ret(libc::EXDEV as u32)
+            .syscalls(vec![
+                allow(
+                    &["unshare"],
+                    Some(arg(Op::ScmpCmpMaskedEq, NEWUSER | NEWNET, 0)),
+                ),
+                allow(&["personality"], Some(arg(Op::ScmpCmpEq, 8, 0))),
+                allow(
+                    &[
+                        "exit",
+                        "exit_group",
+                        "brk",
+                        "mmap",
+                        "munmap",
+                        "madvise",
+                        "futex",
+                    ],
+                    None,
+                ),
+            ])
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn libcontainer_gets_masked_comparisons_with_mask_and_datum_swapped() {
+        let p = masked_profile();
+        let t = for_libcontainer(&p).unwrap();
+        let args = |s: &LinuxSeccomp, i: usize| s.syscalls().as_ref().unwrap()[i].args().clone();
+        let masked = args(&t, 0).unwrap()[0];
+        assert_eq!(
+            (masked.value(), masked.value_two()),
+            (0, Some(NEWUSER | NEWNET))
+        );
+        assert_eq!(args(&t, 1), args(&p, 1), "only masked comparisons change");
+        assert_eq!(args(&t, 2), None);
+        assert_eq!(
+            (t.default_action(), t.default_errno_ret()),
+            (p.default_action(), p.default_errno_ret())
+        );
+        // A missing valueTwo is a zero datum: it becomes libcontainer's zero datum.
+        let mut rules = p.syscalls().clone().unwrap();
+        rules[0].set_args(Some(vec![LinuxSeccompArgBuilder::default()
+            .index(0usize)
+            .value(NEWUSER)
+            .op(Op::ScmpCmpMaskedEq)
+            .build()
+            .unwrap()]));
+        let mut no_two = p.clone();
+        no_two.set_syscalls(Some(rules));
+        let t = for_libcontainer(&no_two).unwrap();
+        let masked = args(&t, 0).unwrap()[0];
+        assert_eq!((masked.value(), masked.value_two()), (0, Some(NEWUSER)));
+        // Nothing to translate: libcontainer reads it as it is.
+        assert_eq!(for_libcontainer(&profile(1)), None);
+    }
+
+    /// `unshare(CLONE_NEWUSER)` in a forked child after `load` put a filter in: its errno, or 0.
+    fn unshare_errno_under(load: impl FnOnce() -> bool) -> i32 {
+        // SAFETY: the child makes the calls and _exits; glibc's fork leaves malloc usable.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: prctl with integer arguments.
+                unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+                let code = if load() {
+                    // SAFETY: unshare with a flag, in a child that only exits after.
+                    let r = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
+                    let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+                    if r == 0 {
+                        0
+                    } else {
+                        e
+                    }
+                } else {
+                    255
+                };
+                // SAFETY: ends the forked child at once.
+                unsafe { libc::_exit(code) }
+            }
+            pid => {
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                unsafe { libc::waitpid(pid, &mut status, 0) };
+                assert!(libc::WIFEXITED(status), "{status}");
+                let code = libc::WEXITSTATUS(status);
+                assert_ne!(code, 255, "loading the filter failed");
+                code
+            }
+        }
+    }
+
+    /// The kernel's verdict: the compiled program and libcontainer's, from the translated copy,
+    /// both read `value` as the mask; libcontainer handed the profile as it is does not.
+    #[test]
+    fn masked_comparisons_mean_the_oci_order_in_the_program_and_through_libcontainer() {
+        let p = masked_profile();
+        let program = compile(&p).unwrap();
+        assert_eq!(
+            unshare_errno_under(|| program.load().is_ok()),
+            libc::EXDEV,
+            "the compiled program"
+        );
+        let translated = for_libcontainer(&p).unwrap();
+        let through_libcontainer = |profile: LinuxSeccomp| {
+            unshare_errno_under(move || libcontainer::seccomp::initialize_seccomp(&profile).is_ok())
+        };
+        assert_eq!(
+            through_libcontainer(translated),
+            libc::EXDEV,
+            "libcontainer given the translated copy"
+        );
+        assert_ne!(
+            through_libcontainer(p),
+            libc::EXDEV,
+            "libcontainer reads the untranslated profile the other way round (a zero mask)"
+        );
     }
 
     /// In a forked child: the loaded program refuses `unshare` with the profile's errno.

@@ -213,18 +213,17 @@ pub(super) fn default_profile(bounding: &Capabilities) -> LinuxSeccomp {
 
 /// clone(2) allowed only if no CLONE_NEW* flag is set: `(flags & CLONE_NEW*) == 0`.
 ///
-/// libcontainer (youki 0.7) hands `valueTwo` to libseccomp as the mask and `value` as the datum,
-/// the reverse of runc (and of containerd's profile, written for runc); the rule is written for
-/// the runtime that runs it. Written the runc way, youki would get a zero mask, which libseccomp
-/// turns into an unconditional allow.
+/// Written as the OCI runtime spec, runc and containerd's profile mean it: `value` is the mask,
+/// `valueTwo` the datum. This is what `config.json` says to every runtime; the shim hands
+/// libcontainer (youki 0.7, which reads the two the other way round) a translated copy.
 fn clone_without_namespaces() -> LinuxSyscall {
     // s390 passes the flags second.
     let index: usize = if cfg!(target_arch = "s390x") { 1 } else { 0 };
     let arg = LinuxSeccompArgBuilder::default()
         .index(index)
         .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
-        .value(0u64)
-        .value_two(CLONE_NAMESPACE_FLAGS)
+        .value(CLONE_NAMESPACE_FLAGS)
+        .value_two(0u64)
         .build()
         .expect("all fields set");
     let mut rule = allow(&["clone"]);

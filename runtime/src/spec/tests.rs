@@ -1465,8 +1465,14 @@ fn runtime_default_seccomp_is_containerds_profile() {
         .unwrap();
     let arg = clone.args().clone().unwrap()[0];
     assert_eq!(arg.op(), LinuxSeccompOperator::ScmpCmpMaskedEq);
-    // youki reads valueTwo as the mask and value as the datum.
-    assert_eq!((arg.value(), arg.value_two()), (0, Some(0x7e02_0000)));
+    // The OCI order, as runc and containerd's profile read it: value is the mask, valueTwo the
+    // datum (containerd's rule: value 2114060288).
+    assert_eq!((arg.value(), arg.value_two()), (0x7e02_0000, Some(0)));
+    let json = serde_json::to_value(&arg).unwrap();
+    assert_eq!(
+        (&json["value"], &json["valueTwo"]),
+        (&serde_json::json!(2_114_060_288u64), &serde_json::json!(0))
+    );
     let clone3 = rules
         .iter()
         .find(|r| r.names() == &strings(&["clone3"]))
