@@ -61,7 +61,11 @@ pub struct Shim {
     pub lc_root: PathBuf,
     /// The pod's external OCI runtime (its RuntimeClass handler names one); `None`: libcontainer.
     pub oci: Option<OciRuntime>,
+    /// The pod's infra process while it is our unreaped child; 0 once reaped (or for a bundle).
     pub infra_pid: i32,
+    /// A pod's shim (it started an infra process): its containers' `/proc/<pid>/ns/*` paths must
+    /// name that process or a running container of ours, see [`Shim::check_namespace_paths`].
+    pod: bool,
     /// Run by `crishim bundle run`: the shim lives exactly as long as its one container.
     pub foreground: bool,
     pub containers: HashMap<String, Ctr>,
@@ -159,6 +163,7 @@ impl Shim {
             oci: None,
             dir,
             infra_pid,
+            pod: infra_pid > 0,
             foreground: false,
             containers: HashMap::new(),
             exec_waiters: HashMap::new(),
@@ -400,16 +405,20 @@ impl Shim {
         }
         let systemd = cgroups_path::is_systemd(&cgroup);
         let created = match &self.oci {
-            Some(oci) => oci
-                .create(
-                    id,
-                    bundle,
-                    console.as_ref().map(|c| c.address.as_path()),
-                    io,
-                )
-                .inspect_err(|_| {
-                    // A half-created container may have left state behind; remove it.
-                    let _ = oci.delete(id);
+            Some(oci) => oci_spec::runtime::Spec::load(bundle.join("config.json"))
+                .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))
+                .and_then(|spec| self.check_namespace_paths(&spec))
+                .and_then(|()| {
+                    oci.create(
+                        id,
+                        bundle,
+                        console.as_ref().map(|c| c.address.as_path()),
+                        io,
+                    )
+                    .inspect_err(|_| {
+                        // A half-created container may have left state behind; remove it.
+                        let _ = oci.delete(id);
+                    })
                 }),
             // A pod's container loads its seccomp program compiled once per node; a plain
             // bundle's (`crishim bundle`) is left to libcontainer, the reference path.
@@ -462,6 +471,43 @@ impl Shim {
         Ok(relay)
     }
 
+    /// A pod's container joins namespaces by `/proc/<pid>/ns/*` paths: each pid must be our
+    /// infra process or a running container's init, still our unreaped children. Their pids
+    /// cannot be reused until we reap them, and we reap only between awaits, never during the
+    /// synchronous create that opens the paths; so a path checked here names the pod's
+    /// namespace when it is opened. Once reaped (`infra_pid` 0, or the container `Exited`), the
+    /// pid may be any process's, the host's own included: refused.
+    fn check_namespace_paths(&self, spec: &oci_spec::runtime::Spec) -> Result<(), String> {
+        if !self.pod {
+            return Ok(());
+        }
+        let paths = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.namespaces().as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.path().clone());
+        for path in paths {
+            let Some(pid) = proc_pid(&path) else {
+                continue;
+            };
+            let ours = (pid == self.infra_pid && pid > 0)
+                || self
+                    .containers
+                    .values()
+                    .any(|c| c.state.pid == pid && c.state.status != Status::Exited);
+            if !ours {
+                return Err(format!(
+                    "namespace {}: pid {pid} is neither the pod's infra process nor a running \
+                     container of the pod (it exited; the pod must be recreated)",
+                    path.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Create with libcontainer, in this process; returns the init's pid.
     fn create_with_libcontainer(
         &self,
@@ -477,6 +523,7 @@ impl Shim {
         let mut bundle = bundle.to_path_buf();
         let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
             .map_err(|e| format!("reading {}/config.json: {e}", bundle.display()))?;
+        self.check_namespace_paths(&spec)?;
         let propagates_back = shares_mounts_with_the_node(&spec);
         // What the container's mounts are made from: each must be the same file in a view.
         let seen_sources = mount_sources(&spec, &own_bundle);
@@ -1130,6 +1177,21 @@ fn write_exec_process(
     Ok(seccomp)
 }
 
+/// The pid of a `/proc/<pid>/…` path; `None` for any other path (a pinned nsfs file).
+fn proc_pid(path: &Path) -> Option<i32> {
+    let mut parts = path.components();
+    if parts.next() != Some(std::path::Component::RootDir) {
+        return None;
+    }
+    if parts.next()?.as_os_str() != "proc" {
+        return None;
+    }
+    let pid = parts.next()?.as_os_str().to_str()?;
+    // `self`, `thread-self`: our own, named by no pid. A number is anyone's (too long: no one's).
+    let digits = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    digits.then(|| pid.parse().unwrap_or(-1))
+}
+
 /// The node's paths a create reads besides its bundle and its binds' sources: the namespaces it
 /// joins and the devices it may bind. `None` for a spec with hooks, which may read anything.
 fn node_paths_read(spec: &oci_spec::runtime::Spec) -> Option<Vec<PathBuf>> {
@@ -1451,6 +1513,86 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(node_paths_read(&hooked), None);
+    }
+
+    fn joining(paths: &[&str]) -> oci_spec::runtime::Spec {
+        let ns: Vec<_> = ["network", "ipc", "uts", "pid"]
+            .iter()
+            .zip(paths)
+            .map(|(t, p)| serde_json::json!({"type": t, "path": p}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "ociVersion": "1.0.2",
+            "linux": {"namespaces": ns}
+        }))
+        .unwrap()
+    }
+
+    /// The daemon's `/proc/<pid>/ns/*` paths name our unreaped infra process or a running
+    /// container of ours, or the create is refused: once reaped, the pid may be anyone's.
+    #[test]
+    fn a_create_joins_only_the_namespaces_of_our_unreaped_children() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut shim = Shim::new(dir.path().join("pod"), 4242);
+        let infra = joining(&[
+            "/proc/4242/ns/net",
+            "/proc/4242/ns/ipc",
+            "/proc/4242/ns/uts",
+        ]);
+        shim.check_namespace_paths(&infra).unwrap();
+        // A pinned namespace names itself; `/proc/self` is no pid.
+        shim.check_namespace_paths(&joining(&["/run/netns/p1", "/proc/self/ns/ipc"]))
+            .unwrap();
+        let other = joining(&["/proc/4242/ns/net", "/proc/4243/ns/ipc"]);
+        let e = shim.check_namespace_paths(&other).unwrap_err();
+        assert!(
+            e.contains("/proc/4243/ns/ipc") && e.contains("pid 4243"),
+            "{e}"
+        );
+        let huge = joining(&["/proc/99999999999999999999/ns/net"]);
+        assert!(shim.check_namespace_paths(&huge).is_err());
+
+        // A running container is a pid namespace target; an exited one is not.
+        let log = Rc::new(LogSink::new(PathBuf::new()).unwrap());
+        let mut ctr = Ctr::new(created_state("t", 5151), dir.path(), String::new(), log);
+        ctr.state.status = Status::Running;
+        shim.containers.insert("t".into(), ctr);
+        let target = joining(&[
+            "/proc/4242/ns/net",
+            "/proc/4242/ns/ipc",
+            "/proc/4242/ns/uts",
+            "/proc/5151/ns/pid",
+        ]);
+        shim.check_namespace_paths(&target).unwrap();
+        shim.containers.get_mut("t").unwrap().state.status = Status::Exited;
+        assert!(shim.check_namespace_paths(&target).is_err());
+
+        // The infra process reaped: its pid is free for any process, the host's own included.
+        shim.on_exit(WaitStatus::Exited(nix::unistd::Pid::from_raw(4242), 0));
+        assert_eq!(shim.infra_pid, 0);
+        let e = shim.check_namespace_paths(&infra).unwrap_err();
+        assert!(e.contains("infra process"), "{e}");
+
+        // Through a create: refused before libcontainer runs, as FailedPrecondition.
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::write(
+            bundle.join("config.json"),
+            serde_json::to_vec(&infra).unwrap(),
+        )
+        .unwrap();
+        match shim.create("c", &bundle, Stdio::Inherit { tty: false }, false) {
+            Err(Response::Error { kind, message }) => {
+                assert_eq!(kind, ErrorKind::FailedPrecondition);
+                assert!(message.contains("/proc/4242/ns/net"), "{message}");
+            }
+            other => panic!("created: {:?}", other.map(|_| ())),
+        }
+        assert!(!shim.lc_root.join("c").exists(), "libcontainer never ran");
+
+        // A bundle's shim (no infra process) takes its config's paths as they are.
+        let bundle_shim = Shim::new(dir.path().join("b"), 0);
+        bundle_shim.check_namespace_paths(&other).unwrap();
     }
 
     #[test]

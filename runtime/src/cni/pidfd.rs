@@ -82,6 +82,78 @@ impl PidFd {
     }
 }
 
+/// A pidfd of any process, child or not, through which its `/proc/<pid>` files are read
+/// without trusting that the pid still names it: each open or read is followed by
+/// `pidfd_send_signal(pidfd, 0)`, and only when that succeeds (the process, zombie or not, still
+/// holds its pid, so the pid named no other process in between) is the result kept.
+///
+/// The pidfd names whatever process held the pid at [`ProcessFd::open`]; the caller proves that
+/// it is the one it means (the pod's infra process: its network namespace is the pinned one).
+pub struct ProcessFd {
+    pid: i32,
+    fd: OwnedFd,
+}
+
+impl ProcessFd {
+    /// `pidfd_open(2)`: `ESRCH` when no process has `pid`.
+    pub fn open(pid: i32) -> io::Result<ProcessFd> {
+        if pid <= 0 {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        // SAFETY: a plain system call with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just returned this descriptor, and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(ProcessFd { pid, fd })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// Whether the process still holds its pid (running, or a zombie not yet reaped).
+    pub fn holds_pid(&self) -> bool {
+        // SAFETY: signal 0 to our own pidfd, no siginfo.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.fd.as_raw_fd(),
+                0,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        r == 0
+    }
+
+    /// `Ok(value)` if the process still holds its pid; `ESRCH` otherwise.
+    fn verified<T>(&self, value: T) -> io::Result<T> {
+        if self.holds_pid() {
+            Ok(value)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("process {} has exited", self.pid),
+            ))
+        }
+    }
+
+    /// Open `/proc/<pid>/<rel>` (e.g. `ns/net`): the file of this very process.
+    pub fn open_proc(&self, rel: &str) -> io::Result<std::fs::File> {
+        let f = std::fs::File::open(format!("/proc/{}/{rel}", self.pid))?;
+        self.verified(f)
+    }
+
+    /// Read `/proc/<pid>/<rel>` (e.g. `net/dev`): the file of this very process.
+    pub fn read_proc(&self, rel: &str) -> io::Result<String> {
+        let text = std::fs::read_to_string(format!("/proc/{}/{rel}", self.pid))?;
+        self.verified(text)
+    }
+}
+
 /// Reaps `child` (through tokio, which then forgets it) [`REAP_DELAY`] from now, in a task of
 /// its own. A daemon that stops first leaves the zombie to the process that reaps it next.
 pub fn reap_later(mut child: tokio::process::Child) {
@@ -127,6 +199,48 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never reaped");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    #[test]
+    fn a_process_fd_reads_its_own_process_and_refuses_once_the_pid_is_free() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let p = ProcessFd::open(pid).unwrap();
+        assert!(p.holds_pid());
+        let ns = p.open_proc("ns/net").unwrap();
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap();
+        use std::os::unix::fs::MetadataExt as _;
+        assert_eq!(ns.metadata().unwrap().ino(), own.ino());
+        assert!(p.read_proc("stat").unwrap().starts_with(&format!("{pid} ")));
+        // Killed but not reaped: the pid is still its own.
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while state(pid as u32) != Some('Z') {
+            assert!(std::time::Instant::now() < deadline, "never a zombie");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(p.holds_pid(), "a zombie still holds its pid");
+        // Reaped: the pid may name anyone now, and nothing is read through it any more, even
+        // where /proc/<pid> opens (another process took the pid: here our own pid stands in).
+        child.wait().unwrap();
+        assert!(!p.holds_pid());
+        let e = p.open_proc("ns/net").unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
+        let reused = ProcessFd {
+            pid: std::process::id() as i32,
+            fd: p.fd.try_clone().unwrap(),
+        };
+        assert!(std::path::Path::new(&format!("/proc/{}/ns/net", reused.pid)).exists());
+        let e = reused.open_proc("ns/net").unwrap_err();
+        assert!(e.to_string().contains("has exited"), "{e}");
+        assert!(reused.read_proc("stat").is_err());
+        assert_eq!(
+            ProcessFd::open(0).err().and_then(|e| e.raw_os_error()),
+            Some(libc::ESRCH)
+        );
     }
 
     #[tokio::test]

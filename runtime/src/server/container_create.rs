@@ -150,6 +150,10 @@ impl Inner {
                 pod.runtime_handler
             )));
         }
+        // The infra process, proven to be the pod's while held: `ns/user` is read through it, and
+        // a pod whose infra is gone is refused before anything is made (the shim checks the
+        // namespace paths again against the child it has not reaped).
+        let infra = self.infra_process(pod, "CreateContainer")?;
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
         let image_config = self.images.config(image).map_err(from_image_error)?;
@@ -208,7 +212,7 @@ impl Inner {
         }
         let idmap = match &userns {
             Some(maps) => Some(crishim_images::rootfs::Idmap {
-                userns: crate::userns::open(pod.infra_pid as u32).map_err(|e| {
+                userns: infra.open_proc("ns/user").map_err(|e| {
                     Status::failed_precondition(format!(
                         "CreateContainer: the pod's user namespace: {e}"
                     ))
@@ -454,6 +458,13 @@ impl Inner {
                 if pid <= 0 {
                     return Err(Status::failed_precondition(format!(
                         "pid namespace target {target} is not running"
+                // The target's pid is checked by this pod's shim, whose child it must be.
+                if t.pod_id != pod.id {
+                    return Err(Status::invalid_argument(format!(
+                        "CreateContainer: pid namespace target {target} is not in pod sandbox {}",
+                        pod.id
+                    )));
+                }
                     )));
                 }
                 Some(PathBuf::from(format!("/proc/{pid}/ns/pid")))

@@ -49,6 +49,7 @@ impl Inner {
     /// The record of `id`, which must be running.
     pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Status> {
         let c = self.store.container(id)?;
+        self.pod_ready(&c.pod_id, &format!("container {id}"))?;
         let state = self.refresh(&c).await;
         if state.status != ShimStatus::Running {
             return Err(Status::failed_precondition(format!(

@@ -21,6 +21,7 @@ impl RuntimeService {
         if req.cmd.is_empty() {
             return Err(Status::invalid_argument("ExecSync: cmd is empty"));
         }
+        inner.pod_ready(&c.pod_id, "ExecSync")?;
         // The exec'd process joins the container's cgroup in a few ms: keep that lock fast until then.
         crate::cgroups::warm_migration(std::time::Duration::from_millis(100));
         let timeout = request_secs(req.timeout).as_secs();

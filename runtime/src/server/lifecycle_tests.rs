@@ -547,3 +547,187 @@ async fn pod_files_are_on_the_state_tmpfs_unless_an_older_daemon_put_them_under_
     assert_eq!(inner.pod_files_dir("old"), legacy);
     assert_eq!(inner.legacy_pod_files_dir("old"), legacy);
 }
+
+/// The pod `id` as a stop leaves it: not ready, its shim gone, its pinned namespace unpinned.
+fn stopped(node: &Node, id: &str) {
+    let mut record = node.svc.inner.store.pod(id).unwrap();
+    record.state = PodState::NotReady;
+    node.svc.inner.store.save_pod(&record).unwrap();
+    node.shims.kill_shim(id);
+}
+
+/// A process in the host's namespaces (ours), killed when dropped.
+struct HostProcess(std::process::Child);
+
+impl HostProcess {
+    fn start() -> HostProcess {
+        HostProcess(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pid that no process holds any more: a child's, reaped.
+fn free_pid() -> i32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id() as i32;
+    child.wait().unwrap();
+    pid
+}
+
+/// A port-forward enters the pinned network namespace or none: never `/proc/<infra pid>/ns/net`,
+/// which after a stop names whatever process took the pid (here one in the host's namespace,
+/// where a listener waits to be reached).
+#[tokio::test]
+async fn a_port_forward_never_enters_a_namespace_by_the_infra_pid() {
+    use crishim_streaming::Backend as _;
+    let node = Node::new();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let backend = super::streaming::StreamingBackend::for_test(&node.svc.inner);
+
+    // Ready, on a network of its own, but no pinned namespace (a stop is removing it).
+    let pod = node.pod("web");
+    let taker = HostProcess::start();
+    let mut record = node.svc.inner.store.pod(&pod).unwrap();
+    record.host_network = false;
+    record.infra_pid = taker.pid();
+    node.svc.inner.store.save_pod(&record).unwrap();
+    let e = backend.port_forward(pod.clone(), port).await.unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
+    assert!(e.to_string().contains("no network namespace"), "{e}");
+
+    // Stopped: refused whatever its network, the host's included.
+    stopped(&node, &pod);
+    let e = backend.port_forward(pod.clone(), port).await.unwrap_err();
+    assert!(e.to_string().contains("not ready"), "{e}");
+    let host = node.pod("host");
+    stopped(&node, &host);
+    let e = backend.port_forward(host, port).await.unwrap_err();
+    assert!(e.to_string().contains("not ready"), "{e}");
+
+    let reached = listener.accept();
+    assert!(
+        matches!(&reached, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the host's listener was reached: {reached:?}"
+    );
+}
+
+/// Exec, ExecSync, Attach, a streaming session and a create on a stopped pod get
+/// `FailedPrecondition` naming the pod, not whatever its gone shim would say.
+#[tokio::test]
+async fn a_stopped_pods_containers_take_no_exec_attach_or_create() {
+    use crishim_streaming::Backend as _;
+    let node = Node::new();
+    let pod = node.pod("web");
+    let id = node.create(&pod, "app").await.unwrap();
+    node.start(&id).await.unwrap();
+    stopped(&node, &pod);
+
+    let e = node
+        .svc
+        .exec_sync(Request::new(cri::ExecSyncRequest {
+            container_id: id.clone(),
+            cmd: vec!["true".into()],
+            timeout: 0,
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains(&pod) && e.message().contains("not ready"),
+        "{e:?}"
+    );
+    let e = node
+        .svc
+        .exec(Request::new(cri::ExecRequest {
+            container_id: id.clone(),
+            cmd: vec!["sh".into()],
+            stdout: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let e = node
+        .svc
+        .attach(Request::new(cri::AttachRequest {
+            container_id: id.clone(),
+            stdout: true,
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    // A URL handed out before the stop: its session is refused when it connects.
+    let backend = super::streaming::StreamingBackend::for_test(&node.svc.inner);
+    let (_client, gone) = tokio::sync::watch::channel(false);
+    let stdio = crishim_streaming::Stdio {
+        stdin: None,
+        stdout: None,
+        stderr: None,
+        resize: None,
+        tty: false,
+        gone,
+    };
+    let req = cri::ExecRequest {
+        container_id: id.clone(),
+        cmd: vec!["sh".into()],
+        stdout: true,
+        ..Default::default()
+    };
+    let e = backend.exec(req, stdio).await.unwrap_err();
+    assert!(e.contains("not ready"), "{e}");
+
+    let e = node.create(&pod, "late").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+}
+
+/// A ready pod whose infra process is gone (its pid free, or another process's) takes no
+/// container: its namespaces would be whatever the pid names. Refused before the shim is asked.
+#[tokio::test]
+async fn a_create_is_refused_once_the_infra_pid_is_not_the_pods() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let mut record = node.svc.inner.store.pod(&pod).unwrap();
+    record.infra_pid = free_pid();
+    node.svc.inner.store.save_pod(&record).unwrap();
+    let e = node.create(&pod, "app").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("has exited"), "{e:?}");
+
+    // The pid is held, by a process whose network namespace is not the pod's pinned one.
+    let taker = HostProcess::start();
+    record.infra_pid = taker.pid();
+    record.host_network = false;
+    node.svc.inner.store.save_pod(&record).unwrap();
+    let pinned = node.svc.inner.netns_path(&pod);
+    std::fs::create_dir_all(pinned.parent().unwrap()).unwrap();
+    std::fs::write(&pinned, "").unwrap();
+    let e = node.create(&pod, "app").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("no longer the infra process"), "{e:?}");
+    std::fs::remove_file(&pinned).unwrap();
+    let e = node.create(&pod, "app").await.unwrap_err();
+    assert!(e.message().contains("no network namespace"), "{e:?}");
+    assert!(
+        !node.shims.requests().iter().any(|r| r == "Create"),
+        "{:?}",
+        node.shims.requests()
+    );
+}

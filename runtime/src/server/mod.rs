@@ -27,6 +27,7 @@ mod imagefs_info;
 #[cfg(test)]
 mod lifecycle_tests;
 mod list_streams;
+mod pod_process;
 mod recovery;
 mod runtime_config;
 mod runtime_service;

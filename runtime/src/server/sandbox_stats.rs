@@ -9,7 +9,6 @@ use crishim_proto::cri::{
     PodSandboxStatsResponse,
 };
 use crishim_proto::shim::Status as ShimStatus;
-use std::os::unix::fs::MetadataExt;
 use tonic::Status;
 
 use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
@@ -186,13 +185,12 @@ impl Inner {
         if pod.host_network || pod.infra_pid <= 0 {
             return None;
         }
-        // Where `sandbox_network` pins the namespace.
-        let pinned = std::fs::metadata(self.netns_path(&pod.id)).ok()?;
-        let live = std::fs::metadata(format!("/proc/{}/ns/net", pod.infra_pid)).ok()?;
-        if (pinned.dev(), pinned.ino()) != (live.dev(), live.ino()) {
-            return None;
-        }
-        let interfaces = stats::net_dev(pod.infra_pid)
+        // Held by pidfd and checked against the pinned namespace; `net/dev` is kept only if
+        // the process still held its pid after the read.
+        let infra = self.infra_process(pod, "PodSandboxStats").ok()?;
+        let interfaces = infra
+            .read_proc("net/dev")
+            .map(|text| stats::parse_net_dev(&text))
             .map_err(|e| tracing::debug!(pod = %pod.id, error = %e, "net/dev unreadable"))
             .ok()?;
         let usage = |i: &stats::Interface| cri::NetworkInterfaceUsage {

@@ -47,6 +47,13 @@ impl Inner {
 }
 
 impl StreamingBackend {
+    #[cfg(test)]
+    pub(super) fn for_test(inner: &Arc<Inner>) -> StreamingBackend {
+        StreamingBackend {
+            inner: Arc::downgrade(inner),
+        }
+    }
+
     fn inner(&self) -> Result<Arc<Inner>, String> {
         self.inner
             .upgrade()
@@ -94,17 +101,8 @@ impl Backend for StreamingBackend {
                 .store
                 .pod(&pod_sandbox_id)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
-            let netns = if pod.host_network {
-                None
-            } else {
-                let pinned = inner.netns_path(&pod.id);
-                Some(if pinned.exists() {
-                    pinned
-                } else {
-                    format!("/proc/{}/ns/net", pod.infra_pid).into()
-                })
-            };
-            connect_in_netns(netns, port).await
+            // Never `/proc/<infra pid>/ns/net`: once the pod stops, that pid may be anyone's.
+            connect_in_netns(inner.forward_netns(&pod)?, port).await
         })
     }
 }
@@ -116,6 +114,9 @@ async fn connect(
     open: impl FnOnce(&ContainerRecord) -> Request,
 ) -> Result<UnixStream, String> {
     let c = inner.store.container(id).map_err(|e| e.to_string())?;
+    inner
+        .pod_ready(&c.pod_id, "streaming")
+        .map_err(|s| s.message().to_string())?;
     match inner.shims.open_stream(&c.pod_id, &open(&c)).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(Response::Error { message, .. })) => Err(message),
