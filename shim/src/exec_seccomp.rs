@@ -25,7 +25,8 @@ pub struct SeccompExecutor {
     seccomp: Option<LinuxSeccomp>,
     /// The pod's user namespace to join first (see `exec_userns`).
     join: Option<crate::exec_userns::UsernsJoin>,
-    /// The SELinux process label, written to `/proc/thread-self/attr/exec` last.
+    /// The SELinux process label, written to `/proc/thread-self/attr/exec` last, through a
+    /// verified procfs handle (`lsm_attr`).
     label: Option<String>,
     /// The profile compiled once by this shim (`seccomp_program`); `None`: libcontainer builds
     /// it in the process (notify profiles).
@@ -147,17 +148,6 @@ fn needs_load_caps(process: &Process) -> bool {
         })
 }
 
-/// Set the SELinux context the next `execve` runs in, through `attr` (`/proc/thread-self/
-/// attr/exec`). A failure stops the exec: the process must not run unconfined.
-fn set_exec_label(attr: &std::path::Path, label: &str) -> Result<(), String> {
-    use std::io::Write as _;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(attr)
-        .and_then(|mut f| f.write_all(label.as_bytes()))
-        .map_err(|e| format!("setting the SELinux label {label:?}: {e}"))
-}
-
 /// `caps` with [`LOAD_CAPS`] added to the bounding, effective and permitted sets.
 fn widened(caps: &LinuxCapabilities) -> LinuxCapabilities {
     let add = |set: &Option<Capabilities>| {
@@ -177,6 +167,17 @@ impl Executor for SeccompExecutor {
         if let Some(join) = &self.join {
             join.enter().map_err(ExecutorError::Other)?;
         }
+        // The label's attribute, opened through a verified procfs handle (a volume over /proc
+        // must not take it) before the filter and the capability drop, written last.
+        let label = match &self.label {
+            Some(label) => Some((
+                label,
+                crate::lsm_attr::ExecAttr::open().map_err(|e| {
+                    ExecutorError::Other(format!("setting the SELinux label {label:?}: {e}"))
+                })?,
+            )),
+            None => None,
+        };
         // A notify fd (SCMP_ACT_NOTIFY) has no listener for exec'd processes; closing it makes
         // those calls fail instead of hanging.
         if let Some(program) = &self.program {
@@ -202,9 +203,10 @@ impl Executor for SeccompExecutor {
                 ))
             })?;
         }
-        if let Some(label) = &self.label {
-            set_exec_label(std::path::Path::new("/proc/thread-self/attr/exec"), label)
-                .map_err(ExecutorError::Other)?;
+        if let Some((label, attr)) = label {
+            attr.set_label(label).map_err(|e| {
+                ExecutorError::Other(format!("setting the SELinux label {label:?}: {e}"))
+            })?;
         }
         DefaultExecutor {}.exec(spec)
     }
@@ -225,18 +227,6 @@ impl Executor for SeccompExecutor {
 mod tests {
     use super::*;
 
-    // No SELinux here: the label goes to a file standing in for /proc/thread-self/attr/exec.
-    #[test]
-    fn the_label_is_written_whole_or_the_exec_stops() {
-        let dir = tempfile::tempdir().unwrap();
-        let attr = dir.path().join("exec");
-        std::fs::write(&attr, "").unwrap();
-        let label = "system_u:system_r:container_t:s0:c1,c2";
-        set_exec_label(&attr, label).unwrap();
-        assert_eq!(std::fs::read_to_string(&attr).unwrap(), label);
-        let e = set_exec_label(&dir.path().join("none/exec"), label).unwrap_err();
-        assert!(e.contains("container_t"), "{e}");
-    }
     use oci_spec::runtime::{LinuxCapabilitiesBuilder, LinuxSeccompBuilder, ProcessBuilder};
 
     fn caps(list: &[Capability]) -> LinuxCapabilities {

@@ -46,10 +46,10 @@ pub fn spawn(spec: &InfraSpec, empty_mnt: Option<&std::fs::File>) -> Result<i32,
     }
     let net = spec.net;
     let uts = spec.uts;
-    let label = match &spec.selinux_label {
-        Some(l) => Some(CString::new(l.as_bytes()).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    let label = spec.selinux_label.clone();
+    if label.as_ref().is_some_and(|l| l.contains('\0')) {
+        return Err("the infra process's SELinux label holds a NUL byte".to_string());
+    }
     // With a user namespace the child waits on `go` until its maps are written: before, it
     // has no capabilities in its namespaces and no uid to run as.
     let (go_r, go_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
@@ -124,18 +124,12 @@ pub fn spawn(spec: &InfraSpec, empty_mnt: Option<&std::fs::File>) -> Result<i32,
             }
         }
         if let Some(label) = &label {
-            // The context the exec runs in (SELinux): failing it, the process must not run.
-            // SAFETY: open/write/close on a path and a buffer this child owns.
-            let set = unsafe {
-                let fd = libc::open(c"/proc/thread-self/attr/exec".as_ptr(), libc::O_WRONLY);
-                let len = label.as_bytes().len();
-                let ok = fd >= 0 && libc::write(fd, label.as_ptr().cast(), len) == len as isize;
-                if fd >= 0 {
-                    libc::close(fd);
-                }
-                ok
-            };
-            if !set {
+            // The context the exec runs in (SELinux), through a verified procfs handle:
+            // failing it, the process must not run. The reason goes to the report pipe.
+            if let Err(e) = crate::lsm_attr::set_exec_label(label) {
+                let report = format!("error: {e}\n");
+                // SAFETY: a write of a buffer this child owns to its report pipe.
+                unsafe { libc::write(READY_FD, report.as_ptr().cast(), report.len()) };
                 return 16;
             }
         }

@@ -20,6 +20,7 @@ mod foreground;
 mod infra;
 mod lean_ns;
 mod logs;
+mod lsm_attr;
 mod oci_runtime;
 mod reaper;
 mod record;
