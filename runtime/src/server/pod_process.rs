@@ -12,11 +12,12 @@
 //!   by the shim, whose child the infra process is, against the pid it has not reaped.
 
 use std::os::unix::fs::MetadataExt as _;
-use std::path::PathBuf;
 
 use tonic::Status;
 
-use super::runtime_service::Inner;
+use crishim_proto::shim::{Request, Response};
+
+use super::runtime_service::{Inner, SHIM_TIMEOUT};
 use crate::cni::pidfd::ProcessFd;
 use crate::records::{PodRecord, PodState};
 
@@ -36,12 +37,11 @@ impl Inner {
         if pod.host_network {
             return Ok(p);
         }
-        let pinned = std::fs::metadata(self.netns_path(&pod.id)).map_err(|_| {
-            Status::failed_precondition(format!(
-                "{rpc}: pod sandbox {} has no network namespace",
-                pod.id
-            ))
-        })?;
+        // No CNI network: the infra made its own namespace, pinned nowhere. The shim checks
+        // the create's namespace paths against its unreaped child.
+        let Ok(pinned) = std::fs::metadata(self.netns_path(&pod.id)) else {
+            return Ok(p);
+        };
         let live = p
             .open_proc("ns/net")
             .and_then(|f| f.metadata())
@@ -55,23 +55,40 @@ impl Inner {
         Ok(p)
     }
 
-    /// The network namespace a port-forward to `pod` enters: `None` for the host's (a
-    /// host-network pod), else the pinned one, never `/proc/<infra pid>/ns/net`.
-    pub(super) fn forward_netns(&self, pod: &PodRecord) -> std::io::Result<Option<PathBuf>> {
-        ready(pod, "PortForward").map_err(|s| std::io::Error::other(s.message().to_string()))?;
+    /// The network namespace a port-forward to `pod` enters, open: `None` for the host's (a
+    /// host-network pod), else the pinned one; a pod with none pinned (no CNI network: its infra
+    /// made its own) gets its infra's, opened through a pidfd taken before its shim confirmed
+    /// the pid as its unreaped infra process. Never a bare `/proc/<infra pid>/ns/net`.
+    pub(super) async fn forward_netns(
+        &self,
+        pod: &PodRecord,
+    ) -> std::io::Result<Option<std::fs::File>> {
+        use std::io::{Error, ErrorKind};
+        ready(pod, "PortForward").map_err(|s| Error::other(s.message().to_string()))?;
         if pod.host_network {
             return Ok(None);
         }
-        let pinned = self.netns_path(&pod.id);
-        // A stat, not a proof: the open in the forwarding thread fails just the same if a stop
-        // removes it meanwhile, and setns refuses a file that is no network namespace.
-        if !pinned.exists() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotFound,
+        let gone = || {
+            Error::new(
+                ErrorKind::NotFound,
                 format!("pod sandbox {} has no network namespace", pod.id),
-            ));
+            )
+        };
+        match std::fs::File::open(self.netns_path(&pod.id)) {
+            Ok(f) => return Ok(Some(f)),
+            Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+            Err(_) => {}
         }
-        Ok(Some(pinned))
+        let p = ProcessFd::open(pod.infra_pid).map_err(|_| gone())?;
+        let ping = self
+            .shim_call(&pod.id, &Request::Ping, SHIM_TIMEOUT)
+            .await
+            .map_err(|_| gone())?;
+        match ping {
+            Response::Pong { infra_pid, .. } if infra_pid == pod.infra_pid => {}
+            _ => return Err(gone()),
+        }
+        p.open_proc("ns/net").map(Some).map_err(|_| gone())
     }
 
     /// `FailedPrecondition` unless the pod of container `pod_id` is ready: a stopped pod's

@@ -102,7 +102,7 @@ impl Backend for StreamingBackend {
                 .pod(&pod_sandbox_id)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e.to_string()))?;
             // Never `/proc/<infra pid>/ns/net`: once the pod stops, that pid may be anyone's.
-            connect_in_netns(inner.forward_netns(&pod)?, port).await
+            connect_in_netns(inner.forward_netns(&pod).await?, port).await
         })
     }
 }
@@ -269,7 +269,7 @@ async fn relay(conn: UnixStream, io: Stdio) -> Result<Option<i32>, String> {
 /// belongs to the namespace it was created in, so only its creation needs the namespace: a
 /// short-lived thread of our own enters it (setns changes the calling thread only) and exits.
 async fn connect_in_netns(
-    netns: Option<std::path::PathBuf>,
+    netns: Option<std::fs::File>,
     port: u16,
 ) -> std::io::Result<tokio::net::TcpStream> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -277,9 +277,8 @@ async fn connect_in_netns(
         .name("crishim-portfwd".into())
         .spawn(move || {
             let result = (|| -> std::io::Result<std::net::TcpStream> {
-                if let Some(ns) = &netns {
-                    let f = std::fs::File::open(ns)?;
-                    nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET)
+                if let Some(f) = &netns {
+                    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
                         .map_err(std::io::Error::from)?;
                 }
                 let timeout = std::time::Duration::from_secs(10);
