@@ -10,6 +10,11 @@ use std::path::Path;
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+/// `mount_setattr` flags for [`restricted_clone`].
+pub const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
+pub const MOUNT_ATTR_NODEV: u64 = 0x0000_0004;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x0000_0008;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x0000_0040;
 
@@ -60,6 +65,23 @@ pub fn idmapped_clone(source: &Path, userns: &File) -> io::Result<OwnedFd> {
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns.as_raw_fd() as u64,
+    };
+    set_attr(&fd, &attr, libc::AT_RECURSIVE)?;
+    Ok(fd)
+}
+
+/// A detached clone of the mount tree at `source` with `attrs` (`MOUNT_ATTR_RDONLY`, …) set on
+/// every mount of it, and its owners left as they are. Made by host root in the host's user
+/// namespace: once a mount namespace owned by a less privileged user namespace copies it, the
+/// kernel locks those flags there (`MNT_LOCK_READONLY` and the like), so even a process with
+/// `CAP_SYS_ADMIN` in that namespace cannot clear them on it or on a bind of it.
+pub fn restricted_clone(source: &Path, attrs: u64) -> io::Result<OwnedFd> {
+    let fd = clone_tree(source)?;
+    let attr = MountAttr {
+        attr_set: attrs,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
     };
     set_attr(&fd, &attr, libc::AT_RECURSIVE)?;
     Ok(fd)

@@ -6,13 +6,15 @@
 //! and holding all the pod's other namespaces, so the container's root has capabilities over
 //! them only. Containers join it. Their root filesystem is an overlay whose image layers are
 //! idmapped clones (a layer file owned by 0 is owned by the container's root) and whose upper
-//! directory belongs to the mapped host root; their bind mounts are idmapped too.
+//! directory belongs to the mapped host root; their volumes are idmapped too. What crishim
+//! injects of the node's (the GPU driver, the interceptor, `crishim-init`) is not: it stays
+//! host root's, read-only with the flag locked (see [`stage_binds`]).
 
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crishim_proto::idmap::{attach, idmapped_clone};
+use crishim_proto::idmap::{attach, idmapped_clone, restricted_clone};
 use oci_spec::runtime::Spec;
 
 use crishim_proto::cri;
@@ -228,12 +230,76 @@ fn is_bind(m: &oci_spec::runtime::Mount) -> bool {
             .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"))
 }
 
-/// Replace the source of every bind mount in `spec` by an idmapped clone of it attached under
-/// `dir` (reachable by the pod's root, host gid `gid`, only), so the pod's root owns what host
-/// root owns there. The container's cgroup binds are left as they are: cgroupfs cannot be
-/// idmapped, and they are read-only. A source on a filesystem that cannot be idmapped is an
-/// error naming it.
-pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Result<Staged, String> {
+/// The bind mounts that are the pod's own, by destination and source: the CRI volumes and what
+/// the spec builder adds for the pod (its `/etc/hosts`, `resolv.conf`, `hostname`, `/dev/shm`,
+/// image volumes). Taken before crishim injects anything of the node's (`crishim-init`, the GPU
+/// driver, the interceptor, CDI's mounts), so a mount injected at a volume's destination, which
+/// replaces it, is not taken for it.
+#[derive(Debug, Default)]
+pub struct PodBinds(Vec<(PathBuf, PathBuf)>);
+
+impl PodBinds {
+    pub fn of(spec: &Spec) -> PodBinds {
+        PodBinds(
+            spec.mounts()
+                .iter()
+                .flatten()
+                .filter(|m| is_bind(m))
+                .filter_map(|m| Some((m.destination().clone(), m.source().clone()?)))
+                .collect(),
+        )
+    }
+
+    fn contains(&self, m: &oci_spec::runtime::Mount) -> bool {
+        m.source().as_ref().is_some_and(|s| {
+            self.0
+                .iter()
+                .any(|(d, src)| d == m.destination() && src == s)
+        })
+    }
+}
+
+/// The `mount_setattr` flags a bind's options ask for (`ro`, `nosuid`, `nodev`, `noexec`): set
+/// on a node's mount before the container's namespace copies it, they are locked there, and
+/// libcontainer's own remount asks for them again.
+fn restricting_attrs(m: &oci_spec::runtime::Mount) -> u64 {
+    use crishim_proto::idmap::{
+        MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+    };
+    let mut attrs = 0;
+    for o in m.options().iter().flatten() {
+        attrs = match o.as_str() {
+            "ro" => attrs | MOUNT_ATTR_RDONLY,
+            "rw" => attrs & !MOUNT_ATTR_RDONLY,
+            "nosuid" => attrs | MOUNT_ATTR_NOSUID,
+            "nodev" => attrs | MOUNT_ATTR_NODEV,
+            "noexec" => attrs | MOUNT_ATTR_NOEXEC,
+            _ => attrs,
+        };
+    }
+    attrs
+}
+
+/// Stage every bind mount of `spec` under `dir` (reachable by the pod's root, host gid `gid`,
+/// only), and point the mount at it:
+/// - the pod's own (`own`: its volumes, pod files, `/dev/shm`) as idmapped clones, so the pod's
+///   root owns what host root owns there;
+/// - everything crishim injects of the node's (the GPU driver mirror, whose files are the node's
+///   driver files, hardlinked; the interceptor; `crishim-init`; CDI's and the toolkit's mounts)
+///   as plain clones that keep host root as the owner (nobody inside, as containerd gives) with
+///   their `ro`, `nosuid`, `nodev` and `noexec` set here, by host root: the container's mount
+///   namespace, owned by the pod's user namespace, gets them locked, so its root cannot remount
+///   them writable even with `CAP_SYS_ADMIN`.
+///
+/// The container's cgroup binds are left as they are: cgroupfs cannot be idmapped, and they are
+/// read-only. A source on a filesystem that cannot be idmapped is an error naming it.
+pub fn stage_binds(
+    spec: &mut Spec,
+    dir: &Path,
+    userns: &File,
+    gid: u32,
+    own: &PodBinds,
+) -> Result<Staged, String> {
     crishim_proto::hostfs::create_private_dir(dir)
         .and_then(|()| private_to_group(dir, gid))
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -268,13 +334,18 @@ pub fn stage_binds(spec: &mut Spec, dir: &Path, userns: &File, gid: u32) -> Resu
             File::create(&target).map(drop)
         };
         made.map_err(|e| format!("creating {}: {e}", target.display()))?;
-        let tree = idmapped_clone(&source, userns).map_err(|e| {
-            format!(
-                "idmapping {} for the pod's user namespace: {e} (its filesystem may not \
-                 support idmapped mounts)",
-                source.display()
-            )
-        })?;
+        let tree = if own.contains(m) {
+            idmapped_clone(&source, userns).map_err(|e| {
+                format!(
+                    "idmapping {} for the pod's user namespace: {e} (its filesystem may not \
+                     support idmapped mounts)",
+                    source.display()
+                )
+            })?
+        } else {
+            restricted_clone(&source, restricting_attrs(m))
+                .map_err(|e| format!("cloning {}: {e}", source.display()))?
+        };
         attach(&tree, &target).map_err(|e| format!("attaching {}: {e}", target.display()))?;
         m.set_source(Some(target));
     }
@@ -403,6 +474,48 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    fn bind(destination: &str, source: &str, options: &[&str]) -> oci_spec::runtime::Mount {
+        let mut m = oci_spec::runtime::Mount::default();
+        m.set_destination(destination.into())
+            .set_typ(Some("bind".into()))
+            .set_source(Some(source.into()))
+            .set_options(Some(options.iter().map(|o| o.to_string()).collect()));
+        m
+    }
+
+    #[test]
+    fn only_the_pods_own_binds_are_idmapped_and_the_nodes_keep_their_flags() {
+        let mut spec = Spec::default();
+        spec.set_mounts(Some(vec![
+            bind(
+                "/data",
+                "/var/lib/kubelet/pods/p/volumes/v",
+                &["rbind", "rw"],
+            ),
+            bind("/usr/local/nvidia/lib64", "/srv/volume", &["rbind", "rw"]),
+        ]));
+        let own = PodBinds::of(&spec);
+        assert!(own.contains(&bind("/data", "/var/lib/kubelet/pods/p/volumes/v", &[])));
+        // The GPU driver injected over a volume's destination is not the volume.
+        let mirror = bind(
+            "/usr/local/nvidia/lib64",
+            "/var/lib/crishim/gpu/vdriver/views/g/c/origin/lib64",
+            &["rbind", "ro", "nosuid", "nodev"],
+        );
+        assert!(!own.contains(&mirror));
+        use crishim_proto::idmap::{
+            MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+        };
+        assert_eq!(
+            restricting_attrs(&mirror),
+            MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV
+        );
+        assert_eq!(
+            restricting_attrs(&bind("/x", "/y", &["ro", "rw", "noexec"])),
+            MOUNT_ATTR_NOEXEC
+        );
     }
 
     #[test]

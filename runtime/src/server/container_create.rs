@@ -294,6 +294,8 @@ impl Inner {
                 linux.set_mount_label(Some(labels.file.clone()));
             }
         }
+        // The pod's own binds, before crishim adds the node's: only these are idmapped.
+        let own_binds = crate::userns::PodBinds::of(&spec);
         if self.wants_init(pod, &record.config) {
             self.add_init(&mut spec)?;
         }
@@ -341,8 +343,9 @@ impl Inner {
             ),
             None => None,
         };
-        // The bind mounts, idmapped for the pod's user namespace: staged until the shim has
-        // made the container, which keeps its own copies.
+        // The bind mounts, staged until the shim has made the container, which keeps its own
+        // copies: the pod's idmapped for its user namespace, the node's (GPU driver,
+        // interceptor, init) host root's and locked read-only.
         let staged = match &idmap {
             Some(idmap) => Some(
                 crate::userns::stage_binds(
@@ -350,6 +353,7 @@ impl Inner {
                     &bundle.join("idmap"),
                     &idmap.userns,
                     idmap.root.1,
+                    &own_binds,
                 )
                 .map_err(|e| Status::failed_precondition(format!("CreateContainer: {e}")))?,
             ),
