@@ -1204,8 +1204,8 @@ async fn mig_devices_are_granted_by_uuid_with_their_capability_nodes() {
 
 /// A GPU container in a pod with its own user namespace. No device node can be made there, so
 /// crishim makes its nodes (the fake GPUs live in a temporary device root, not at /dev) on a
-/// tmpfs of their own and binds them in; the driver's mounts are idmapped, and the interceptor
-/// enforces the limit there too.
+/// tmpfs of their own and binds them in; the driver's mounts stay host root's, read-only and
+/// locked (`doors/userns.rs` tries to lift that), and the interceptor enforces the limit there too.
 #[tokio::test]
 async fn a_gpu_container_in_a_pod_with_its_own_user_namespace_is_limited() {
     let node = FakeNode::new();
