@@ -137,19 +137,20 @@ pub fn open_at(root: &impl AsRawFd, rel: &str, limits: Limits) -> Result<File, R
         flags |= libc::O_NOFOLLOW;
     }
     let rel_in = rel.trim_start_matches('/');
-    let handle = openat2(root.as_raw_fd(), rel_in, flags, resolve).map_err(|source| {
-        match source.raw_os_error() {
-            Some(libc::ENOENT | libc::ENOTDIR) => ReadError::Missing { path: path() },
-            Some(libc::EXDEV | libc::ELOOP) => ReadError::Escapes {
-                path: path(),
-                source,
-            },
-            _ => ReadError::Open {
-                path: path(),
-                source,
-            },
-        }
-    })?;
+    let handle =
+        openat2(root.as_raw_fd(), rel_in, flags, resolve).map_err(|source| {
+            match source.raw_os_error() {
+                Some(libc::ENOENT | libc::ENOTDIR) => ReadError::Missing { path: path() },
+                Some(libc::EXDEV | libc::ELOOP) => ReadError::Escapes {
+                    path: path(),
+                    source,
+                },
+                _ => ReadError::Open {
+                    path: path(),
+                    source,
+                },
+            }
+        })?;
     let st = fstat(handle.as_raw_fd()).map_err(|source| ReadError::Open {
         path: path(),
         source,
@@ -377,15 +378,15 @@ mod tests {
         assert!(e.is_missing(), "{e}");
         // A relative link inside the image is followed, inside it.
         symlink("mine", d.path().join("etc/ok")).unwrap();
-        assert_eq!(read(d.path(), "etc/ok", Limits::in_root(CAP)).unwrap(), b"image");
+        assert_eq!(
+            read(d.path(), "etc/ok", Limits::in_root(CAP)).unwrap(),
+            b"image"
+        );
         // Beneath, with no symlinks: neither is followed.
         for l in ["etc/link", "etc/ok"] {
             let e = read(d.path(), l, Limits::beneath_no_symlinks(CAP)).unwrap_err();
             assert!(
-                matches!(
-                    e,
-                    ReadError::Escapes { .. } | ReadError::NotRegular { .. }
-                ),
+                matches!(e, ReadError::Escapes { .. } | ReadError::NotRegular { .. }),
                 "{l}: {e}"
             );
         }
@@ -428,9 +429,21 @@ mod tests {
     fn a_directory_or_a_socket_is_refused() {
         let d = root();
         let e = read(d.path(), "etc", Limits::in_root(CAP)).unwrap_err();
-        assert!(matches!(e, ReadError::NotRegular { kind: "directory", .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ReadError::NotRegular {
+                    kind: "directory",
+                    ..
+                }
+            ),
+            "{e}"
+        );
         let _sock = std::os::unix::net::UnixListener::bind(d.path().join("etc/s")).unwrap();
         let e = read(d.path(), "etc/s", Limits::in_root(CAP)).unwrap_err();
-        assert!(matches!(e, ReadError::NotRegular { kind: "socket", .. }), "{e}");
+        assert!(
+            matches!(e, ReadError::NotRegular { kind: "socket", .. }),
+            "{e}"
+        );
     }
 }
