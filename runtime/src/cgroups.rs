@@ -74,7 +74,10 @@ impl CgroupDriver {
                      kubelet with --cgroup-driver=cgroupfs"
                 ))
             }
-            (CgroupDriver::Cgroupfs, path) => Ok(path.to_string()),
+            (CgroupDriver::Cgroupfs, path) => {
+                check_cgroupfs_path(path)?;
+                Ok(path.to_string())
+            }
         }
     }
 
@@ -85,6 +88,23 @@ impl CgroupDriver {
             CgroupDriver::Systemd => cgroups_path::systemd(parent, id),
         }
     }
+}
+
+/// A cgroupfs parent names directories below each hierarchy's root, component by component: a
+/// `.` or `..` would make libcontainer create (and [`remove`] delete) cgroups elsewhere than the
+/// ones [`missing_prefixes`] records, so it is refused, as is a NUL. Empty components (`//`, a
+/// trailing `/`) name nothing and are harmless.
+fn check_cgroupfs_path(path: &str) -> Result<(), String> {
+    if let Some(bad) = path.split('/').find(|c| matches!(*c, "." | "..")) {
+        return Err(format!(
+            "cgroup_parent {path:?} has a {bad:?} component; a cgroupfs parent is a path of plain \
+             names (like /kubepods/burstable/pod<uid>)"
+        ));
+    }
+    if path.contains('\0') {
+        return Err(format!("cgroup_parent {path:?} holds a NUL byte"));
+    }
+    Ok(())
 }
 
 /// One mounted cgroup hierarchy.
@@ -195,13 +215,18 @@ pub fn warm_migration(window: std::time::Duration) {
 }
 
 /// The prefixes of `parent` (`/a`, `/a/b`, …) that exist in no hierarchy yet: the ones we will own.
+/// A parent that is not plain names (as [`CgroupDriver::pod_parent`] refuses; a record written
+/// before it did) owns nothing: what libcontainer made for it is not where these prefixes point.
 pub fn missing_prefixes(parent: &str) -> Vec<String> {
+    if check_cgroupfs_path(parent).is_err() {
+        return Vec::new();
+    }
     let roots = roots();
     let mut prefix = String::new();
     let mut missing = Vec::new();
     for comp in parent
         .split('/')
-        .filter(|c| !c.is_empty() && *c != "." && *c != "..")
+        .filter(|c| !c.is_empty())
     {
         prefix.push('/');
         prefix.push_str(comp);
@@ -277,6 +302,34 @@ mod tests {
         assert_eq!(
             sd.container_path("kubepods-pod1.slice", "c1"),
             "kubepods-pod1.slice:crishim:c1"
+        );
+    }
+
+    /// `..` would take libcontainer (and the removal of what we created) out of the parent the
+    /// pod names: refused at RunPodSandbox, naming the parent; nothing is owned for such a path.
+    #[test]
+    fn cgroupfs_parents_with_dot_components_are_refused() {
+        let fs = CgroupDriver::Cgroupfs;
+        for bad in [
+            "/kubepods/../../../x",
+            "/kubepods/./pod1",
+            "..",
+            "/kubepods/pod1/..",
+            "/a\0b",
+        ] {
+            let e = fs.pod_parent(bad, "p1", "/crishim").unwrap_err();
+            assert!(e.contains("cgroup_parent"), "{e}");
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+            assert!(missing_prefixes(bad).is_empty(), "{bad}");
+        }
+        // Empty components name nothing and stay accepted.
+        assert_eq!(
+            fs.pod_parent("/kubepods//pod1/", "p1", "/crishim").unwrap(),
+            "/kubepods//pod1/"
+        );
+        assert_eq!(
+            missing_prefixes("/crishim-unit-test-none//x/"),
+            ["/crishim-unit-test-none", "/crishim-unit-test-none/x"]
         );
     }
 

@@ -105,12 +105,7 @@ pub(super) fn build(
 /// Validates a CRI mount: an absolute container path and an existing host path, whose symlinks
 /// are resolved here as the CRI asks.
 fn cri_bind(m: &cri::Mount, image_volumes: &[ImageVolume]) -> Result<Bind, SpecError> {
-    if !m.container_path.starts_with('/') {
-        return Err(SpecError::Invalid(format!(
-            "mount container path {:?} is not absolute",
-            m.container_path
-        )));
-    }
+    check_container_path("mount", &m.container_path)?;
     if is_image_volume(m) {
         let v = image_volumes
             .iter()
@@ -341,6 +336,22 @@ pub(super) fn emulate_cgroup_v1(
 }
 
 /// Lexically cleans an absolute path, as Go's `filepath.Clean` (no symlinks involved).
+/// A CRI mount's or device's path in the container (`what` says which): absolute, and without a
+/// `..` component, which would climb out of where the path says it goes.
+pub(super) fn check_container_path(what: &str, path: &str) -> Result<(), SpecError> {
+    if !path.starts_with('/') {
+        return Err(SpecError::Invalid(format!(
+            "{what} container path {path:?} is not absolute"
+        )));
+    }
+    if path.split('/').any(|c| c == "..") {
+        return Err(SpecError::Invalid(format!(
+            "{what} container path {path:?} has a \"..\" component"
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn clean(path: &str) -> String {
     let mut parts: Vec<&str> = Vec::new();
     for part in path.split('/') {
@@ -358,4 +369,28 @@ pub(super) fn clean(path: &str) -> String {
 /// Nesting depth, as containerd's `orderedMounts` counts it.
 fn depth(path: &str) -> usize {
     clean(path).matches('/').count()
+}
+
+#[cfg(test)]
+mod container_path_tests {
+    use super::*;
+
+    /// A mount whose container path climbs with `..` is refused before its host path is looked
+    /// at, naming the path; a plain absolute one passes.
+    #[test]
+    fn mount_container_paths_with_dot_dot_are_refused() {
+        for bad in ["/data/../../etc", "/..", "/a/.."] {
+            let m = cri::Mount {
+                container_path: bad.into(),
+                host_path: "/tmp".into(),
+                ..Default::default()
+            };
+            let Err(SpecError::Invalid(msg)) = cri_bind(&m, &[]) else {
+                panic!("{bad} was accepted");
+            };
+            assert!(msg.contains(&format!("{bad:?}")) && msg.contains(".."), "{msg}");
+        }
+        assert!(check_container_path("mount", "/data/..x/y.").is_ok());
+        assert!(check_container_path("mount", "data").is_err());
+    }
 }
