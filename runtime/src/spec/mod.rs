@@ -19,6 +19,7 @@ use oci_spec::runtime::{Linux, Process, Root, Spec};
 
 mod devices;
 mod host;
+mod kernel_mounts;
 mod mounts;
 pub use mounts::is_image_volume;
 mod namespaces;
@@ -155,6 +156,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
     let capabilities = security::capabilities(sc, privileged, host)?;
     let seccomp = security::seccomp(sc, privileged, &capabilities)?;
     let devices = devices::build(config, privileged && inputs.privileged_host_devices, host)?;
+    kernel_mounts::check(config)?;
     let mut mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
     let joins_pid_ns = !inputs.namespaces.host_pid && inputs.namespaces.pid.is_some();
     // In a user namespace, cgroup v1 cannot be mounted at all: the binds are the only way.
