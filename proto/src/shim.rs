@@ -99,6 +99,11 @@ pub enum Request {
         bundle: PathBuf,
         /// CRI log file; empty for none.
         log_path: PathBuf,
+        /// The directory (the pod's `log_directory`) below which no symlink in `log_path` is
+        /// followed: a container that can write it must not steer the shim's writes. Empty:
+        /// `log_path`'s own directory.
+        #[serde(default)]
+        log_root: PathBuf,
         /// Keep a pipe for stdin (CRI `stdin`).
         stdin: bool,
         tty: bool,

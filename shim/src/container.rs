@@ -100,6 +100,8 @@ pub enum Stdio<'a> {
     /// Pipes (or the pty, with a tty) copied into a CRI log file (none for an empty path); with
     /// `stdin`, a pipe held open for it.
     Log {
+        /// Below it, no symlink is followed (see [`LogSink::new`]).
+        root: &'a Path,
         path: &'a Path,
         stdin: bool,
         tty: bool,
@@ -352,12 +354,17 @@ impl Shim {
             ));
         }
         let cgroup = cgroups_path(bundle).unwrap_or_default();
-        let (log_path, stdin, tty) = match stdio {
-            Stdio::Log { path, stdin, tty } => (path, stdin, tty),
+        let (log_root, log_path, stdin, tty) = match stdio {
+            Stdio::Log {
+                root,
+                path,
+                stdin,
+                tty,
+            } => (root, path, stdin, tty),
             // No log file: the container writes to the shim's own stdout and stderr.
-            Stdio::Inherit { tty } => (Path::new(""), false, tty),
+            Stdio::Inherit { tty } => (Path::new(""), Path::new(""), false, tty),
         };
-        let log = match LogSink::new(log_path.to_path_buf()) {
+        let log = match LogSink::new(log_root.to_path_buf(), log_path.to_path_buf()) {
             Ok(l) => Rc::new(l),
             Err(e) => {
                 return Err(internal(
@@ -1553,7 +1560,7 @@ mod tests {
         assert!(shim.check_namespace_paths(&huge).is_err());
 
         // A running container is a pid namespace target; an exited one is not.
-        let log = Rc::new(LogSink::new(PathBuf::new()).unwrap());
+        let log = Rc::new(LogSink::new(PathBuf::new(), PathBuf::new()).unwrap());
         let mut ctr = Ctr::new(created_state("t", 5151), dir.path(), String::new(), log);
         ctr.state.status = Status::Running;
         shim.containers.insert("t".into(), ctr);

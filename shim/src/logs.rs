@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
@@ -18,6 +18,7 @@ pub const MAX_LINE: usize = 16 * 1024;
 
 /// One container's log file, shared by its stdout and stderr copiers; reopenable after rotation.
 pub struct LogSink {
+    root: PathBuf,
     path: PathBuf,
     file: RefCell<Option<File>>,
     /// Attached clients: every chunk of output also goes to them.
@@ -29,25 +30,154 @@ pub struct LogSink {
 pub type Subscriber = tokio::sync::mpsc::Sender<(&'static str, Vec<u8>)>;
 pub const ATTACH_QUEUE: usize = 256;
 
-fn open(path: &PathBuf) -> std::io::Result<File> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+/// Open (creating it if needed) the log file `path`, which lies below `root` (its own directory
+/// when `root` is empty), for appending.
+///
+/// `root` is the kubelet's pod log directory, made if missing as containerd makes it. Below it,
+/// a container that can write the directory (a log shipper with a hostPath of `/var/log`) may
+/// have planted symlinks, FIFOs or devices: no symlink is followed there, a missing directory is
+/// made with `mkdirat` in its parent's descriptor, an existing file is looked at (`O_PATH`)
+/// before it is opened, and only a regular file is written.
+fn open(root: &Path, path: &Path) -> std::io::Result<File> {
+    let root = if root.as_os_str().is_empty() || !path.starts_with(root) {
+        path.parent().unwrap_or(Path::new("/"))
+    } else {
+        root
+    };
+    let rel = path.strip_prefix(root).map_err(std::io::Error::other)?;
+    let Some(name) = rel.file_name() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("log path {} names no file", path.display()),
+        ));
+    };
+    std::fs::create_dir_all(root)?;
+    let mut dir = open_dir_at(None, root)?;
+    if let Some(parents) = rel.parent() {
+        for c in parents.components() {
+            let std::path::Component::Normal(c) = c else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("log path {} climbs out of {}", path.display(), root.display()),
+                ));
+            };
+            dir = match open_dir_at(Some(&dir), Path::new(c)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    mkdirat(&dir, Path::new(c))?;
+                    open_dir_at(Some(&dir), Path::new(c))?
+                }
+                other => other?,
+            };
+        }
     }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    open_log_file_at(&dir, Path::new(name)).map_err(|e| {
+        std::io::Error::new(e.kind(), format!("log file {}: {e}", path.display()))
+    })
+}
+
+/// `openat(2)`; `dir` `None` is the working directory (`path` is then absolute).
+fn openat(dir: Option<&OwnedFd>, path: &Path, flags: i32, mode: u32) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd as _;
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let dirfd = dir.map_or(libc::AT_FDCWD, |d| d.as_raw_fd());
+    // SAFETY: a NUL-terminated path; the descriptor returned is owned below.
+    let fd = unsafe { libc::openat(dirfd, c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A directory, never through a symlink in its last component.
+fn open_dir_at(dir: Option<&OwnedFd>, path: &Path) -> std::io::Result<OwnedFd> {
+    openat(dir, path, libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_RDONLY, 0)
+}
+
+/// A directory `name` (0755, as the kubelet makes them) in `dir`; one already there is fine.
+fn mkdirat(dir: &OwnedFd, name: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(name.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: a valid descriptor and a NUL-terminated name.
+    if unsafe { libc::mkdirat(dir.as_raw_fd(), c.as_ptr(), 0o755) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is valid; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid descriptor and a valid out pointer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// The regular file `name` in `dir` for appending: an existing one is first opened `O_PATH` and
+/// checked (so a FIFO or a device is never opened for real), then reopened through its
+/// descriptor; a missing one is created `O_EXCL`.
+fn open_log_file_at(dir: &OwnedFd, name: &Path) -> std::io::Result<File> {
+    let append = libc::O_WRONLY | libc::O_APPEND;
+    // Two rounds: a file made between the look and the create is looked at again.
+    for _ in 0..2 {
+        match openat(Some(dir), name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
+            Ok(pathfd) => {
+                let st = fstat(&pathfd)?;
+                if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "not a regular file (a symlink, FIFO, device or directory is never written)",
+                    ));
+                }
+                let proc = format!("/proc/self/fd/{}", pathfd.as_raw_fd());
+                let fd = openat(None, Path::new(&proc), append, 0)?;
+                let again = fstat(&fd)?;
+                if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+                    return Err(std::io::Error::other(
+                        "the log file changed while it was opened",
+                    ));
+                }
+                return Ok(File::from(fd));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                match openat(
+                    Some(dir),
+                    name,
+                    append | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    0o640,
+                ) {
+                    Ok(fd) => return Ok(File::from(fd)),
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(
+        "the log file kept changing while it was opened",
+    ))
 }
 
 impl LogSink {
-    /// An empty path means the CRI caller asked for no log file.
-    pub fn new(path: PathBuf) -> std::io::Result<Self> {
+    /// An empty path means the CRI caller asked for no log file. Below `root`, no symlink in
+    /// `path` is followed (see [`open`]).
+    pub fn new(root: PathBuf, path: PathBuf) -> std::io::Result<Self> {
         let file = if path.as_os_str().is_empty() {
             None
         } else {
-            Some(open(&path)?)
+            Some(open(&root, &path)?)
         };
         Ok(LogSink {
+            root,
             path,
             file: RefCell::new(file),
             attached: RefCell::new(Vec::new()),
@@ -59,7 +189,7 @@ impl LogSink {
         if self.path.as_os_str().is_empty() {
             return Ok(());
         }
-        *self.file.borrow_mut() = Some(open(&self.path)?);
+        *self.file.borrow_mut() = Some(open(&self.root, &self.path)?);
         Ok(())
     }
 
@@ -265,5 +395,61 @@ mod tests {
         assert_eq!((out[0].0, out[0].1.len()), (true, MAX_LINE));
         assert_eq!((out[1].0, out[1].1.len()), (true, MAX_LINE));
         assert_eq!((out[2].0, out[2].1.len()), (false, 5));
+    }
+
+    /// What a container that can write the pod's log directory plants there is never followed
+    /// or opened: a symlink as the file or as its directory, a FIFO (which would block the
+    /// single-threaded shim), a device.
+    #[test]
+    fn the_log_file_is_never_reached_through_a_symlink_fifo_or_device() {
+        use std::os::unix::fs::{symlink, MetadataExt as _};
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("pod-logs");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("profile.sh"), "kept\n").unwrap();
+
+        // A fresh file and its directory are made, 0640; reopened after a rotation.
+        let sink = LogSink::new(root.clone(), root.join("ctr/0.log")).unwrap();
+        sink.write("stdout", false, b"one");
+        let md = std::fs::metadata(root.join("ctr/0.log")).unwrap();
+        assert_eq!(md.mode() & 0o777, 0o640);
+        std::fs::rename(root.join("ctr/0.log"), root.join("ctr/0.log.1")).unwrap();
+        sink.reopen().unwrap();
+        assert!(root.join("ctr/0.log").is_file());
+
+        // The file a symlink out: refused, the target untouched.
+        std::fs::remove_file(root.join("ctr/0.log")).unwrap();
+        symlink(outside.join("profile.sh"), root.join("ctr/0.log")).unwrap();
+        assert!(sink.reopen().is_err());
+        assert!(LogSink::new(root.clone(), root.join("ctr/0.log")).is_err());
+        // Its directory a symlink out.
+        symlink(&outside, root.join("evil")).unwrap();
+        assert!(LogSink::new(root.clone(), root.join("evil/profile.sh")).is_err());
+        assert!(LogSink::new(root.clone(), root.join("evil/new/0.log")).is_err());
+        assert!(!outside.join("new").exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("profile.sh")).unwrap(),
+            "kept\n"
+        );
+        // A FIFO with no reader: refused at once rather than blocking.
+        let fifo = root.join("ctr/fifo.log");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let started = std::time::Instant::now();
+        assert!(LogSink::new(root.clone(), fifo).is_err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // A device node.
+        let dev = root.join("ctr/null.log");
+        nix::sys::stat::mknod(
+            &dev,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .unwrap();
+        assert!(LogSink::new(root.clone(), dev).is_err());
+        // Without a root, the file's own directory is the root.
+        assert!(LogSink::new(PathBuf::new(), root.join("ctr/0.log.1")).is_ok());
+        assert!(LogSink::new(PathBuf::new(), root.join("ctr/0.log")).is_err());
     }
 }

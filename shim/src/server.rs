@@ -243,11 +243,13 @@ async fn handle(shim: &Shared, req: Request) -> Response {
             id,
             bundle,
             log_path,
+            log_root,
             stdin,
             tty,
             start_error_at_start,
         } => {
             let stdio = Stdio::Log {
+                root: &log_root,
                 path: &log_path,
                 stdin,
                 tty,

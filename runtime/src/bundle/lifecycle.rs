@@ -97,6 +97,7 @@ pub async fn create(
         id: id.to_string(),
         bundle: bundle.dir.clone(),
         log_path: log,
+        log_root: PathBuf::new(),
         stdin: false,
         tty: bundle.terminal,
         start_error_at_start: false,

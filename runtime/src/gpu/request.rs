@@ -104,12 +104,47 @@ impl Default for Policy {
     }
 }
 
-/// The GPU a device-list mount requests (`None`: not such a mount).
-pub fn device_list_entry(container_path: &str) -> Option<&str> {
-    container_path
-        .strip_prefix(DEVICE_LIST_DIR)?
-        .strip_prefix('/')
-        .filter(|rest| !rest.is_empty() && !rest.contains('/'))
+/// The only source a device-list mount may have: what the device plugin's volume-mounts
+/// strategy sends, and all the NVIDIA toolkit honours.
+pub const DEVICE_LIST_SOURCE: &str = "/dev/null";
+
+/// The GPU a device-list mount requests (`None`: not such a mount). The path is taken lexically
+/// (`//`, `.` and `..` resolved), so no spelling of it slips past the source check.
+pub fn device_list_entry(container_path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in container_path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    let dir: Vec<&str> = DEVICE_LIST_DIR
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .collect();
+    match parts.split_last() {
+        Some((entry, parent)) if parent == dir.as_slice() => Some(entry.to_string()),
+        _ => None,
+    }
+}
+
+/// The GPU a CRI mount requests through the device-list strategy; `Ok(None)`: not such a mount.
+/// Any source but [`DEVICE_LIST_SOURCE`] is refused: an emptyDir or hostPath at that path would
+/// name GPUs without the device plugin.
+pub fn device_list_request(m: &cri::Mount) -> Result<Option<String>, String> {
+    let Some(entry) = device_list_entry(&m.container_path) else {
+        return Ok(None);
+    };
+    if m.host_path != DEVICE_LIST_SOURCE {
+        return Err(format!(
+            "mount {:?} <- {:?}: a GPU device-list mount must have the source {DEVICE_LIST_SOURCE}, as the device plugin sends it",
+            m.container_path, m.host_path
+        ));
+    }
+    Ok(Some(entry))
 }
 
 /// Whether the container asks to be privileged.
@@ -145,8 +180,8 @@ pub fn parse(
         }
     }
     for m in &config.mounts {
-        if let Some(entry) = device_list_entry(&m.container_path) {
-            parse_visible(entry, &mut req)?;
+        if let Some(entry) = device_list_request(m).map_err(GpuError::Invalid)? {
+            parse_visible(&entry, &mut req)?;
         }
     }
     for d in &config.devices {
@@ -487,9 +522,47 @@ pub(crate) mod tests {
             vec![Ident::Index(1), Ident::Uuid("GPU-abc".into())]
         );
         assert_eq!(
-            device_list_entry("/var/run/nvidia-container-devices/all"),
+            device_list_entry("/var/run/nvidia-container-devices/all").as_deref(),
             Some("all")
         );
+    }
+
+    #[test]
+    fn a_device_list_mount_with_any_source_but_dev_null_is_refused_in_every_spelling() {
+        let strict = Policy {
+            accept_env_requests: false,
+            limit_annotations: true,
+        };
+        for path in [
+            "/var/run/nvidia-container-devices/all",
+            "//var/run/nvidia-container-devices//all",
+            "/var/run/./nvidia-container-devices/all/",
+            "/var/lib/../run/nvidia-container-devices/all",
+        ] {
+            for source in [
+                "/var/lib/kubelet/pods/x/volumes/empty",
+                "/dev/zero",
+                "/dev/null/",
+            ] {
+                let mut c = config(&[], &[]);
+                c.mounts.push(cri::Mount {
+                    container_path: path.into(),
+                    host_path: source.into(),
+                    ..Default::default()
+                });
+                match parse(&c, &[], strict) {
+                    Err(GpuError::Invalid(m)) => assert!(m.contains(path), "{m}"),
+                    other => panic!("{path} <- {source}: {other:?}"),
+                }
+            }
+            let mut c = config(&[], &[]);
+            c.mounts.push(cri::Mount {
+                container_path: path.into(),
+                host_path: DEVICE_LIST_SOURCE.into(),
+                ..Default::default()
+            });
+            assert!(parse(&c, &[], strict).unwrap().all, "{path}");
+        }
     }
 
     #[test]

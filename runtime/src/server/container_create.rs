@@ -370,6 +370,7 @@ impl Inner {
             id: id.to_string(),
             bundle,
             log_path,
+            log_root: pod.config.log_directory.clone().into(),
             stdin: record.config.stdin,
             tty: record.config.tty,
             start_error_at_start: true,
@@ -458,10 +459,6 @@ impl Inner {
                         "CreateContainer: pid namespace target {target:?} not found"
                     ))
                 })?;
-                let pid = t.last.as_ref().map_or(0, |s| s.pid);
-                if pid <= 0 {
-                    return Err(Status::failed_precondition(format!(
-                        "pid namespace target {target} is not running"
                 // The target's pid is checked by this pod's shim, whose child it must be.
                 if t.pod_id != pod.id {
                     return Err(Status::invalid_argument(format!(
@@ -469,6 +466,10 @@ impl Inner {
                         pod.id
                     )));
                 }
+                let pid = t.last.as_ref().map_or(0, |s| s.pid);
+                if pid <= 0 {
+                    return Err(Status::failed_precondition(format!(
+                        "pid namespace target {target} is not running"
                     )));
                 }
                 Some(PathBuf::from(format!("/proc/{pid}/ns/pid")))

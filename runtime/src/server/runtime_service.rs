@@ -1,7 +1,7 @@
 //! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
 //! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -205,6 +205,18 @@ fn sibling_binary(name: &str) -> PathBuf {
         .ok()
         .and_then(|p| p.parent().map(|d| d.join(name)))
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin").join(name))
+}
+
+/// Remove one of a pod's directories; one that is a mount (the pod files' tmpfs) is detached
+/// first. A missing directory is not an error.
+pub(super) fn remove_pod_dir(dir: &Path) -> std::io::Result<()> {
+    if crate::container_images::is_mountpoint(dir) {
+        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH).map_err(std::io::Error::from)?;
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 impl Inner {

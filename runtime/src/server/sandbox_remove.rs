@@ -37,11 +37,8 @@ impl Inner {
         }
         phases.done("containers");
         for dir in self.pod_dirs(&pod.id) {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    return Err(Status::internal(format!("removing {}: {e}", dir.display())));
-                }
-            }
+            super::runtime_service::remove_pod_dir(&dir)
+                .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))?;
         }
         phases.done("directories");
         // Announced while the pod is still known: the event carries its status.

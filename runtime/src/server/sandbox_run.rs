@@ -20,6 +20,10 @@ use crishim_proto::shown::shown;
 
 /// Kubernetes' default pod /dev/shm size.
 const SHM_SIZE: &str = "size=65536k";
+/// The pod's hostname, hosts and resolv.conf are writable by its containers and live on the
+/// node's `/run`: they get a tmpfs of their own, so a container writing them fills this, not the
+/// node's `/run`.
+pub(super) const POD_FILES_TMPFS: &str = "mode=0700,size=1m,nr_inodes=16";
 pub(super) const DEFAULT_CGROUP_PARENT: &str = "/crishim";
 
 impl RuntimeService {
@@ -87,7 +91,7 @@ impl RuntimeService {
                 // After the teardown unmounted its /dev/shm, what RemovePodSandbox would remove:
                 // each failed start (the kubelet retries) would leave a shim directory otherwise.
                 for dir in inner.pod_dirs(&id) {
-                    let _ = std::fs::remove_dir_all(dir);
+                    let _ = super::runtime_service::remove_pod_dir(&dir);
                 }
                 inner.store.release_name(&name, &id);
                 Err(e)
@@ -500,6 +504,23 @@ fn mount_shm(dir: &Path) -> Result<(), Status> {
     })
 }
 
+/// The pod files' own bounded tmpfs (see [`POD_FILES_TMPFS`]), at their directory.
+fn mount_pod_files(dir: &Path) -> Result<(), Status> {
+    nix::mount::mount(
+        Some("crishim-pod-files"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(POD_FILES_TMPFS),
+    )
+    .map_err(|e| {
+        Status::internal(format!(
+            "mounting the pod files' tmpfs at {}: {e}",
+            dir.display()
+        ))
+    })
+}
+
 pub(super) fn node_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -515,6 +536,7 @@ fn write_pod_files(
 ) -> Result<(), Status> {
     // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
     // (the directory holding them is root's alone).
+    mount_pod_files(dir)?;
     let write = |name: &str, data: String| {
         let path = dir.join(name);
         std::fs::write(&path, data)

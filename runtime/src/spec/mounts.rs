@@ -40,12 +40,14 @@ pub(super) fn build(
 
     // The NVIDIA device plugin's device-list mounts request GPUs (`gpu::request`); they are
     // not mounted themselves.
-    let mut binds = config
-        .mounts
-        .iter()
-        .filter(|m| crate::gpu::request::device_list_entry(&m.container_path).is_none())
-        .map(|m| cri_bind(m, image_volumes))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut binds = Vec::new();
+    for m in &config.mounts {
+        let device_list =
+            crate::gpu::request::device_list_request(m).map_err(SpecError::Invalid)?;
+        if device_list.is_none() {
+            binds.push(cri_bind(m, image_volumes)?);
+        }
+    }
     let requested = |path: &str| binds.iter().any(|b| clean(&b.container_path) == path);
     // The pod's files, unless the container mounts something there itself. Like the rootfs,
     // they are read-only for a read-only-rootfs container; /dev/shm stays writable.
