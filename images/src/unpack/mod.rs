@@ -45,6 +45,8 @@ pub struct Unpacked {
     /// sha256 of the uncompressed tar stream, to check against the config's `diff_ids`.
     pub diff_id: Digest,
     pub entries: u64,
+    /// Extended attributes the layer carried that were not applied (see [`layer_xattr_allowed`]).
+    pub dropped_xattrs: u64,
 }
 
 /// Unpack a (possibly compressed) layer stream into the existing, empty directory `dest`, with no
@@ -94,6 +96,7 @@ pub fn unpack_with(
         dirs: Vec::new(),
         dir_bytes: 0,
         entries: 0,
+        dropped_xattrs: 0,
     };
     {
         let mut archive = tar::Archive::new(&mut hashed);
@@ -133,9 +136,17 @@ pub fn unpack_with(
     state.finish_dirs();
     // The last few MiB since the previous check.
     budget.check_free_space(&state.root, 0)?;
+    if state.dropped_xattrs > 0 {
+        tracing::info!(
+            layer,
+            dropped = state.dropped_xattrs,
+            "extended attributes outside user.*, security.capability and POSIX ACLs were not applied"
+        );
+    }
     Ok(Unpacked {
         diff_id: hashed.hasher.finish(),
         entries: state.entries,
+        dropped_xattrs: state.dropped_xattrs,
     })
 }
 
@@ -361,6 +372,20 @@ struct Extractor<'a> {
     dirs: Vec<(PathBuf, i64)>,
     dir_bytes: usize,
     entries: u64,
+    dropped_xattrs: u64,
+}
+
+/// The extended attributes a layer may set: `user.*`, file capabilities and POSIX ACLs. Never
+/// `trusted.*`: `trusted.overlay.*` (redirect, metacopy, origin, opaque, upper) steer the node's
+/// overlayfs, and a redirect would send lookups out of the layer; the opaque marker comes from a
+/// `.wh..wh..opq` entry alone, set by the unpacker itself. Nor the other `security.*` (SELinux
+/// labels are the runtime's to set, IMA/EVM the node's).
+pub fn layer_xattr_allowed(key: &[u8]) -> bool {
+    key.starts_with(b"user.")
+        || matches!(
+            key,
+            b"security.capability" | b"system.posix_acl_access" | b"system.posix_acl_default"
+        )
 }
 
 /// Split an archive path into clean components, refusing any `..`.
@@ -545,6 +570,16 @@ impl Extractor<'_> {
         if let Some(pax) = &meta.pax {
             for ext in tar::PaxExtensions::new(pax).flatten() {
                 if let Some(key) = ext.key_bytes().strip_prefix(b"SCHILY.xattr.") {
+                    if !layer_xattr_allowed(key) {
+                        self.dropped_xattrs += 1;
+                        tracing::debug!(
+                            layer = self.layer,
+                            entry = %shown,
+                            xattr = %shown_bytes(key),
+                            "not applying a layer's extended attribute"
+                        );
+                        continue;
+                    }
                     sys::lsetxattrat(&dir, &cname, key, ext.value_bytes())
                         .at(|| format!("xattr \"{}\" on \"{shown}\"", shown_bytes(key)))?;
                 }

@@ -151,6 +151,44 @@ fn whiteouts_become_overlay_whiteouts() {
     assert_eq!(&buf[..n.max(0) as usize], b"y");
 }
 
+fn xattr_of(path: &Path, name: &std::ffi::CStr) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 256];
+    let n = unsafe { libc::lgetxattr(p.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 256) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+/// A layer's `trusted.overlay.*` (a redirect out of the layer, an opaque marker set by xattr)
+/// and other non-allowed attributes are counted and not applied; `user.*` is.
+#[test]
+fn overlay_and_other_trusted_xattrs_from_a_layer_are_dropped() {
+    let mut pax = pax_record("SCHILY.xattr.trusted.overlay.redirect", "/etc");
+    pax.extend(pax_record("SCHILY.xattr.trusted.overlay.opaque", "y"));
+    pax.extend(pax_record("SCHILY.xattr.trusted.x", "1"));
+    pax.extend(pax_record("SCHILY.xattr.user.kept", "v"));
+    let (base, r) = run(&with_extension(tar::EntryType::XHeader, &pax, "f"));
+    let unpacked = r.unwrap();
+    assert_eq!(unpacked.dropped_xattrs, 3);
+    let f = base.path().join("layer/f");
+    assert!(f.exists());
+    assert_eq!(xattr_of(&f, c"trusted.overlay.redirect"), None);
+    assert_eq!(xattr_of(&f, c"trusted.overlay.opaque"), None);
+    assert_eq!(xattr_of(&f, c"trusted.x"), None);
+    // Where the file system takes user xattrs (tmpfs before 6.6 does not).
+    let user_ok = {
+        let probe = base.path().join("probe");
+        std::fs::write(&probe, "").unwrap();
+        let p = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes()).unwrap();
+        unsafe { libc::lsetxattr(p.as_ptr(), c"user.p".as_ptr(), b"1".as_ptr().cast(), 1, 0) == 0 }
+    };
+    if user_ok {
+        assert_eq!(xattr_of(&f, c"user.kept").as_deref(), Some(&b"v"[..]));
+    }
+    assert!(layer_xattr_allowed(b"security.capability"));
+    assert!(!layer_xattr_allowed(b"security.selinux"));
+    assert!(!layer_xattr_allowed(b"trusted.overlay.metacopy"));
+}
+
 #[test]
 fn dotdot_paths_are_refused() {
     for name in ["../escape", "a/../../escape", "/../escape"] {

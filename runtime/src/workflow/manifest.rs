@@ -223,6 +223,46 @@ fn invalid(msg: impl Into<String>) -> WorkflowError {
     WorkflowError::Invalid(msg.into())
 }
 
+/// A DNS-1123 label, as Kubernetes requires of container and volume names: at most 63 lowercase
+/// letters, digits and `-`, starting and ending with a letter or digit. Such a name is one plain
+/// path component (an emptyDir's directory, a log file's name) and holds no `:` or `/`.
+fn check_label(field: &str, name: &str) -> Result<(), WorkflowError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "{field} {:?} is not a DNS-1123 label (at most 63 lowercase letters, digits and '-', \
+         starting and ending with a letter or digit)",
+        crishim_proto::shown::shown(name)
+    )))
+}
+
+/// `metadata.uid` names the run's directory: one plain path component of letters, digits, `-`,
+/// `_` and `.` (a UUID is one), neither `.` nor `..`.
+fn check_uid(uid: &str) -> Result<(), WorkflowError> {
+    let ok = uid.len() <= 128
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && uid != "."
+        && uid != "..";
+    if ok {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "metadata.uid {:?} is not a plain identifier (at most 128 letters, digits, '-', '_' and \
+         '.'; a UUID is one)",
+        crishim_proto::shown::shown(uid)
+    )))
+}
+
 fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
     let meta = pod.metadata;
     let name = meta
@@ -249,7 +289,8 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
         .map(volume)
         .collect::<Result<Vec<_>, _>>()?;
     let mut volume_names = HashSet::new();
-    for v in &volumes {
+    for (i, v) in volumes.iter().enumerate() {
+        check_label(&format!("spec.volumes[{i}].name"), &v.name)?;
         if !volume_names.insert(v.name.clone()) {
             return Err(invalid(format!("volume {:?} is declared twice", v.name)));
         }
@@ -318,6 +359,11 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
         if c.name.is_empty() {
             return Err(invalid("every container needs a name"));
         }
+        let field = match s.role {
+            Role::Init | Role::NativeSidecar => "init container name",
+            _ => "container name",
+        };
+        check_label(field, &c.name)?;
         if !names.insert(c.name.clone()) {
             return Err(invalid(format!(
                 "container name {:?} is used twice",
@@ -403,7 +449,10 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into()),
         uid: match meta.uid.filter(|u| !u.is_empty()) {
-            Some(uid) => uid,
+            Some(uid) => {
+                check_uid(&uid)?;
+                uid
+            }
             None => crate::records::new_id()
                 .map_err(|e| WorkflowError::Setup(format!("generating the pod's uid: {e}")))?,
         },
@@ -545,6 +594,74 @@ spec:
         let text = WORKFLOW.replace("    emptyDir: {}", "    configMap: {name: x}");
         let e = parse(&text).unwrap_err().to_string();
         assert!(e.contains("spec.volumes[0].configMap"), "{e}");
+    }
+
+    /// Volume and container names become paths (an emptyDir's directory under the run's, log
+    /// files) and annotation values: each must be a DNS-1123 label, and `metadata.uid` (the run's
+    /// directory) one plain component; the error names the field and the value.
+    #[test]
+    fn names_that_would_leave_the_run_directory_are_refused() {
+        let pod = |containers: &str, volumes: &str, uid: &str| {
+            format!(
+                "kind: Pod\nmetadata: {{name: x{uid}}}\nspec: {{containers: [{containers}], \
+                 volumes: [{volumes}]}}"
+            )
+        };
+        let ok_c = "{name: main, image: b}";
+        for (text, field, value) in [
+            (
+                pod(ok_c, "{name: ../../../../x, emptyDir: {}}", ""),
+                "spec.volumes[0].name",
+                "../../../../x",
+            ),
+            (
+                pod(ok_c, "{name: a, emptyDir: {}}, {name: Big, emptyDir: {}}", ""),
+                "spec.volumes[1].name",
+                "Big",
+            ),
+            (
+                pod("{name: a/b, image: b}", "", ""),
+                "container name",
+                "a/b",
+            ),
+            (
+                pod("{name: 'a:b', image: b}", "", ""),
+                "container name",
+                "a:b",
+            ),
+            (pod("{name: -a, image: b}", "", ""), "container name", "-a"),
+            (
+                format!(
+                    "kind: Pod\nmetadata: {{name: x}}\nspec: {{initContainers: [{{name: .., \
+                     image: b}}], containers: [{ok_c}]}}"
+                ),
+                "init container name",
+                "..",
+            ),
+            (
+                pod(ok_c, "", ", uid: ../../../etc"),
+                "metadata.uid",
+                "../../../etc",
+            ),
+        ] {
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(
+                e.contains(field) && e.contains(&format!("{value:?}")),
+                "{text:?}: {e}"
+            );
+        }
+        let long = "a".repeat(64);
+        let e = parse(&pod(&format!("{{name: {long}, image: b}}"), "", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("DNS-1123"), "{e}");
+        let plan = parse(&pod(
+            "{name: main, image: b}, {name: side-car-2, image: b}",
+            "{name: scratch-1, emptyDir: {}}",
+            ", uid: 0b6f5a3e-8d1c-4c7e-9f55-1d2a3b4c5d6e",
+        ))
+        .unwrap();
+        assert_eq!(plan.uid, "0b6f5a3e-8d1c-4c7e-9f55-1d2a3b4c5d6e");
     }
 
     #[test]
