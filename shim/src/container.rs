@@ -115,6 +115,15 @@ fn internal(what: &str, e: impl std::fmt::Display) -> Response {
     Response::error(ErrorKind::Internal, format!("{what}: {e}"))
 }
 
+/// A log file refused for what lies at its path (`logs::refused`) is the caller's to fix.
+fn log_error(what: &str, e: std::io::Error) -> Response {
+    let kind = match e.kind() {
+        std::io::ErrorKind::InvalidInput => ErrorKind::FailedPrecondition,
+        _ => ErrorKind::Internal,
+    };
+    Response::error(kind, format!("{what}: {e}"))
+}
+
 /// systemd's D-Bus API failing or slow is transient (the kubelet retries `Unavailable`); the
 /// rest of the systemd driver's errors are about the request.
 fn systemd_error_kind(e: &libcgroups::systemd::manager::SystemdManagerError) -> ErrorKind {
@@ -367,7 +376,7 @@ impl Shim {
         let log = match LogSink::new(log_root.to_path_buf(), log_path.to_path_buf()) {
             Ok(l) => Rc::new(l),
             Err(e) => {
-                return Err(internal(
+                return Err(log_error(
                     &format!("opening log file {}", log_path.display()),
                     e,
                 ))
@@ -796,7 +805,7 @@ impl Shim {
         };
         match c.log.reopen() {
             Ok(()) => Response::Ok,
-            Err(e) => internal(&format!("reopening log of {id}"), e),
+            Err(e) => log_error(&format!("reopening log of {id}"), e),
         }
     }
 

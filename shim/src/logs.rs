@@ -52,7 +52,7 @@ fn open(root: &Path, path: &Path) -> std::io::Result<File> {
         ));
     };
     std::fs::create_dir_all(root)?;
-    let mut dir = open_dir_at(None, root)?;
+    let mut dir = open_dir_at(None, root).map_err(refused)?;
     if let Some(parents) = rel.parent() {
         for c in parents.components() {
             let std::path::Component::Normal(c) = c else {
@@ -64,15 +64,27 @@ fn open(root: &Path, path: &Path) -> std::io::Result<File> {
             dir = match open_dir_at(Some(&dir), Path::new(c)) {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                     mkdirat(&dir, Path::new(c))?;
-                    open_dir_at(Some(&dir), Path::new(c))?
+                    open_dir_at(Some(&dir), Path::new(c)).map_err(refused)?
                 }
-                other => other?,
+                other => other.map_err(refused)?,
             };
         }
     }
-    open_log_file_at(&dir, Path::new(name)).map_err(|e| {
+    open_log_file_at(&dir, Path::new(name)).map_err(refused).map_err(|e| {
         std::io::Error::new(e.kind(), format!("log file {}: {e}", path.display()))
     })
+}
+
+/// A symlink where a directory or the file was wanted (`ELOOP`, `ENOTDIR`) is refused as bad
+/// input, as a FIFO or device is: what lies there is the pod's doing, not the node's failure.
+fn refused(e: std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(libc::ELOOP | libc::ENOTDIR) => std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a symlink below the pod's log directory is never followed",
+        ),
+        _ => e,
+    }
 }
 
 /// `openat(2)`; `dir` `None` is the working directory (`path` is then absolute).
