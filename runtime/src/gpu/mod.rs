@@ -349,7 +349,7 @@ impl Gpus {
     /// no write access to the mount), and the MPS pipe directory, each where it exists under
     /// `driver_root`, at the same path in the container.
     fn add_toolkit_sockets(&self, spec: &mut Spec) -> Result<(), GpuError> {
-        use std::os::unix::fs::FileTypeExt as _;
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
         for (path, writable) in TOOLKIT_PATHS {
             let host = self.config.driver_root.join(path.trim_start_matches('/'));
             let Ok(meta) = std::fs::symlink_metadata(&host) else {
@@ -360,6 +360,13 @@ impl Gpus {
             } else {
                 meta.file_type().is_socket()
             };
+            // Root's only: the driver's daemons make them as root. `/tmp/nvidia-mps` sits in
+            // the world-writable `/tmp`, where any host user could make it first (and, as its
+            // owner, swap it for a symlink to `/etc` before the bind): such a path is skipped.
+            if fits && meta.uid() != 0 {
+                warn!(path = %host.display(), uid = meta.uid(), "not passing a GPU toolkit path that root does not own to GPU containers");
+                continue;
+            }
             if fits {
                 inject::add_bind(spec, &host, path, *writable)?;
             }

@@ -353,3 +353,26 @@ fn cri_gpu_devices_are_requests() {
     assert_eq!(g.uuids, ["GPU-c0ffee00-0000-4000-8000-000000000000"]);
     assert!(device_paths(&spec).contains(&"/dev/nvidiactl".to_string()));
 }
+
+/// The MPS pipe directory sits in `/tmp`: one a host user made first (and could swap for a
+/// symlink before the bind) is not handed to GPU containers; root's is, writable.
+#[test]
+fn a_toolkit_directory_root_does_not_own_is_not_passed_on() {
+    let Some(n) = node(InjectMode::Preload) else {
+        return;
+    };
+    let mps = n.gpus.config.driver_root.join("tmp/nvidia-mps");
+    std::fs::create_dir_all(&mps).unwrap();
+    let c = container(&[("NVIDIA_VISIBLE_DEVICES", "0")], &[]);
+    let mut spec = base_spec(&[]);
+    apply(&n, &c, &[], &mut spec).unwrap().unwrap();
+    let m = mount(&spec, "/tmp/nvidia-mps").expect("root's MPS directory is passed on");
+    assert!(m.options().as_ref().unwrap().contains(&"rw".to_string()));
+    n.gpus.release("ctr1");
+
+    std::os::unix::fs::lchown(&mps, Some(65534), Some(65534)).unwrap();
+    let mut spec = base_spec(&[]);
+    apply(&n, &c, &[], &mut spec).unwrap().unwrap();
+    assert!(mount(&spec, "/tmp/nvidia-mps").is_none());
+    n.gpus.release("ctr1");
+}
