@@ -1468,7 +1468,7 @@ fn runtime_default_seccomp_is_containerds_profile() {
     // The OCI order, as runc and containerd's profile read it: value is the mask, valueTwo the
     // datum (containerd's rule: value 2114060288).
     assert_eq!((arg.value(), arg.value_two()), (0x7e02_0000, Some(0)));
-    let json = serde_json::to_value(&arg).unwrap();
+    let json = serde_json::to_value(arg).unwrap();
     assert_eq!(
         (&json["value"], &json["valueTwo"]),
         (&serde_json::json!(2_114_060_288u64), &serde_json::json!(0))
