@@ -259,6 +259,9 @@ fn profile_from_path(path: &str) -> Result<Option<cri::SecurityProfile>, SpecErr
     }))
 }
 
+/// The largest Localhost seccomp profile read.
+const MAX_SECCOMP_PROFILE_BYTES: u64 = 1 << 20;
+
 /// A profile file on the node, in the OCI `linux.seccomp` JSON form.
 fn load_localhost_profile(localhost_ref: &str) -> Result<LinuxSeccomp, SpecError> {
     let path = localhost_ref
@@ -269,8 +272,11 @@ fn load_localhost_profile(localhost_ref: &str) -> Result<LinuxSeccomp, SpecError
             "seccomp profile path {path:?} is not absolute"
         )));
     }
-    let text = std::fs::read_to_string(path)
+    // The pod names the path: a regular file of at most 1 MiB (containerd's profile is 20 KiB),
+    // never a device or a FIFO that would stall or fill the daemon.
+    let limits = crishim_proto::confined::Limits::in_root(MAX_SECCOMP_PROFILE_BYTES);
+    let text = crishim_proto::confined::read(Path::new("/"), path.trim_start_matches('/'), limits)
         .map_err(|e| SpecError::Invalid(format!("cannot load seccomp profile {path:?}: {e}")))?;
-    serde_json::from_str(&text)
+    serde_json::from_slice(&text)
         .map_err(|e| SpecError::Invalid(format!("invalid seccomp profile {path:?}: {e}")))
 }

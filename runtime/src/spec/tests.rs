@@ -1430,6 +1430,20 @@ fn missing_invalid_or_relative_localhost_profile_is_invalid() {
     assert!(f.invalid().contains("bad.json"));
     f.sc().seccomp = localhost(Path::new("profiles/p.json"));
     assert!(f.invalid().contains("not absolute"));
+    // A device, a FIFO or a huge file named as the profile is refused unread, at once.
+    f.sc().seccomp = localhost(Path::new("/dev/zero"));
+    assert!(f.invalid().contains("not a regular file"));
+    let fifo = dir.path().join("fifo.json");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    f.sc().seccomp = localhost(&fifo);
+    assert!(f.invalid().contains("not a regular file"));
+    let huge = dir.path().join("huge.json");
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    f.sc().seccomp = localhost(&huge);
+    assert!(f.invalid().contains("larger than"));
 }
 
 #[test]
