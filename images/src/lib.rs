@@ -303,27 +303,56 @@ impl ImageStore {
         Ok(())
     }
 
-    /// Bytes (allocated blocks) and inodes used by the store.
+    /// Bytes (allocated blocks) and inodes used by the store, below its root.
+    ///
+    /// Containers write their layers while this reads them, so the store is walked by
+    /// descriptor ([`crishim_proto::walk`]): no symlink is followed and no other mount counted
+    /// (containers' mounted root filesystems included), so an entry swapped for a link to `/`
+    /// never adds the host's files. At most [`USAGE_ENTRIES`] entries and [`USAGE_TIME`] are
+    /// spent; beyond either, or where part of the store cannot be read, what was counted is
+    /// the answer, with a warning.
     pub fn usage(&self) -> Result<FsUsage> {
-        use std::os::unix::fs::MetadataExt;
+        use crishim_proto::walk;
+        let root = self.layout.root();
+        let limits = walk::Limits {
+            deadline: Some(std::time::Instant::now() + USAGE_TIME),
+            ..walk::Limits::entries(USAGE_ENTRIES)
+        };
         let mut usage = FsUsage::default();
-        let mut stack = vec![self.layout.root().to_path_buf()];
-        while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let Ok(md) = entry.metadata() else { continue };
-                usage.bytes += md.blocks() * 512;
+        let walked = walk::walk(root, &limits, |e| {
+            if e.depth() > 0 {
+                usage.bytes = usage
+                    .bytes
+                    .saturating_add(e.stat().blocks.saturating_mul(512));
                 usage.inodes += 1;
-                if md.is_dir() {
-                    stack.push(entry.path());
-                }
             }
+            Ok(())
+        });
+        match walked {
+            Ok(walk::Walked { stopped: None, .. }) => {}
+            Ok(walk::Walked {
+                stopped: Some(stop),
+                ..
+            }) => warn!(
+                root = %root.display(),
+                bytes = usage.bytes,
+                inodes = usage.inodes,
+                "image store usage counted in part: {stop}"
+            ),
+            Err(e) => warn!(
+                bytes = usage.bytes,
+                inodes = usage.inodes,
+                "image store usage counted in part: {e}"
+            ),
         }
         Ok(usage)
     }
 }
+
+/// Entries [`ImageStore::usage`] counts at most (every image's layers and every container's
+/// writable layer), and the time it spends at most.
+const USAGE_ENTRIES: u64 = 20_000_000;
+const USAGE_TIME: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Container IDs become directory names: keep them to one safe path component.
 fn validate_id(id: &str) -> Result<()> {
@@ -407,5 +436,40 @@ mod mounts_tests {
             ])
         });
         assert_eq!(seen, Some(vec![true; 4]));
+    }
+}
+
+#[cfg(test)]
+mod usage_tests {
+    use super::*;
+
+    /// A container's writable layer with an entry made a link to a directory outside the store:
+    /// the store's usage counts the link, never what it names.
+    #[tokio::test]
+    async fn usage_never_counts_what_a_link_in_a_writable_layer_names() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        for i in 0..50 {
+            std::fs::write(outside.join(format!("f{i}")), vec![1u8; 8192]).unwrap();
+        }
+        let store = ImageStore::open(
+            &t.path().join("store"),
+            RegistryConfig::default(),
+            ImagesConfig::default(),
+        )
+        .await
+        .unwrap();
+        let before = store.usage().unwrap();
+        let upper = store.layout.containers().join("c1/upper");
+        std::fs::create_dir_all(&upper).unwrap();
+        std::os::unix::fs::symlink(&outside, upper.join("x")).unwrap();
+        let after = store.usage().unwrap();
+        // c1, upper and the link.
+        assert_eq!(after.inodes, before.inodes + 3, "{before:?} {after:?}");
+        assert!(
+            after.bytes < before.bytes + 50 * 8192,
+            "{before:?} {after:?}"
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! - `cgroups_path`: the OCI cgroupsPath forms (cgroupfs and systemd) and the directory each names.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `vgpu`: the config the runtime writes for the GPU interceptor in a container.
+//! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
 
 /// The CRI v1 services and messages (package `runtime.v1`).
 pub mod cri {
@@ -45,3 +46,4 @@ pub mod shim;
 pub mod shown;
 pub mod testing;
 pub mod vgpu;
+pub mod walk;

@@ -146,17 +146,24 @@ const SYSTEM_PATHS: &[&str] = &[
     "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
 ];
 /// Most entries relabelled under one volume.
-const MAX_RELABEL: usize = 1_000_000;
+const MAX_RELABEL: u64 = 1_000_000;
 
 /// Label everything under `path` (a volume's host path, `Mount.selinux_relabel`, resolved) with
 /// `label`, through `set` (`lsetxattr("security.selinux")`; links inside are labelled, not
 /// followed). A system directory is refused, also when named through a link, and so is a tree
-/// of more than a million entries.
+/// of more than a million entries or [`crishim_proto::walk::MAX_DEPTH`] levels.
+///
+/// The volume may be written while it is relabelled (by a container already sharing it), so it
+/// is walked by descriptor ([`crishim_proto::walk`]): a directory swapped for a link mid-walk
+/// never takes the walk, or a label, outside it, and what is mounted inside is left as it is.
+/// `set` gets each entry as `/proc/self/fd/<its directory>/<its name>`, so that only the final
+/// component is looked up by name, in a directory the walk holds open.
 pub fn relabel(
     path: &std::path::Path,
     label: &str,
     mut set: impl FnMut(&std::path::Path, &str) -> std::io::Result<()>,
 ) -> Result<(), String> {
+    use crishim_proto::walk;
     // What a link names is what would be relabelled: checked as that.
     let real = std::fs::canonicalize(path)
         .map_err(|e| format!("resolving {} to relabel it: {e}", path.display()))?;
@@ -166,25 +173,17 @@ pub fn relabel(
             real.display()
         ));
     }
-    let mut stack = vec![real];
-    let mut seen = 0usize;
-    while let Some(p) = stack.pop() {
-        seen += 1;
-        if seen > MAX_RELABEL {
-            return Err(format!(
-                "{} holds more than {MAX_RELABEL} entries to relabel",
-                path.display()
-            ));
-        }
-        set(&p, label).map_err(|e| format!("relabelling {}: {e}", p.display()))?;
-        let is_dir = std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir());
-        if is_dir {
-            for e in std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", p.display()))? {
-                stack.push(e.map_err(|e| format!("{}: {e}", p.display()))?.path());
-            }
-        }
+    let walked = walk::walk(&real, &walk::Limits::entries(MAX_RELABEL), |e| {
+        set(&e.fd_path(), label)
+    })
+    .map_err(|e| format!("relabelling {e}"))?;
+    match walked.stopped {
+        None => Ok(()),
+        Some(stop) => Err(format!(
+            "relabelling {} for SELinux: refused, as {stop}",
+            path.display()
+        )),
     }
-    Ok(())
 }
 
 /// `lsetxattr(path, "security.selinux", label)`.
@@ -284,6 +283,66 @@ mod tests {
         // A volume that is a link to a system directory is that directory.
         let e = relabel(&dir.path().join("link"), "l", |_, _| Ok(())).unwrap_err();
         assert!(e.contains("/etc") && e.contains("refused"), "{e}");
+    }
+
+    /// A container sharing the volume swaps one of its directories for a link to a host
+    /// directory, as fast as it can, while the volume is relabelled 200 times: the stand-in
+    /// setter, which looks at what it was handed as lsetxattr would, never reaches the host
+    /// directory or anything in it.
+    #[test]
+    fn a_directory_swapped_for_a_link_mid_relabel_labels_nothing_outside() {
+        use std::os::unix::ffi::OsStringExt;
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("etc");
+        std::fs::create_dir_all(host.join("ssh")).unwrap();
+        std::fs::write(host.join("shadow"), "root:x").unwrap();
+        std::fs::write(host.join("ssh/key"), "k").unwrap();
+        let host_inodes: std::collections::HashSet<(u64, u64)> = ["", "ssh", "shadow", "ssh/key"]
+            .iter()
+            .map(|n| std::fs::symlink_metadata(host.join(n)).unwrap())
+            .map(|m| (m.dev(), m.ino()))
+            .collect();
+        let vol = t.path().join("vol");
+        for i in 0..10 {
+            std::fs::create_dir_all(vol.join(format!("d/{i}/x"))).unwrap();
+            std::fs::write(vol.join(format!("d/{i}/x/f")), "").unwrap();
+        }
+        std::os::unix::fs::symlink(&host, vol.join("l")).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let stop = stop.clone();
+            let c = |n| std::ffi::CString::new(vol.join(n).into_os_string().into_vec()).unwrap();
+            let (d, l) = (c("d"), c("l"));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: renameat2 with C strings.
+                    unsafe {
+                        libc::renameat2(
+                            libc::AT_FDCWD,
+                            d.as_ptr(),
+                            libc::AT_FDCWD,
+                            l.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                }
+            })
+        };
+        let mut labelled = 0u64;
+        for _ in 0..200 {
+            relabel(&vol, "l", |p, _| {
+                let m = std::fs::symlink_metadata(p)?;
+                assert!(!host_inodes.contains(&(m.dev(), m.ino())), "{p:?}");
+                labelled += 1;
+                Ok(())
+            })
+            .unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(labelled > 200 * 3, "{labelled}");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
 
@@ -405,42 +404,41 @@ pub struct DiskUsage {
     pub inodes: u64,
 }
 
-/// Walk `root` without following symlinks or crossing into other filesystems. Entries that vanish
-/// during the walk are skipped; an unreadable `root` is an error.
+/// Entries a writable layer's walk counts at most, and the time it takes at most: a layer
+/// beyond either is reported as what was counted (a lower bound), with a warning.
+const DISK_USAGE_ENTRIES: u64 = 1_000_000;
+const DISK_USAGE_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Walk `root` (a container's writable layer, which its container writes while this reads) by
+/// descriptor ([`crishim_proto::walk`]): no symlink followed, no other mount counted, so a
+/// directory swapped for a link mid-walk never adds the host's files. Entries that vanish during
+/// the walk are skipped; an unreadable `root` is an error. A layer of more than
+/// [`DISK_USAGE_ENTRIES`] entries, or whose walk takes more than [`DISK_USAGE_TIME`], counts as
+/// what was counted by then.
 pub fn disk_usage(root: &Path) -> io::Result<DiskUsage> {
-    let meta = std::fs::symlink_metadata(root)?;
-    let dev = meta.dev();
+    use crishim_proto::walk;
+    let limits = walk::Limits {
+        deadline: Some(std::time::Instant::now() + DISK_USAGE_TIME),
+        ..walk::Limits::entries(DISK_USAGE_ENTRIES)
+    };
     let mut usage = DiskUsage::default();
     let mut seen = HashSet::new();
-    let mut count = |m: &std::fs::Metadata, usage: &mut DiskUsage| {
-        if m.nlink() > 1 && !m.is_dir() && !seen.insert((m.dev(), m.ino())) {
-            return;
+    let walked = walk::walk(root, &limits, |e| {
+        let s = e.stat();
+        if s.nlink > 1 && !s.is_dir() && !seen.insert((s.dev, s.ino)) {
+            return Ok(());
         }
-        usage.bytes = usage.bytes.saturating_add(m.blocks().saturating_mul(512));
+        usage.bytes = usage.bytes.saturating_add(s.blocks.saturating_mul(512));
         usage.inodes += 1;
-    };
-    count(&meta, &mut usage);
-    if !meta.is_dir() {
-        return Ok(usage);
-    }
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if dir != root && e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let Ok(entry) = entry else { continue };
-            let path = entry.path();
-            let Ok(m) = std::fs::symlink_metadata(&path) else {
-                continue;
-            };
-            count(&m, &mut usage);
-            if m.is_dir() && m.dev() == dev {
-                stack.push(path);
-            }
-        }
+        Ok(())
+    })?;
+    if let Some(stop) = walked.stopped {
+        tracing::warn!(
+            dir = %root.display(),
+            bytes = usage.bytes,
+            inodes = usage.inodes,
+            "writable layer counted in part: {stop}"
+        );
     }
     Ok(usage)
 }
@@ -497,6 +495,7 @@ impl CpuRates {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt;
 
     fn write(root: &Path, rel: &str, text: &str) {
         let p = root.join(rel);
@@ -771,6 +770,18 @@ mod tests {
             "{u:?} vs {f_bytes}"
         );
         assert!(disk_usage(&r.join("none")).is_err());
+    }
+
+    /// A writable layer whose container made an entry a link to `/`: the link counts, not `/`.
+    #[test]
+    fn stats_disk_usage_never_counts_a_links_target() {
+        let t = tempfile::tempdir().unwrap();
+        let r = t.path().join("upper");
+        std::fs::create_dir_all(r.join("d")).unwrap();
+        std::os::unix::fs::symlink("/", r.join("x")).unwrap();
+        let u = disk_usage(&r).unwrap();
+        assert_eq!(u.inodes, 3, "{u:?}");
+        assert!(u.bytes < 1 << 20, "{u:?}");
     }
 
     #[test]
