@@ -82,6 +82,10 @@ pub enum ImageError {
     },
     #[error("metadata store: {0}")]
     Metadata(String),
+    /// A directory to delete still has a mount below it that would not come off: deleting it
+    /// would delete the mounted files, so it is kept.
+    #[error("{} is kept: {} is still mounted below it", dir.display(), mount.display())]
+    StillMounted { dir: PathBuf, mount: PathBuf },
     #[error("mount {target}: {source}")]
     Mount {
         target: PathBuf,
@@ -103,7 +107,7 @@ impl ImageError {
             DigestMismatch { .. } => ErrorKind::DataLoss,
             BadContent(_) | HostileLayer { .. } => ErrorKind::BadContent,
             ResourceExhausted(_) => ErrorKind::ResourceExhausted,
-            InUse { .. } => ErrorKind::FailedPrecondition,
+            InUse { .. } | StillMounted { .. } => ErrorKind::FailedPrecondition,
             PullStalled { .. } => ErrorKind::DeadlineExceeded,
             Io { .. } | Metadata(_) | Mount { .. } => ErrorKind::Internal,
         }

@@ -248,10 +248,14 @@ impl ImageStore {
     pub async fn cleanup(&self, container_id: &str) -> Result<()> {
         validate_id(container_id)?;
         let dir = self.layout.container(container_id);
-        for mp in mounts_under_except(&dir, &self.mounts_elsewhere) {
-            if let Err(e) = nix::mount::umount2(&mp, nix::mount::MntFlags::MNT_DETACH) {
-                warn!(mountpoint = %mp.display(), error = %e, "unmount failed");
-            }
+        // Deleting a directory with a mount still below it would delete the mounted files (a
+        // privileged container's own mounts can propagate here): it is kept, and so is the
+        // record, for a later removal to retry.
+        if let Some(mount) = unmount_all_under(&dir, &self.mounts_elsewhere)
+            .into_iter()
+            .next()
+        {
+            return Err(ImageError::StillMounted { dir, mount });
         }
         self.trash.discard(&dir)?;
         let held = self.meta.container(container_id)?;
@@ -399,10 +403,65 @@ pub fn mounts_under_except(dir: &Path, elsewhere: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
+/// Passes [`unmount_all_under`] makes at most: mounts stacked on one point come off one a pass.
+const UNMOUNT_PASSES: usize = 16;
+
+/// Detach every mount at or below `dir`, deepest first, stacked ones included (a pass per layer,
+/// at most [`UNMOUNT_PASSES`]), `elsewhere` as [`mounts_under_except`] takes it. Returns what is
+/// still mounted then, deepest first: empty when `dir` is free to delete.
+pub fn unmount_all_under(dir: &Path, elsewhere: &[PathBuf]) -> Vec<PathBuf> {
+    let mut left = mounts_under_except(dir, elsewhere);
+    for _ in 0..UNMOUNT_PASSES {
+        if left.is_empty() {
+            break;
+        }
+        for mp in &left {
+            if let Err(e) = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH) {
+                warn!(mountpoint = %mp.display(), error = %e, "unmount failed");
+            }
+        }
+        left = mounts_under_except(dir, elsewhere);
+    }
+    left
+}
+
 #[cfg(test)]
 mod mounts_tests {
-    use super::mounts_under_except;
+    use super::{mounts_under_except, unmount_all_under};
     use std::path::Path;
+
+    /// Three mounts stacked on one point and one below another: all come off (one pass took only
+    /// the top of a stack), and the directory is left free to delete.
+    #[test]
+    fn stacked_mounts_all_come_off() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("c1");
+        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+            use nix::mount::{mount, MsFlags};
+            let none: Option<&str> = None;
+            let tmpfs_at = |p: &Path| {
+                std::fs::create_dir_all(p).ok()?;
+                mount(Some("tmpfs"), p, Some("tmpfs"), MsFlags::empty(), none).ok()
+            };
+            let stacked = dir.join("rootfs/mnt");
+            for _ in 0..3 {
+                tmpfs_at(&stacked)?;
+            }
+            tmpfs_at(&dir.join("upper/a"))?;
+            tmpfs_at(&dir.join("upper/a/b"))?;
+            let before = mounts_under_except(&dir, &[]).len();
+            let left = unmount_all_under(&dir, &[]);
+            Some(vec![
+                before == 3,
+                left.is_empty(),
+                mounts_under_except(&dir, &[]).is_empty(),
+            ])
+        });
+        assert_eq!(seen, Some(vec![true; 3]));
+    }
 
     /// In a child mount namespace: what is mounted below a container's directory is found
     /// whether or not the state directory's mounts are skipped, a mount below the skipped root

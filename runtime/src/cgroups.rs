@@ -224,10 +224,7 @@ pub fn missing_prefixes(parent: &str) -> Vec<String> {
     let roots = roots();
     let mut prefix = String::new();
     let mut missing = Vec::new();
-    for comp in parent
-        .split('/')
-        .filter(|c| !c.is_empty())
-    {
+    for comp in parent.split('/').filter(|c| !c.is_empty()) {
         prefix.push('/');
         prefix.push_str(comp);
         if !roots

@@ -102,11 +102,40 @@ impl ContainerImages for ImageStore {
 
 /// Detach container `id`'s rootfs mount at `target`, where it is mounted. The writable layer
 /// stays until the container is removed.
+/// Mounts stacked at `target` (a container with shared propagation can mount over its own root)
+/// come off one at a time, [`UNMOUNT_PASSES`] at most.
 pub fn unmount_rootfs(id: &str, target: &Path) {
-    if is_mountpoint(target) {
+    for _ in 0..UNMOUNT_PASSES {
+        if !is_mountpoint(target) {
+            return;
+        }
         if let Err(e) = nix::mount::umount2(target, nix::mount::MntFlags::MNT_DETACH) {
             tracing::warn!(id = %id, target = %target.display(), error = %e, "unmounting");
+            return;
         }
+    }
+    tracing::warn!(id = %id, target = %target.display(), "still mounted after {UNMOUNT_PASSES} unmounts");
+}
+
+const UNMOUNT_PASSES: usize = 16;
+
+/// Delete `dir` (a container's bundle), unless something is still mounted at or below it: with
+/// bidirectional propagation a privileged container's own mounts (a host disk, say) can sit
+/// under its rootfs, and deleting through them would delete the mounted files. Then nothing is
+/// deleted and the error names the mount. A missing `dir` is fine.
+pub fn remove_unmounted(dir: &Path) -> Result<(), String> {
+    if let Some(mount) = crishim_images::mounts_under(dir).first() {
+        return Err(format!(
+            "{} is kept: {} is still mounted below it",
+            dir.display(),
+            mount.display()
+        ));
+    }
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(format!("removing {}: {e}", dir.display()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -127,8 +156,57 @@ pub fn is_mountpoint(path: &Path) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_mountpoint;
+    use super::{is_mountpoint, remove_unmounted, unmount_rootfs};
     use std::path::Path;
+
+    /// A tmpfs mounted below a bundle's rootfs (as a container's own mount propagates back): the
+    /// bundle is not deleted, the error names the mount, and the tmpfs's file survives; once it
+    /// is unmounted the bundle goes. Stacked mounts on a rootfs all come off.
+    #[test]
+    fn a_directory_with_a_mount_below_it_is_kept() {
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        let top = tempfile::tempdir().unwrap();
+        let bundle = top.path().join("bundle");
+        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+            use nix::mount::{mount, umount, MsFlags};
+            let none: Option<&str> = None;
+            let disk = bundle.join("rootfs/mnt/disk");
+            std::fs::create_dir_all(&disk).ok()?;
+            mount(Some("tmpfs"), &disk, Some("tmpfs"), MsFlags::empty(), none).ok()?;
+            std::fs::write(disk.join("precious"), "data").ok()?;
+            let refused = remove_unmounted(&bundle);
+            let kept = std::fs::read_to_string(disk.join("precious")).ok()? == "data";
+            let named = refused
+                .as_ref()
+                .is_err_and(|e| e.contains(&disk.display().to_string()));
+            umount(&disk).ok()?;
+
+            let rootfs = bundle.join("rootfs");
+            for _ in 0..3 {
+                mount(
+                    Some("tmpfs"),
+                    &rootfs,
+                    Some("tmpfs"),
+                    MsFlags::empty(),
+                    none,
+                )
+                .ok()?;
+            }
+            unmount_rootfs("c1", &rootfs);
+            let unstacked = !is_mountpoint(&rootfs);
+            Some(vec![
+                named,
+                kept,
+                unstacked,
+                remove_unmounted(&bundle).is_ok(),
+                !bundle.exists(),
+                remove_unmounted(&bundle).is_ok(),
+            ])
+        });
+        assert_eq!(seen, Some(vec![true; 6]));
+    }
 
     #[test]
     fn mount_points_are_told_from_plain_directories() {

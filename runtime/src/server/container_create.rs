@@ -491,6 +491,15 @@ impl Inner {
     /// Undo a failed or abandoned create: the shim's container, the rootfs mount, the writable layer,
     /// the bundle and the record. Idempotent.
     pub(super) async fn undo_create(&self, pod_id: &str, id: &str) {
+        if let Err(e) = self.try_undo_create(pod_id, id).await {
+            warn!(container = %id, error = %e, "undoing a create");
+        }
+    }
+
+    /// [`undo_create`](Self::undo_create), refusing (`FailedPrecondition`, naming the mount) to
+    /// delete a bundle that still has a mount below it: the bundle and the record stay, for a
+    /// later removal to retry.
+    pub(super) async fn try_undo_create(&self, pod_id: &str, id: &str) -> Result<(), Status> {
         let mut phases = super::sandbox_stop::Phases::new("RemoveContainer", id);
         if let Err(e) = self
             .shim_ok(pod_id, Request::Delete { id: id.to_string() })
@@ -506,13 +515,19 @@ impl Inner {
         crate::userns::release_staged_devices(&bundle.join("devs"));
         self.release_image_volumes(id, &bundle).await;
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
+            // Its writable layer still has a mount below it: kept, and so is the container.
+            if e.kind() == crishim_images::ErrorKind::FailedPrecondition {
+                return Err(super::errors::from_image_error(e));
+            }
             warn!(container = %id, error = %e, "removing the rootfs");
         }
         phases.done("rootfs");
-        let _ = std::fs::remove_dir_all(&bundle);
+        crate::container_images::remove_unmounted(&bundle)
+            .map_err(|m| Status::failed_precondition(format!("RemoveContainer {id}: {m}")))?;
         self.gpu.release(id);
         self.store.delete_container(id);
         phases.done("bundle and record");
+        Ok(())
     }
 }
 

@@ -34,7 +34,7 @@ impl Inner {
         if self.shim_alive(&c.pod_id).await {
             self.stop_container(c, Duration::ZERO).await?;
         }
-        self.undo_create(&c.pod_id, &c.id).await;
+        self.try_undo_create(&c.pod_id, &c.id).await?;
         self.emit_container(
             c,
             crishim_proto::cri::ContainerEventType::ContainerDeletedEvent,

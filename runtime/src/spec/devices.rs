@@ -256,9 +256,7 @@ fn walk_devices(
             Err(e) => return Err(e.into()),
         };
         if out.len() >= MAX_DEVICES {
-            return Err(Walked::TooMany(format!(
-                "more than {MAX_DEVICES} devices"
-            )));
+            return Err(Walked::TooMany(format!("more than {MAX_DEVICES} devices")));
         }
         out.push(match container_path {
             Some(p) => {
@@ -362,8 +360,7 @@ mod tests {
         }
         std::fs::create_dir_all(&deep).unwrap();
         let host = t.path().join("deep");
-        let Err(SpecError::Invalid(m)) =
-            cri_device(&device(host.to_str().unwrap(), "/dev/deep"))
+        let Err(SpecError::Invalid(m)) = cri_device(&device(host.to_str().unwrap(), "/dev/deep"))
         else {
             panic!("a directory {MAX_DEPTH}+ levels deep was walked");
         };
@@ -375,11 +372,13 @@ mod tests {
         for i in 0..=MAX_DEVICES {
             mknod_null(&many.join(i.to_string()));
         }
-        let Err(SpecError::Invalid(m)) =
-            cri_device(&device(many.to_str().unwrap(), "/dev/many"))
+        let Err(SpecError::Invalid(m)) = cri_device(&device(many.to_str().unwrap(), "/dev/many"))
         else {
             panic!("more than {MAX_DEVICES} devices were taken");
         };
-        assert!(m.contains(&format!("more than {MAX_DEVICES} devices")), "{m}");
+        assert!(
+            m.contains(&format!("more than {MAX_DEVICES} devices")),
+            "{m}"
+        );
     }
 }

@@ -390,7 +390,10 @@ mod container_path_tests {
             let Err(SpecError::Invalid(msg)) = cri_bind(&m, &[]) else {
                 panic!("{bad} was accepted");
             };
-            assert!(msg.contains(&format!("{bad:?}")) && msg.contains(".."), "{msg}");
+            assert!(
+                msg.contains(&format!("{bad:?}")) && msg.contains(".."),
+                "{msg}"
+            );
         }
         assert!(check_container_path("mount", "/data/..x/y.").is_ok());
         assert!(check_container_path("mount", "data").is_err());

@@ -615,7 +615,11 @@ spec:
                 "../../../../x",
             ),
             (
-                pod(ok_c, "{name: a, emptyDir: {}}, {name: Big, emptyDir: {}}", ""),
+                pod(
+                    ok_c,
+                    "{name: a, emptyDir: {}}, {name: Big, emptyDir: {}}",
+                    "",
+                ),
                 "spec.volumes[1].name",
                 "Big",
             ),
