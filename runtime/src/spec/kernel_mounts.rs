@@ -131,7 +131,8 @@ fn check_one(m: &cri::Mount) -> Result<(), SpecError> {
     // Beneath /sys, the node's own files beneath its /sys too: on a cgroup v1 node its
     // /sys/fs/cgroup is a tmpfs (of systemd's), which no workload can write to.
     let nodes_own = || std::fs::canonicalize(&m.host_path).is_ok_and(|p| p.starts_with("/sys"));
-    if !accepted.contains(&fs) && !(tree == Tree::BeneathSys && nodes_own()) {
+    let allowed = accepted.contains(&fs) || (tree == Tree::BeneathSys && nodes_own());
+    if !allowed {
         return Err(SpecError::Invalid(format!(
             "{}: {path} is within the container's {top}, where only {want} may be mounted; the \
              source's filesystem (type {:#x}) could stand in for the kernel's files",
