@@ -336,15 +336,189 @@ pub mod frames {
     }
 }
 
-/// SIGKILL `pid` if it is still a shim or an infra process of crishim's (by its command line:
-/// pids get reused). Older infra processes are `crishim-shim infra`, newer `crishim-pause`.
-pub fn kill_if_ours(pid: i32) {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-    let name = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
-    if pid > 0 && (name == b"crishim-shim" || name == b"crishim-pause") {
-        // SAFETY: kill(2) on a positive pid; no memory is involved.
-        unsafe { libc::kill(pid, libc::SIGKILL) };
+/// SIGKILL the process a pid file recorded if it is still that process. Pids get reused: a
+/// file with a start time matches only the process that started then (any other, a pod's infra
+/// process included, is left alone); an older file, with the pid alone, matches by the command
+/// name (`crishim-shim`, `crishim-pause`). The check and the kill go through one pidfd, so the
+/// pid cannot change hands between them.
+pub fn kill_if_ours(recorded: &pid_file::Recorded) {
+    let pid = recorded.pid;
+    // SAFETY: pidfd_open with a positive pid and no flags; the descriptor is owned below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let pidfd = (fd >= 0).then(|| {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: a fresh descriptor nothing else owns.
+        unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
+    });
+    if pid <= 0 || !recorded.is_running() {
+        return;
+    }
+    match pidfd {
+        Some(fd) => {
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: a pidfd, a signal number, no siginfo, no flags.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+        // SAFETY: kill(2) on a positive pid (a kernel before pidfds: 5.3).
+        None => unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        },
+    }
+}
+
+/// Pid files (`shim.pid`, `infra.pid`): `<pid> <start time>`, the start time being field 22 of
+/// `/proc/<pid>/stat` (clock ticks since boot), so that a process that took the pid since is
+/// told apart from the one recorded. Files written by older shims hold the pid alone.
+pub mod pid_file {
+    use std::path::Path;
+
+    /// What a pid file says.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Recorded {
+        pub pid: i32,
+        /// `None` in files of older shims.
+        pub start: Option<u64>,
+    }
+
+    impl Recorded {
+        /// Whether the recorded process still runs under its pid (a zombie does not), judged by
+        /// its start time, or by its command name where none was recorded.
+        pub fn is_running(&self) -> bool {
+            let Some((state, start)) = stat(self.pid) else {
+                return false;
+            };
+            if state == 'Z' {
+                return false;
+            }
+            match self.start {
+                Some(s) => s == start,
+                None => {
+                    let cmdline =
+                        std::fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+                    let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+                    let name = argv0.rsplit(|b| *b == b'/').next().unwrap_or_default();
+                    name == b"crishim-shim" || name == b"crishim-pause"
+                }
+            }
+        }
+    }
+
+    /// The text of a pid file for the running process `pid`.
+    pub fn text(pid: i32) -> String {
+        match stat(pid) {
+            Some((_, start)) => format!("{pid} {start}\n"),
+            None => format!("{pid}\n"),
+        }
+    }
+
+    /// A pid file's content; `None` for anything but a positive pid (0 and -1 would mean "any
+    /// child" to `waitpid` and "every process" to `kill`) and an optional start time.
+    pub fn parse(text: &str) -> Option<Recorded> {
+        let mut fields = text.split_ascii_whitespace();
+        let pid = fields.next()?.parse::<i32>().ok().filter(|p| *p > 0)?;
+        let start = match fields.next() {
+            Some(s) => Some(s.parse::<u64>().ok()?),
+            None => None,
+        };
+        if fields.next().is_some() {
+            return None;
+        }
+        Some(Recorded { pid, start })
+    }
+
+    /// The pid file at `path`, if there is a valid one (a pid file is a line: 64 bytes read).
+    pub fn read(path: &Path) -> Option<Recorded> {
+        use std::io::Read as _;
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(64)
+            .read_to_string(&mut text)
+            .ok()?;
+        parse(&text)
+    }
+
+    /// The state letter and start time of `pid`, from `/proc/<pid>/stat` (the command name,
+    /// which may hold spaces and parentheses, ends at the last `)`).
+    fn stat(pid: i32) -> Option<(char, u64)> {
+        if pid <= 0 {
+            return None;
+        }
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let rest = text.get(text.rfind(')')? + 1..)?;
+        let mut fields = rest.split_ascii_whitespace();
+        let state = fields.next()?.chars().next()?;
+        // Fields 3 onwards; the start time is field 22.
+        let start = fields.nth(22 - 4)?.parse().ok()?;
+        Some((state, start))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn a_pid_file_names_its_process_and_no_later_one() {
+            assert_eq!(parse("0"), None);
+            assert_eq!(parse("-1 5"), None);
+            assert_eq!(parse("12 x"), None);
+            assert_eq!(parse("12 5 6"), None);
+            assert_eq!(
+                parse(" 12\n"),
+                Some(Recorded {
+                    pid: 12,
+                    start: None
+                })
+            );
+            let me = std::process::id() as i32;
+            let rec = parse(&text(me)).unwrap();
+            assert_eq!(rec.pid, me);
+            assert!(rec.start.is_some());
+            assert!(rec.is_running(), "this process, as recorded");
+            let later = Recorded {
+                start: rec.start.map(|s| s + 1),
+                ..rec
+            };
+            assert!(!later.is_running(), "another process under the same pid");
+            // An old file: by the name, and this test binary is not crishim's.
+            assert!(!Recorded {
+                pid: me,
+                start: None
+            }
+            .is_running());
+        }
+
+        /// A process that took a recorded pid is not killed: here one whose start time differs.
+        #[test]
+        fn kill_if_ours_spares_a_process_that_is_not_the_recorded_one() {
+            let mut child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let pid = child.id() as i32;
+            let rec = parse(&text(pid)).unwrap();
+            super::super::kill_if_ours(&Recorded {
+                start: rec.start.map(|s| s.wrapping_sub(1)),
+                ..rec
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "a later process was killed"
+            );
+            super::super::kill_if_ours(&rec);
+            let status = child.wait().unwrap();
+            use std::os::unix::process::ExitStatusExt as _;
+            assert_eq!(status.signal(), Some(libc::SIGKILL));
+        }
     }
 }
 

@@ -52,11 +52,8 @@ fn cleanup(dir: &Path) -> usize {
         }
         mark_exited(dir, &id);
     }
-    if let Some(pid) = std::fs::read_to_string(dir.join(paths::INFRA_PID))
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    {
-        crishim_proto::shim::kill_if_ours(pid);
+    if let Some(infra) = crishim_proto::shim::pid_file::read(&dir.join(paths::INFRA_PID)) {
+        crishim_proto::shim::kill_if_ours(&infra);
     }
     failures
 }

@@ -96,7 +96,7 @@ fn main(o: &Opts) -> Result<i32, String> {
     // `crishim bundle delete` waits for this pid to be gone.
     crishim_proto::hostfs::write_private(
         &o.dir.join(paths::SHIM_PID),
-        std::process::id().to_string().as_bytes(),
+        crishim_proto::shim::pid_file::text(std::process::id() as i32).as_bytes(),
     )
     .map_err(|e| format!("writing {}: {e}", o.dir.display()))?;
     let tty = wants_terminal(&o.bundle)?;

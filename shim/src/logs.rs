@@ -58,7 +58,11 @@ fn open(root: &Path, path: &Path) -> std::io::Result<File> {
             let std::path::Component::Normal(c) = c else {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
-                    format!("log path {} climbs out of {}", path.display(), root.display()),
+                    format!(
+                        "log path {} climbs out of {}",
+                        path.display(),
+                        root.display()
+                    ),
                 ));
             };
             dir = match open_dir_at(Some(&dir), Path::new(c)) {
@@ -70,9 +74,9 @@ fn open(root: &Path, path: &Path) -> std::io::Result<File> {
             };
         }
     }
-    open_log_file_at(&dir, Path::new(name)).map_err(refused).map_err(|e| {
-        std::io::Error::new(e.kind(), format!("log file {}: {e}", path.display()))
-    })
+    open_log_file_at(&dir, Path::new(name))
+        .map_err(refused)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("log file {}: {e}", path.display())))
 }
 
 /// A symlink where a directory or the file was wanted (`ELOOP`, `ENOTDIR`) is refused as bad
@@ -105,7 +109,12 @@ fn openat(dir: Option<&OwnedFd>, path: &Path, flags: i32, mode: u32) -> std::io:
 
 /// A directory, never through a symlink in its last component.
 fn open_dir_at(dir: Option<&OwnedFd>, path: &Path) -> std::io::Result<OwnedFd> {
-    openat(dir, path, libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_RDONLY, 0)
+    openat(
+        dir,
+        path,
+        libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_RDONLY,
+        0,
+    )
 }
 
 /// A directory `name` (0755, as the kubelet makes them) in `dir`; one already there is fine.

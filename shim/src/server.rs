@@ -38,8 +38,11 @@ pub fn serve(
     let infra_pid = match &infra {
         Some(spec) => {
             let pid = crate::infra::spawn(spec, empty_mnt.as_ref())?;
-            write_atomic(&dir.join(paths::INFRA_PID), pid.to_string().as_bytes())
-                .map_err(|e| format!("recording infra pid: {e}"))?;
+            write_atomic(
+                &dir.join(paths::INFRA_PID),
+                crishim_proto::shim::pid_file::text(pid).as_bytes(),
+            )
+            .map_err(|e| format!("recording infra pid: {e}"))?;
             pid
         }
         None => 0,

@@ -118,7 +118,7 @@ fn redirect_stdio(dir: &std::path::Path) {
     }
     let _ = crishim_proto::hostfs::write_private(
         &dir.join(paths::SHIM_PID),
-        std::process::id().to_string().as_bytes(),
+        crishim_proto::shim::pid_file::text(std::process::id() as i32).as_bytes(),
     );
 }
 

@@ -180,11 +180,8 @@ pub async fn delete(env: &Env, id: &str, force: bool) -> Result<(), BundleError>
 async fn teardown(env: &Env, dir: &Path) -> Result<(), BundleError> {
     let shim_pid = read_pid(dir);
     if call(dir, &Request::Shutdown, STOP_TIMEOUT).await.is_err() {
-        if let Some(pid) = shim_pid.filter(|&p| is_shim_of(p, dir)) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        if let Some(shim) = shim_pid.filter(|p| is_shim_of(p, dir)) {
+            crishim_proto::shim::kill_if_ours(&shim);
         }
         // What the dead shim left (processes, cgroup, libcontainer state) goes through
         // libcontainer, in the shim binary.
@@ -193,14 +190,15 @@ async fn teardown(env: &Env, dir: &Path) -> Result<(), BundleError> {
             .map_err(|e| BundleError::ShimFailed(format!("cleaning up {}: {e}", dir.display())))?;
     }
     // A foreground shim removes the directory itself as it exits: let it finish first.
-    if let Some(pid) = shim_pid {
+    if let Some(shim) = shim_pid {
         let deadline = Instant::now() + EXIT_TIMEOUT;
-        while is_shim_of(pid, dir) && Instant::now() < deadline {
+        while is_shim_of(&shim, dir) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if is_shim_of(pid, dir) {
+        if is_shim_of(&shim, dir) {
             return Err(BundleError::ShimFailed(format!(
-                "shim {pid} did not exit within {EXIT_TIMEOUT:?}"
+                "shim {} did not exit within {EXIT_TIMEOUT:?}",
+                shim.pid
             )));
         }
     }
@@ -251,12 +249,8 @@ fn refusal(answer: Response) -> BundleError {
     }
 }
 
-fn read_pid(dir: &Path) -> Option<i32> {
-    std::fs::read_to_string(dir.join(paths::SHIM_PID))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
+fn read_pid(dir: &Path) -> Option<crishim_proto::shim::pid_file::Recorded> {
+    crishim_proto::shim::pid_file::read(&dir.join(paths::SHIM_PID))
 }
 
 /// The state letter of a process (`R`, `S`, `Z`…); `None` when there is no such process.
@@ -265,8 +259,13 @@ fn process_state(pid: i32) -> Option<char> {
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
-/// `pid` is alive (not a zombie) and is the shim of `dir`: pids get reused.
-fn is_shim_of(pid: i32, dir: &Path) -> bool {
+/// The recorded shim is alive (not a zombie) and is the shim of `dir`: pids get reused. A pid
+/// file with a start time names one process only; older ones are matched by command line.
+fn is_shim_of(shim: &crishim_proto::shim::pid_file::Recorded, dir: &Path) -> bool {
+    let pid = shim.pid;
+    if shim.start.is_some() {
+        return shim.is_running();
+    }
     let Some(state) = process_state(pid) else {
         return false;
     };

@@ -167,13 +167,9 @@ async fn kill_shim_then_infra(dir: &std::path::Path) {
     for file in [paths::SHIM_PID, paths::INFRA_PID] {
         // Only a process's own pid: `waitpid` takes 0 and -1 for "any child", which would reap
         // one of the daemon's that another task waits for.
-        if let Some(pid) = std::fs::read_to_string(dir.join(file))
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .filter(|p| *p > 0)
-        {
-            crishim_proto::shim::kill_if_ours(pid);
-            reap(pid).await;
+        if let Some(recorded) = crishim_proto::shim::pid_file::read(&dir.join(file)) {
+            crishim_proto::shim::kill_if_ours(&recorded);
+            reap(recorded.pid).await;
         }
     }
 }
