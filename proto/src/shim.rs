@@ -535,6 +535,9 @@ pub mod paths {
         Ok((fd, path))
     }
 
+    /// Under the state directory: each pod's hostname, hosts and resolv.conf, on a tmpfs of
+    /// their own (`pod-files/<pod>`), which a create's view keeps.
+    pub const POD_FILES: &str = "pod-files";
     pub const SOCKET: &str = "shim.sock";
     pub const SHIM_PID: &str = "shim.pid";
     pub const INFRA_PID: &str = "infra.pid";

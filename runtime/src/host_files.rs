@@ -26,7 +26,7 @@ const ROOT_RECORD_DIRS: [&str; 4] = [
 /// Per-pod directories of hostname, hosts and resolv.conf, bind-mounted into the containers:
 /// their files keep 0644 so a non-root process there can read them. Under `state_dir`; under
 /// `root_dir` for pods made by older daemons.
-pub const POD_FILES: &str = "pod-files";
+pub const POD_FILES: &str = crishim_proto::shim::paths::POD_FILES;
 const ROOT_POD_FILES: &str = "pods";
 
 /// Under `state_dir`: directories of one subdirectory per pod, container, bundle, network

@@ -248,11 +248,15 @@ impl Shim {
     }
 
     /// What a create's view keeps below the roots it drops: the pod's directory, its network
-    /// namespace, its kubelet directory and, when known, the container's bundle.
+    /// namespace, its files' tmpfs, its kubelet directory and, when known, the container's bundle.
     fn view_keep(&self, bundle: Option<&Path>) -> Option<Vec<PathBuf>> {
         let state = lean_ns::state_dir(&self.dir)?;
         let pod = self.dir.file_name()?;
-        let mut keep = vec![self.dir.clone(), state.join("netns").join(pod)];
+        let mut keep = vec![
+            self.dir.clone(),
+            state.join("netns").join(pod),
+            state.join(paths::POD_FILES).join(pod),
+        ];
         keep.extend(self.kubelet_dir.clone());
         keep.extend(bundle.map(Path::to_path_buf));
         Some(keep)
@@ -599,6 +603,13 @@ impl Shim {
                 let near =
                     reads.map(|r| self.view_near(&keep, seen_sources.iter().cloned().chain(r)));
                 let mut same = vec![own_bundle.clone(), self.lc_root.clone()];
+                // The pod files' tmpfs, mounted while the shim started: a view built before it
+                // gains it (a mount root in `same` is attached where the view lacks it).
+                let pod_files = self
+                    .dir
+                    .file_name()
+                    .map(|pod| state.join(paths::POD_FILES).join(pod));
+                same.extend(pod_files.filter(|p| p.is_dir()));
                 same.extend(seen_sources);
                 let scope = ViewScope {
                     drop_below: &drops,

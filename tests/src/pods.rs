@@ -1578,9 +1578,7 @@ impl Janitor {
         }
         for f in crate::fsutil::walk(&self.state_dir) {
             if f.file_name().is_some_and(|n| n == "infra.pid") {
-                let pid = std::fs::read_to_string(&f)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<i32>().ok());
+                let pid = crishim_proto::shim::pid_file::read(&f).map(|r| r.pid);
                 if let Some(p) = pid.and_then(|pid| procs.iter().find(|p| p.pid == pid)) {
                     if p.cmdline.first().is_some_and(|a| a == "crishim-pause") {
                         roots.push(p.pid);

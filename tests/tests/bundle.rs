@@ -555,11 +555,9 @@ fn a_container_whose_shim_died_is_reported_and_deleted() {
     env.ok(&["create", bundle.to_str().unwrap(), "--id", &id]);
     env.ok(&["start", &id]);
     let pid = env.state(&id)["pid"].as_i64().unwrap() as i32;
-    let shim: i32 = std::fs::read_to_string(env.state_dir(&id).join("shim.pid"))
+    let shim = crishim_proto::shim::pid_file::read(&env.state_dir(&id).join("shim.pid"))
         .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+        .pid;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shim),
         nix::sys::signal::Signal::SIGKILL,

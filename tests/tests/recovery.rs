@@ -52,10 +52,14 @@ fn pid_file_process(d: &Daemon, pod: &str, file: &str) -> HostProcess {
     let path = pod_state_dir(d, pod).join(file);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    let pid: i32 = text
-        .trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{} holds {text:?}: {e}", path.display()));
+    let recorded = crishim_proto::shim::pid_file::parse(&text)
+        .unwrap_or_else(|| panic!("{} holds {text:?}", path.display()));
+    assert!(
+        recorded.start.is_some() && recorded.is_running(),
+        "{} records a process that is not the one under its pid: {text:?}",
+        path.display()
+    );
+    let pid = recorded.pid;
     let p = crishim_tests::pods::read_process(pid)
         .unwrap_or_else(|| panic!("{} names pid {pid}, which is gone", path.display()));
     assert!(!p.is_zombie(), "{} names a zombie: {p:?}", path.display());

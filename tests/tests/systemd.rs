@@ -100,9 +100,12 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
     assert_eq!(limits(&sd), ["200ms", &(128u64 << 20).to_string()]);
     // Each update's D-Bus connection is closed again: the shim, which lives as long as the pod,
     // holds no more descriptors after three more updates than before them.
-    let shim_pid =
-        std::fs::read_to_string(env.d.state_dir().join("pods").join(&pod).join("shim.pid"))
-            .expect("the shim's pid file");
+    let shim_pid = crishim_proto::shim::pid_file::read(
+        &env.d.state_dir().join("pods").join(&pod).join("shim.pid"),
+    )
+    .expect("the shim's pid file")
+    .pid
+    .to_string();
     // (Its pid is one of systemd's pid namespace, where the daemon runs.)
     let shim_fds = || {
         sd.run(&[
