@@ -200,12 +200,11 @@ async fn a_runc_pod_whose_shim_dies_is_cleaned_out_of_runc() {
     let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
     traces.add_container(&id);
     traces.capture(&env.d).await;
-    let shim_pid: i32 =
-        std::fs::read_to_string(env.d.state_dir().join("pods").join(&pod).join("shim.pid"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+    let shim_pid = crishim_proto::shim::pid_file::read(
+        &env.d.state_dir().join("pods").join(&pod).join("shim.pid"),
+    )
+    .unwrap()
+    .pid;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shim_pid),
         nix::sys::signal::Signal::SIGKILL,
