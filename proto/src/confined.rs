@@ -87,6 +87,24 @@ impl ReadError {
     pub fn is_missing(&self) -> bool {
         matches!(self, ReadError::Missing { .. })
     }
+
+    /// Whether the read was refused for what lies at the path (not a regular file, too large, a
+    /// way out of the root): the doing of whoever controls the root, not a failure of the node.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            ReadError::NotRegular { .. } | ReadError::TooLarge { .. } | ReadError::Escapes { .. }
+        )
+    }
+}
+
+/// [`read`] as text (invalid UTF-8 replaced); `Ok(None)` when nothing is there.
+pub fn read_text(root: &Path, rel: &str, limits: Limits) -> Result<Option<String>, ReadError> {
+    match read(root, rel, limits) {
+        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) if e.is_missing() => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Read `rel` inside the directory `root` (a path the host chose) within `limits`.
@@ -137,20 +155,19 @@ pub fn open_at(root: &impl AsRawFd, rel: &str, limits: Limits) -> Result<File, R
         flags |= libc::O_NOFOLLOW;
     }
     let rel_in = rel.trim_start_matches('/');
-    let handle =
-        openat2(root.as_raw_fd(), rel_in, flags, resolve).map_err(|source| {
-            match source.raw_os_error() {
-                Some(libc::ENOENT | libc::ENOTDIR) => ReadError::Missing { path: path() },
-                Some(libc::EXDEV | libc::ELOOP) => ReadError::Escapes {
-                    path: path(),
-                    source,
-                },
-                _ => ReadError::Open {
-                    path: path(),
-                    source,
-                },
-            }
-        })?;
+    let handle = openat2(root, Path::new(rel_in), flags, resolve).map_err(|source| match source
+        .raw_os_error()
+    {
+        Some(libc::ENOENT | libc::ENOTDIR) => ReadError::Missing { path: path() },
+        Some(libc::EXDEV | libc::ELOOP) => ReadError::Escapes {
+            path: path(),
+            source,
+        },
+        _ => ReadError::Open {
+            path: path(),
+            source,
+        },
+    })?;
     let st = fstat(handle.as_raw_fd()).map_err(|source| ReadError::Open {
         path: path(),
         source,
@@ -238,9 +255,16 @@ struct OpenHow {
     resolve: u64,
 }
 
-fn openat2(dir: RawFd, rel: &str, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
-    let rel = if rel.is_empty() { "." } else { rel };
-    let path = std::ffi::CString::new(Path::new(rel).as_os_str().as_bytes())
+/// openat2(2): open `rel` (`.` when empty) relative to `dir` with `flags` and `resolve`
+/// (`RESOLVE_*`) rules. The one wrapper of the call, for every resolution the host makes inside a
+/// root it does not trust.
+pub fn openat2(dir: &impl AsRawFd, rel: &Path, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let path = std::ffi::CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let how = OpenHow {
         flags: flags as u64,
@@ -251,7 +275,7 @@ fn openat2(dir: RawFd, rel: &str, flags: i32, resolve: u64) -> io::Result<OwnedF
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            dir,
+            dir.as_raw_fd(),
             path.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),

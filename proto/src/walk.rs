@@ -13,7 +13,7 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -394,17 +394,7 @@ fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<Stat> {
     statx_raw(fd, c"", libc::AT_EMPTY_PATH)
 }
 
-/// `struct open_how` (libc's is not constructible outside it).
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-const RESOLVE_NO_XDEV: u64 = 0x01;
-const RESOLVE_NO_SYMLINKS: u64 = 0x04;
-const RESOLVE_BENEATH: u64 = 0x08;
+use libc::{RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, RESOLVE_NO_XDEV};
 
 /// Whether `openat2` answered `ENOSYS` once (a kernel before 5.6): `openat` from then on.
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
@@ -421,30 +411,15 @@ fn open_dir_at(
     let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let mut fd = -1;
     if child && !NO_OPENAT2.load(Ordering::Relaxed) {
-        let how = OpenHow {
-            flags: flags as u64,
-            mode: 0,
-            resolve: RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH,
-        };
-        // SAFETY: openat2 with a descriptor we hold, a C string and a struct of the size given.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                dir.as_raw_fd(),
-                name.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
+        let name = Path::new(std::ffi::OsStr::from_bytes(name.to_bytes()));
+        let resolve = RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH;
+        match crate::confined::openat2(&dir, name, flags, resolve) {
+            Ok(opened) => fd = opened.into_raw_fd(),
+            Err(e) => match e.raw_os_error() {
                 Some(libc::ENOSYS) => NO_OPENAT2.store(true, Ordering::Relaxed),
                 _ if vanished(&e) => return Ok(None),
                 _ => return Err(e),
-            }
-        } else {
-            fd = r as libc::c_int;
+            },
         }
     }
     if fd < 0 {

@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -20,42 +20,7 @@ fn check(ret: libc::c_int) -> io::Result<()> {
     }
 }
 
-/// `struct open_how` of openat2(2); libc's is non-exhaustive.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-/// openat2(2): open `rel` relative to `dir` with `flags` and `resolve` (`RESOLVE_*`) rules.
-pub fn openat2(dir: &impl AsRawFd, rel: &Path, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
-    let path = if rel.as_os_str().is_empty() {
-        cstr(b".")?
-    } else {
-        cstr(rel.as_os_str().as_bytes())?
-    };
-    let how = OpenHow {
-        flags: flags as u64,
-        mode: 0,
-        resolve,
-    };
-    // SAFETY: valid pointers for the duration of the call; the kernel copies `how`.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            dir.as_raw_fd(),
-            path.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a fresh descriptor that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
+pub use crishim_proto::confined::openat2;
 
 /// Open a directory beneath `root`: fails with `EXDEV` if resolution would leave `root` through `..`
 /// or an absolute symlink, and with `ELOOP` through magic links.

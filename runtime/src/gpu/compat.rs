@@ -74,7 +74,7 @@ fn image_library(rootfs: &Path, name: &str) -> Result<Option<Vec<u8>>, GpuError>
             Err(ReadError::NotRegular {
                 kind: "directory", ..
             }) => {}
-            Err(e @ (ReadError::NotRegular { .. } | ReadError::TooLarge { .. } | ReadError::Escapes { .. })) => {
+            Err(e) if e.is_refusal() => {
                 return Err(GpuError::Unavailable(format!(
                     "GPU limits need the interceptor, and checking that the image can load it failed: the image's {e}"
                 )))

@@ -555,19 +555,16 @@ const MAX_PRELOAD_BYTES: u64 = 64 << 10;
 /// through the bounded reader: a device, a FIFO or a file over `MAX_PRELOAD_BYTES` is refused
 /// with `FailedPrecondition`, never read.
 fn read_in_rootfs(rootfs: &Path, rel: &str) -> Result<Option<String>, GpuError> {
-    use crishim_proto::confined::{self, Limits, ReadError};
-    match confined::read(rootfs, rel, Limits::in_root(MAX_PRELOAD_BYTES)) {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.is_missing() => Ok(None),
-        Err(
-            e @ (ReadError::NotRegular { .. }
-            | ReadError::TooLarge { .. }
-            | ReadError::Escapes { .. }),
-        ) => Err(GpuError::Unavailable(format!(
-            "GPU limits need the interceptor named in the image's /etc/ld.so.preload, and the image's own could not be read: {e}"
-        ))),
-        Err(e) => Err(GpuError::Internal(e.to_string())),
-    }
+    use crishim_proto::confined::{self, Limits};
+    confined::read_text(rootfs, rel, Limits::in_root(MAX_PRELOAD_BYTES)).map_err(|e| {
+        if e.is_refusal() {
+            GpuError::Unavailable(format!(
+                "GPU limits need the interceptor named in the image's /etc/ld.so.preload, and the image's own could not be read: {e}"
+            ))
+        } else {
+            GpuError::Internal(e.to_string())
+        }
+    })
 }
 
 #[cfg(test)]

@@ -111,24 +111,9 @@ pub const DEVICE_LIST_SOURCE: &str = "/dev/null";
 /// The GPU a device-list mount requests (`None`: not such a mount). The path is taken lexically
 /// (`//`, `.` and `..` resolved), so no spelling of it slips past the source check.
 pub fn device_list_entry(container_path: &str) -> Option<String> {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in container_path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    let dir: Vec<&str> = DEVICE_LIST_DIR
-        .split('/')
-        .filter(|p| !p.is_empty())
-        .collect();
-    match parts.split_last() {
-        Some((entry, parent)) if parent == dir.as_slice() => Some(entry.to_string()),
-        _ => None,
-    }
+    let cleaned = crate::spec::clean_path(container_path);
+    let entry = cleaned.strip_prefix(DEVICE_LIST_DIR)?.strip_prefix('/')?;
+    (!entry.is_empty() && !entry.contains('/')).then(|| entry.to_string())
 }
 
 /// The GPU a CRI mount requests through the device-list strategy; `Ok(None)`: not such a mount.

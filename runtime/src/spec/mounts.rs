@@ -354,7 +354,8 @@ pub(super) fn check_container_path(what: &str, path: &str) -> Result<(), SpecErr
     Ok(())
 }
 
-pub(super) fn clean(path: &str) -> String {
+/// `path` made absolute and cleaned lexically: `//`, `.` and `..` resolved.
+pub(crate) fn clean(path: &str) -> String {
     let mut parts: Vec<&str> = Vec::new();
     for part in path.split('/') {
         match part {

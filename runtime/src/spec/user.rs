@@ -297,18 +297,12 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
 /// exist; a non-regular file (a FIFO that would block us, a device that never ends) or one over
 /// `MAX_USER_FILE_BYTES` is refused without being read.
 pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, SpecError> {
-    use crishim_proto::confined::{self, Limits, ReadError};
-    match confined::read(root, rel, Limits::in_root(MAX_USER_FILE_BYTES)) {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.is_missing() => Ok(None),
-        Err(
-            e @ (ReadError::NotRegular { .. }
-            | ReadError::TooLarge { .. }
-            | ReadError::Escapes { .. }),
-        ) => Err(SpecError::Invalid(format!("the container rootfs's {e}"))),
-        Err(e) => Err(SpecError::internal(
-            format!("reading {rel} in the container rootfs"),
-            e,
-        )),
-    }
+    use crishim_proto::confined::{self, Limits};
+    confined::read_text(root, rel, Limits::in_root(MAX_USER_FILE_BYTES)).map_err(|e| {
+        if e.is_refusal() {
+            SpecError::Invalid(format!("the container rootfs's {e}"))
+        } else {
+            SpecError::internal(format!("reading {rel} in the container rootfs"), e)
+        }
+    })
 }

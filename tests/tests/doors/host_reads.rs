@@ -16,6 +16,8 @@ use crishim_tests::pods::{
 use crishim_tests::{busybox_layer, Compression, Image, LayerBuilder};
 use tonic::Code;
 
+use super::sh_in;
+
 #[cfg(target_arch = "aarch64")]
 const LIB_DIR: &str = "lib/aarch64-linux-gnu";
 #[cfg(not(target_arch = "aarch64"))]
@@ -64,22 +66,6 @@ async fn scrape_any(addr: String) -> Option<(String, String)> {
     .await
     .ok()
     .flatten()
-}
-
-async fn sh_in(env: &PodEnv, id: &str, script: &str) -> (i32, String) {
-    let r = env
-        .d
-        .exec_sync(id, &["/bin/sh", "-c", script], 60)
-        .await
-        .unwrap_or_else(|e| panic!("{script}: {e:?}"));
-    (
-        r.exit_code,
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&r.stdout),
-            String::from_utf8_lossy(&r.stderr)
-        ),
-    )
 }
 
 /// The image's `libc.so.6` and `libgcc_s.so.1` are `/dev/zero` (1:5). The daemon reads them to

@@ -18,6 +18,8 @@ use crishim_tests::pods::{
     LOOP_UNTIL_TERM,
 };
 
+use super::sh_in;
+
 /// What must not change of the node's driver file: inode, size, mtime and a digest of its bytes.
 #[derive(Debug, PartialEq, Eq)]
 struct FileState {
@@ -49,23 +51,6 @@ fn node_libcuda(node: &FakeNode) -> PathBuf {
         .into_iter()
         .find(|p| p.file_name().is_some_and(|n| n == name.as_str()) && p.is_file())
         .unwrap_or_else(|| panic!("no {name} under the fake driver root"))
-}
-
-/// ExecSync of a shell script: (exit code, stdout + stderr).
-async fn run(env: &PodEnv, id: &str, script: &str) -> (i32, String) {
-    let r = env
-        .d
-        .exec_sync(id, &["/bin/sh", "-c", script], 60)
-        .await
-        .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e:?}"));
-    (
-        r.exit_code,
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&r.stdout),
-            String::from_utf8_lossy(&r.stderr)
-        ),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,7 +107,7 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
     traces.add_container(&id);
 
     // Root of the pod's user namespace, with CAP_SYS_ADMIN there.
-    let (code, out) = run(
+    let (code, out) = sh_in(
         &env,
         &id,
         "head -1 /proc/self/uid_map; id -u; grep CapEff /proc/self/status",
@@ -136,7 +121,7 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
 
     // The control: that root may remount its own volume (read-only and back), so a refusal
     // below is the lock on the node's mounts, not a missing capability or a filter.
-    let (code, out) = run(
+    let (code, out) = sh_in(
         &env,
         &id,
         "mount -o remount,bind,ro /data && mount -o remount,bind,rw /data && echo v > /data/file",
@@ -154,14 +139,14 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
         injected.push("/.crishim/init");
     }
     for path in &injected {
-        let (code, out) = run(&env, &id, &format!("mount -o remount,bind,rw {path}")).await;
+        let (code, out) = sh_in(&env, &id, &format!("mount -o remount,bind,rw {path}")).await;
         assert_ne!(code, 0, "remounted {path} writable: {out}");
         assert!(
             out.to_lowercase().contains("permission denied"),
             "remounting {path} writable must fail with EPERM: {out}"
         );
         // A bind of it keeps the lock.
-        let (code, out) = run(
+        let (code, out) = sh_in(
             &env,
             &id,
             &format!(
@@ -181,9 +166,9 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
         "/usr/local/nvidia/lib64/libcuda.so.1".to_string(),
         format!("/usr/local/nvidia/lib64/libcuda.so.{DRIVER_VERSION}"),
     ] {
-        let (code, out) = run(&env, &id, &format!("echo pwned >> {target}")).await;
+        let (code, out) = sh_in(&env, &id, &format!("echo pwned >> {target}")).await;
         assert_ne!(code, 0, "appended to {target}: {out}");
-        let (code, out) = run(
+        let (code, out) = sh_in(
             &env,
             &id,
             &format!("mount -o remount,bind,rw /usr/local/nvidia/lib64; echo pwned >> {target}"),
@@ -207,7 +192,7 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
         .copied()
         .chain(["/usr/local/nvidia/lib64/libcuda.so.1"])
     {
-        let (code, out) = run(&env, &id, &format!("stat -L -c '%u %g' {path}")).await;
+        let (code, out) = sh_in(&env, &id, &format!("stat -L -c '%u %g' {path}")).await;
         assert_eq!(code, 0, "{path}: {out}");
         assert_eq!(
             out.trim(),
@@ -215,7 +200,7 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
             "{path} must not be the pod root's"
         );
     }
-    let (code, out) = run(&env, &id, "stat -c '%u %g' /data /data/file").await;
+    let (code, out) = sh_in(&env, &id, "stat -c '%u %g' /data /data/file").await;
     assert_eq!((code, out.as_str()), (0, "0 0\n0 0\n"), "{out}");
     assert_eq!(
         std::fs::metadata(volume.path().join("file")).unwrap().uid(),
@@ -224,7 +209,7 @@ async fn a_user_namespace_pod_cannot_remount_or_write_the_nodes_gpu_driver() {
     );
 
     // The driver still works from there, limit and all.
-    let (code, out) = run(&env, &id, "cudatest alloc 200 100").await;
+    let (code, out) = sh_in(&env, &id, "cudatest alloc 200 100").await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(
         crishim_tests::gpu::lines(&out, "alloc"),
