@@ -10,7 +10,7 @@
 # v1.26.1 (`GOFLAGS=-mod=vendor go test -c -o critest ./cmd/critest`, Go 1.19) on PATH, or set
 # CRITEST. Needs root. crishim comes from $CARGO_TARGET_DIR (or target/)/debug. Logs and state go
 # to $CRITEST_DIR (default /tmp/crishim-critest). Stand-ins differ from the real images where
-# noted in the README ("Conformance").
+# noted in docs/testing.md ("Conformance: critest").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runtime=${1:-crishim}

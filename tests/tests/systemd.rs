@@ -81,7 +81,7 @@ async fn containers_are_scopes_in_the_pods_slice_under_the_systemd_driver() {
     assert_eq!(limits(&sd), ["500ms", &(64u64 << 20).to_string()]);
     // libcgroups (youki 0.7) gives up on a D-Bus connection to this nested systemd when its
     // socket answers EAGAIN 7 times in a row, which this loaded 2-core machine sees in about one
-    // run in two (see the README's known stall); only that transport error is tried again.
+    // run in two (see docs/kubelet.md, the known stall); only that transport error is tried again.
     for attempt in 1..=3 {
         let r = update(&env, &id, 20_000, 128 << 20).await;
         match r {

@@ -22,8 +22,9 @@ use crate::store::Store;
 /// How long a plain shim request may take.
 pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Under the systemd driver, requests that change cgroups go through systemd over D-Bus, where
-/// libcgroups (youki 0.7) can wait out a 10 s receive timeout more than once (see the README's
-/// known stall). They get up to just under the kubelet's 2-minute runtime request timeout.
+/// libcgroups (youki 0.7) can wait out a 10 s receive timeout more than once (the known stall in
+/// docs/kubelet.md, "Cgroup drivers"). They get up to just under the kubelet's 2-minute runtime
+/// request timeout.
 const SHIM_SYSTEMD_TIMEOUT: Duration = Duration::from_secs(110);
 
 #[derive(Clone)]
