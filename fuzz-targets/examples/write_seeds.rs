@@ -318,7 +318,7 @@ fn runtime() {
     sm[36..40].copy_from_slice(&25u32.to_ne_bytes());
     sm[72..80].copy_from_slice(&0x100000u64.to_ne_bytes());
     sm.extend_from_slice(strings);
-    assert!(crishim_proto::mountinfo::parse_statmount(&sm).is_some());
+    assert!(crishim_sys::mountinfo::parse_statmount(&sm).is_some());
     seed("mountinfo", "statmount", &sm);
 
     let v1 = r#"eth0

@@ -17,10 +17,10 @@ use crate::split_at_byte;
 /// The same bytes as a `struct statmount` the kernel filled (`mountinfo::read_points`), whose
 /// strings are read only within the size it says it wrote.
 pub fn mountinfo(data: &[u8]) {
-    for m in crishim_proto::mountinfo::parse(&String::from_utf8_lossy(data)) {
+    for m in crishim_sys::mountinfo::parse(&String::from_utf8_lossy(data)) {
         assert!(m.mount_point.is_absolute(), "{m:?}");
     }
-    if let Some(m) = crishim_proto::mountinfo::parse_statmount(data) {
+    if let Some(m) = crishim_sys::mountinfo::parse_statmount(data) {
         assert!(m.mount_point.is_absolute(), "{m:?}");
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// What went wrong, coarsely, so callers can choose a status code without parsing messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

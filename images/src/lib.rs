@@ -19,7 +19,7 @@ pub mod unpack;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use crishim_proto::hostfs::{self, create_private_dir};
+use crishim_sys::hostfs::{self, create_private_dir};
 use oci_spec::image::ImageConfiguration;
 use tracing::{info, warn};
 
@@ -310,13 +310,13 @@ impl ImageStore {
     /// Bytes (allocated blocks) and inodes used by the store, below its root.
     ///
     /// Containers write their layers while this reads them, so the store is walked by
-    /// descriptor ([`crishim_proto::walk`]): no symlink is followed and no other mount counted
+    /// descriptor ([`crishim_sys::walk`]): no symlink is followed and no other mount counted
     /// (containers' mounted root filesystems included), so an entry swapped for a link to `/`
     /// never adds the host's files. At most [`USAGE_ENTRIES`] entries and [`USAGE_TIME`] are
     /// spent; beyond either, or where part of the store cannot be read, what was counted is
     /// the answer, with a warning.
     pub fn usage(&self) -> Result<FsUsage> {
-        use crishim_proto::walk;
+        use crishim_sys::walk;
         let root = self.layout.root();
         let limits = walk::Limits {
             deadline: Some(std::time::Instant::now() + USAGE_TIME),
@@ -392,7 +392,7 @@ pub fn mounts_under_except(dir: &Path, elsewhere: &[PathBuf]) -> Vec<PathBuf> {
         .filter(|r| !dir.starts_with(r) && !r.starts_with(dir))
         .cloned()
         .collect();
-    let (mounts, _) = crishim_proto::mountinfo::read_outside(&skip).unwrap_or_default();
+    let (mounts, _) = crishim_sys::mountinfo::read_outside(&skip).unwrap_or_default();
     let mut out: Vec<PathBuf> = mounts
         .into_iter()
         .map(|m| m.mount_point)
@@ -439,7 +439,7 @@ mod mounts_tests {
         }
         let top = tempfile::tempdir().unwrap();
         let dir = top.path().join("c1");
-        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+        let seen = crishim_sys::testing::in_child_mount_ns(|| {
             use nix::mount::{mount, MsFlags};
             let none: Option<&str> = None;
             let tmpfs_at = |p: &Path| {
@@ -472,7 +472,7 @@ mod mounts_tests {
             return;
         }
         let top = tempfile::tempdir().unwrap();
-        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+        let seen = crishim_sys::testing::in_child_mount_ns(|| {
             use nix::mount::{mount, MsFlags};
             let none: Option<&str> = None;
             let tmpfs_at = |p: &Path| {

@@ -20,7 +20,7 @@ use crate::store::meta::ImageRecord;
 use crate::store::{remove_any, Layout, CONTENT_DIR_MODE};
 use crate::unpack;
 use crate::ImageStore;
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// Layers downloaded at once per pull.
 const LAYER_CONCURRENCY: usize = 4;
@@ -293,7 +293,7 @@ impl ImageStore {
         let mut leftovers = Leftovers::new(vec![tmp.clone()]);
         // The layer's root: overlay's `/` when it is the top layer, so it stays traversable by a
         // container's non-root user (everything above it is 0700).
-        crishim_proto::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
+        crishim_sys::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
             .ctx(|| format!("creating {}", tmp.display()))?;
         let result = if self.layout.blob(&digest).exists() {
             let path = self.layout.blob(&digest);

@@ -148,9 +148,9 @@ impl RootfsMount {
             source: nix::errno::Errno::from_raw(source.raw_os_error().unwrap_or(libc::EIO)),
         };
         if self.fstype == "bind" {
-            let tree = crishim_proto::idmap::idmapped_clone(Path::new(&self.source), &idmap.userns)
+            let tree = crishim_sys::idmap::idmapped_clone(Path::new(&self.source), &idmap.userns)
                 .map_err(err)?;
-            return crishim_proto::idmap::attach(&tree, target).map_err(err);
+            return crishim_sys::idmap::attach(&tree, target).map_err(err);
         }
         for dir in self.upperdir.iter().chain(&self.workdir) {
             std::os::unix::fs::chown(dir, Some(idmap.root.0), Some(idmap.root.1)).map_err(err)?;
@@ -158,7 +158,7 @@ impl RootfsMount {
         let trees: Vec<OwnedFd> = self
             .lowerdirs
             .iter()
-            .map(|d| crishim_proto::idmap::idmapped_clone(d, &idmap.userns))
+            .map(|d| crishim_sys::idmap::idmapped_clone(d, &idmap.userns))
             .collect::<std::io::Result<_>>()
             .map_err(err)?;
         let data = self

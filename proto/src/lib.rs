@@ -2,14 +2,13 @@
 //!
 //! - `cri`: the Kubernetes CRI v1 API, generated from the project's own `cri/runtime_v1.proto`
 //!   (at [`CRI_API_VERSION`]).
-//! - `shim`: the daemon ⇄ per-pod shim protocol, and `record`: the atomic record files both read.
-//! - `hostfs`: creating and tightening root-only directories and files.
-//! - `mountinfo`: the mounts of `/proc/self/mountinfo`; `idmap`: detached (and idmapped) mount
-//!   trees; `empty_ns`: an empty mount namespace.
+//! - `shim`: the daemon ⇄ per-pod shim protocol (its records are written with
+//!   `crishim_sys::record`).
 //! - `cgroups_path`: the OCI cgroupsPath forms (cgroupfs and systemd) and the directory each names.
-//! - `random`: ids and tokens from `getrandom(2)`.
 //! - `vgpu`: the config the runtime writes for the GPU interceptor in a container.
-//! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
+//! - `net`: bringing up a network namespace's loopback (the daemon and the shim's infra both do).
+//!
+//! Host helpers (files, mounts, bounded reads, tree walks, random ids) are in `crishim-sys`.
 
 /// The CRI v1 services and messages (package `runtime.v1`).
 pub mod cri {
@@ -34,16 +33,6 @@ impl std::fmt::Debug for cri::AuthConfig {
 /// The `k8s.io/cri-api` release whose `runtime.v1` the proto follows.
 pub const CRI_API_VERSION: &str = "v0.36.3";
 pub mod cgroups_path;
-pub mod confined;
-pub mod empty_ns;
-pub mod hostfs;
-pub mod idmap;
-pub mod mountinfo;
 pub mod net;
-pub mod random;
-pub mod record;
 pub mod shim;
-pub mod shown;
-pub mod testing;
 pub mod vgpu;
-pub mod walk;

@@ -53,7 +53,7 @@ pub fn parse_ready(out: &[u8]) -> Result<i32, String> {
     if let Some(why) = text.strip_prefix("error:") {
         return Err(why.trim().to_string());
     }
-    let shown = || crate::shown::shown_bytes(text.as_bytes());
+    let shown = || crishim_sys::shown::shown_bytes(text.as_bytes());
     match text.strip_prefix("ok").map(|p| p.trim().parse::<i32>()) {
         Some(Ok(pid)) if pid > 0 => Ok(pid),
         Some(_) => Err(format!("shim did not report an infra process: {}", shown())),

@@ -104,7 +104,7 @@ fn load(args: &[&str]) -> Result<(), String> {
         let stderr = String::from_utf8_lossy(&out.stderr);
         Err(format!(
             "apparmor_parser refused the {DEFAULT_PROFILE} profile: {}",
-            crishim_proto::shown::shown(stderr.trim())
+            crishim_sys::shown::shown(stderr.trim())
         ))
     }
 }

@@ -123,10 +123,10 @@ pub struct Hierarchy {
 /// slower as pods accumulated.
 pub fn roots() -> &'static [Hierarchy] {
     static ROOTS: std::sync::OnceLock<Vec<Hierarchy>> = std::sync::OnceLock::new();
-    ROOTS.get_or_init(|| hierarchies(&crishim_proto::mountinfo::read()))
+    ROOTS.get_or_init(|| hierarchies(&crishim_sys::mountinfo::read()))
 }
 
-fn hierarchies(mounts: &[crishim_proto::mountinfo::Mount]) -> Vec<Hierarchy> {
+fn hierarchies(mounts: &[crishim_sys::mountinfo::Mount]) -> Vec<Hierarchy> {
     mounts
         .iter()
         .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
@@ -337,7 +337,7 @@ mod tests {
                     41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n\
                     90 23 0:50 / /run/x rw - overlay overlay rw\n\
                     junk\n";
-        let roots = hierarchies(&crishim_proto::mountinfo::parse(info));
+        let roots = hierarchies(&crishim_sys::mountinfo::parse(info));
         let points: Vec<_> = roots.iter().map(|h| h.mount_point.clone()).collect();
         assert_eq!(
             points,
@@ -358,7 +358,7 @@ mod tests {
         let info = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
                     33 31 0:30 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
                     41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n";
-        let roots = hierarchies(&crishim_proto::mountinfo::parse(info));
+        let roots = hierarchies(&crishim_sys::mountinfo::parse(info));
         // A hierarchy not mounted here (pids) is skipped; co-mounted controllers match theirs.
         assert_eq!(
             own_cgroup("9:pids:/a\n4:cpu,cpuacct:/system.slice/x\n", &roots),

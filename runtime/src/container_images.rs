@@ -143,11 +143,11 @@ pub fn remove_unmounted(dir: &Path) -> Result<(), String> {
 /// attribute, not a scan of `/proc/self/mountinfo`, which grows with every pod. Kernels before
 /// 5.8 lack the attribute and get the scan.
 pub fn is_mountpoint(path: &Path) -> bool {
-    match crishim_proto::mountinfo::is_mount_root(path) {
+    match crishim_sys::mountinfo::is_mount_root(path) {
         Some(root) => root,
         None => {
             path.symlink_metadata().is_ok()
-                && crishim_proto::mountinfo::read()
+                && crishim_sys::mountinfo::read()
                     .iter()
                     .any(|m| m.mount_point == path)
         }
@@ -169,7 +169,7 @@ mod tests {
         }
         let top = tempfile::tempdir().unwrap();
         let bundle = top.path().join("bundle");
-        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+        let seen = crishim_sys::testing::in_child_mount_ns(|| {
             use nix::mount::{mount, umount, MsFlags};
             let none: Option<&str> = None;
             let disk = bundle.join("rootfs/mnt/disk");

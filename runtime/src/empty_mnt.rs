@@ -14,8 +14,7 @@ pub fn start() -> io::Result<PathBuf> {
     std::thread::Builder::new()
         .name("crishim-mnt".into())
         .spawn(move || {
-            let made =
-                crishim_proto::empty_ns::make_here().map(|()| nix::unistd::gettid().as_raw());
+            let made = crishim_sys::empty_ns::make_here().map(|()| nix::unistd::gettid().as_raw());
             let ok = made.is_ok();
             let _ = tx.send(made);
             // Held for the daemon's life; a thread that failed to make it ends.
@@ -48,7 +47,7 @@ mod tests {
         let before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let path = start().unwrap();
         let ns = std::fs::File::open(&path).unwrap();
-        let inside = crishim_proto::testing::in_child_mount_ns(|| {
+        let inside = crishim_sys::testing::in_child_mount_ns(|| {
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS).ok()?;
             Some(vec![
                 std::fs::read_dir("/").ok()?.next().is_none(),

@@ -4,14 +4,14 @@
 //! 0600. No directory needs 0711: a container's process never walks these paths by name, since
 //! its root filesystem, volumes and pod files reach it as mounts made by root before it runs.
 //!
-//! New paths get their modes as they are created (`crishim_proto::hostfs`). At start-up,
+//! New paths get their modes as they are created (`crishim_sys::hostfs`). At start-up,
 //! [`prepare`] also tightens a tree that an older daemon or a person left looser. It walks only
 //! the runtime's own directories: never into a snapshot, a writable layer, a root filesystem or a
 //! volume, whose modes are the image's and the container's.
 
 use std::path::Path;
 
-use crishim_proto::hostfs::{self, DIR_MODE};
+use crishim_sys::hostfs::{self, DIR_MODE};
 
 use crate::config::Config;
 
@@ -292,7 +292,7 @@ mod tests {
         if !nix::unistd::Uid::effective().is_root() {
             return;
         }
-        let seen = crishim_proto::testing::in_child_mount_ns(|| {
+        let seen = crishim_sys::testing::in_child_mount_ns(|| {
             use nix::mount::{mount, MsFlags};
             let none: Option<&str> = None;
             let top = tempfile::tempdir().ok()?;
@@ -310,7 +310,7 @@ mod tests {
             };
             tmpfs_at(&state.join("before"))?;
             let mounted = |p: PathBuf| {
-                crishim_proto::mountinfo::read()
+                crishim_sys::mountinfo::read()
                     .iter()
                     .any(|m| m.mount_point == p)
             };
@@ -320,7 +320,7 @@ mod tests {
             private_mount(&state).ok()?;
             private_mount(&state).ok()?;
             tmpfs_at(&state.join("after"))?;
-            let mounts = crishim_proto::mountinfo::read();
+            let mounts = crishim_sys::mountinfo::read();
             let at_state: Vec<_> = mounts.iter().filter(|m| m.mount_point == state).collect();
 
             Some(vec![

@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crishim_proto::hostfs;
+use crishim_sys::hostfs;
 
 pub const MAGIC: &[u8; 8] = b"crjrnl01";
 const HEAD: u64 = 8;
@@ -696,7 +696,7 @@ impl Journal {
                 index.insert(key.clone(), slot);
             }
             out.sync_data()?;
-            crishim_proto::record::rename_synced(&tmp, &self.path)?;
+            crishim_sys::record::rename_synced(&tmp, &self.path)?;
             Ok((index, at))
         })();
         match copied {
@@ -759,7 +759,7 @@ fn keep_damage(path: &Path, file: &File, from: u64, to: u64, quarantine: &Path) 
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let dest = quarantine.join(format!(
         "{name}-damaged-{from}-{}",
-        crishim_proto::record::now_nanos()
+        crishim_sys::record::now_nanos()
     ));
     // A frame cut short by a crash is a few KiB; of damage, at most 32 MiB is kept.
     let keep = (to - from).min(32 << 20);

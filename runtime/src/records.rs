@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use crishim_proto::cri;
-use crishim_proto::hostfs;
 use crishim_proto::shim::ContainerState;
-use crishim_proto::shown::shown;
+use crishim_sys::hostfs;
+use crishim_sys::shown::shown;
 
 use crate::journal::Journal;
 use prost::Message;
@@ -299,7 +299,7 @@ impl RecordDir {
         let name = p.file_name().unwrap_or_default().to_string_lossy();
         let to = self.quarantine_path(&name);
         let moved = hostfs::create_private_dir(&self.quarantine_dir())
-            .and_then(|()| crishim_proto::record::rename_synced(p, &to));
+            .and_then(|()| crishim_sys::record::rename_synced(p, &to));
         self.report_quarantine(&name, error, moved);
     }
 
@@ -324,7 +324,7 @@ impl RecordDir {
 /// The quarantine's directory name, beside `pods/` and `containers/`.
 pub const QUARANTINE: &str = "quarantine";
 
-pub use crishim_proto::record::{now_nanos, write_atomic};
+pub use crishim_sys::record::{now_nanos, write_atomic};
 
 /// In-memory index: records by id, and reserved names so two pods (or two containers of one pod)
 /// never share a CRI name.
@@ -342,7 +342,7 @@ pub fn container_name(m: &cri::ContainerMetadata, pod: &cri::PodSandboxMetadata)
 
 /// A fresh 64-hex id; an error if the kernel gives no random bytes (never a fixed id).
 pub fn new_id() -> std::io::Result<String> {
-    crishim_proto::random::hex(32)
+    crishim_sys::random::hex(32)
 }
 
 /// [`new_id`] for an RPC: a failure is `Internal`.

@@ -65,7 +65,7 @@ fn check_field(what: &str, v: &str, level: bool) -> Result<(), String> {
     if v.len() > MAX_FIELD || !v.chars().all(ok_char) {
         return Err(format!(
             "SELinux {what} {:?} is not a label field",
-            crishim_proto::shown::shown(v)
+            crishim_sys::shown::shown(v)
         ));
     }
     Ok(())
@@ -151,10 +151,10 @@ const MAX_RELABEL: u64 = 1_000_000;
 /// Label everything under `path` (a volume's host path, `Mount.selinux_relabel`, resolved) with
 /// `label`, through `set` (`lsetxattr("security.selinux")`; links inside are labelled, not
 /// followed). A system directory is refused, also when named through a link, and so is a tree
-/// of more than a million entries or [`crishim_proto::walk::MAX_DEPTH`] levels.
+/// of more than a million entries or [`crishim_sys::walk::MAX_DEPTH`] levels.
 ///
 /// The volume may be written while it is relabelled (by a container already sharing it), so it
-/// is walked by descriptor ([`crishim_proto::walk`]): a directory swapped for a link mid-walk
+/// is walked by descriptor ([`crishim_sys::walk`]): a directory swapped for a link mid-walk
 /// never takes the walk, or a label, outside it, and what is mounted inside is left as it is.
 /// `set` gets each entry as `/proc/self/fd/<its directory>/<its name>`, so that only the final
 /// component is looked up by name, in a directory the walk holds open.
@@ -163,7 +163,7 @@ pub fn relabel(
     label: &str,
     mut set: impl FnMut(&std::path::Path, &str) -> std::io::Result<()>,
 ) -> Result<(), String> {
-    use crishim_proto::walk;
+    use crishim_sys::walk;
     // What a link names is what would be relabelled: checked as that.
     let real = std::fs::canonicalize(path)
         .map_err(|e| format!("resolving {} to relabel it: {e}", path.display()))?;

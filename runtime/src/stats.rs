@@ -186,7 +186,7 @@ impl Cgroups {
         let number = |c: &str, f: &str| -> io::Result<i64> {
             let s = text(c, f)?;
             s.parse::<i64>()
-                .map_err(|_| invalid(&format!("{f} holds {:?}", crishim_proto::shown::shown(&s))))
+                .map_err(|_| invalid(&format!("{f} holds {:?}", crishim_sys::shown::shown(&s))))
         };
         // cpuset is optional (not every v2 tree delegates it).
         let optional = |c: &str, f: &str| text(c, f).unwrap_or_default();
@@ -410,13 +410,13 @@ const DISK_USAGE_ENTRIES: u64 = 1_000_000;
 const DISK_USAGE_TIME: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Walk `root` (a container's writable layer, which its container writes while this reads) by
-/// descriptor ([`crishim_proto::walk`]): no symlink followed, no other mount counted, so a
+/// descriptor ([`crishim_sys::walk`]): no symlink followed, no other mount counted, so a
 /// directory swapped for a link mid-walk never adds the host's files. Entries that vanish during
 /// the walk are skipped; an unreadable `root` is an error. A layer of more than
 /// [`DISK_USAGE_ENTRIES`] entries, or whose walk takes more than [`DISK_USAGE_TIME`], counts as
 /// what was counted by then.
 pub fn disk_usage(root: &Path) -> io::Result<DiskUsage> {
-    use crishim_proto::walk;
+    use crishim_sys::walk;
     let limits = walk::Limits {
         deadline: Some(std::time::Instant::now() + DISK_USAGE_TIME),
         ..walk::Limits::entries(DISK_USAGE_ENTRIES)

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 use crate::records::{container_name, pod_name, ContainerRecord, PodRecord, RecordDir};
 use crishim_images::blocking::off_the_workers;

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crishim_proto::idmap::{attach, idmapped_clone, restricted_clone};
+use crishim_sys::idmap::{attach, idmapped_clone, restricted_clone};
 use oci_spec::runtime::Spec;
 
 use crishim_proto::cri;
@@ -263,7 +263,7 @@ impl PodBinds {
 /// on a node's mount before the container's namespace copies it, they are locked there, and
 /// libcontainer's own remount asks for them again.
 fn restricting_attrs(m: &oci_spec::runtime::Mount) -> u64 {
-    use crishim_proto::idmap::{
+    use crishim_sys::idmap::{
         MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
     };
     let mut attrs = 0;
@@ -300,7 +300,7 @@ pub fn stage_binds(
     gid: u32,
     own: &PodBinds,
 ) -> Result<Staged, String> {
-    crishim_proto::hostfs::create_private_dir(dir)
+    crishim_sys::hostfs::create_private_dir(dir)
         .and_then(|()| private_to_group(dir, gid))
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let staged = Staged {
@@ -364,7 +364,7 @@ pub fn stage_devices(spec: &mut Spec, dir: &Path, maps: &IdMaps) -> Result<Stage
         .as_ref()
         .and_then(|l| l.devices().clone())
         .unwrap_or_default();
-    crishim_proto::hostfs::create_private_dir(dir)
+    crishim_sys::hostfs::create_private_dir(dir)
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     nix::mount::mount(
         Some("tmpfs"),
@@ -505,7 +505,7 @@ mod tests {
             &["rbind", "ro", "nosuid", "nodev"],
         );
         assert!(!own.contains(&mirror));
-        use crishim_proto::idmap::{
+        use crishim_sys::idmap::{
             MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
         };
         assert_eq!(

@@ -13,7 +13,7 @@ use crishim_proto::shim::{
     paths, truncate_exec_output, ContainerState, ErrorKind, Response, Status, MAX_EXEC_OUTPUT,
     START_ERROR, START_ERROR_EXIT_CODE,
 };
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
@@ -580,7 +580,7 @@ impl Shim {
         builder = with_stdio(builder, console, io);
         // libcontainer creates its root (and each container's directory in it, holding its
         // state and notify socket) with 0755; the root is made first, root's alone.
-        crishim_proto::hostfs::create_private_dir(&self.lc_root)
+        crishim_sys::hostfs::create_private_dir(&self.lc_root)
             .map_err(|e| format!("creating {}: {e}", self.lc_root.display()))?;
         let build = || {
             builder
@@ -633,7 +633,7 @@ impl Shim {
         match built {
             Ok(c) => {
                 // Its state and config (hooks with their env) become root's alone.
-                crishim_proto::hostfs::tighten_dir_and_files(&self.lc_root.join(id), |_, _| {});
+                crishim_sys::hostfs::tighten_dir_and_files(&self.lc_root.join(id), |_, _| {});
                 Ok(c.pid().map_or(0, |p| p.as_raw()))
             }
             Err(e) => {
@@ -1199,7 +1199,7 @@ fn write_exec_process(
     let seccomp = labelled(seccomp, label);
     let json = serde_json::to_vec(&process).map_err(|e| internal("encoding exec process", e))?;
     // It carries the container's environment: 0600 from the start.
-    crishim_proto::hostfs::write_private(out, &json)
+    crishim_sys::hostfs::write_private(out, &json)
         .map_err(|e| internal(&format!("writing {}", out.display()), e))?;
     Ok(seccomp)
 }
@@ -1353,8 +1353,8 @@ fn write_init_config(bundle: &Path, mut spec: oci_spec::runtime::Spec) -> Result
     }
     let dir = bundle.join("init-config");
     let json = serde_json::to_vec(&spec).map_err(|e| format!("encoding the init config: {e}"))?;
-    crishim_proto::hostfs::create_private_dir(&dir)
-        .and_then(|()| crishim_proto::hostfs::write_private(&dir.join("config.json"), &json))
+    crishim_sys::hostfs::create_private_dir(&dir)
+        .and_then(|()| crishim_sys::hostfs::write_private(&dir.join("config.json"), &json))
         .map_err(|e| format!("writing {}/config.json: {e}", dir.display()))?;
     Ok(dir)
 }

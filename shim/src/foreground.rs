@@ -94,7 +94,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 fn main(o: &Opts) -> Result<i32, String> {
     crate::server::become_subreaper()?;
     // `crishim bundle delete` waits for this pid to be gone.
-    crishim_proto::hostfs::write_private(
+    crishim_sys::hostfs::write_private(
         &o.dir.join(paths::SHIM_PID),
         crishim_proto::shim::pid_file::text(std::process::id() as i32).as_bytes(),
     )

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crishim_proto::mountinfo::{self, Mount};
+use crishim_sys::mountinfo::{self, Mount};
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sched::{setns, unshare, CloneFlags};
@@ -342,7 +342,7 @@ impl CreateView {
             .iter()
             .zip(ids)
             .filter(|(p, _)| mountinfo::is_mount_root(p) == Some(true))
-            .filter_map(|(p, id)| Some((p, id, crishim_proto::idmap::clone_tree(p).ok()?)))
+            .filter_map(|(p, id)| Some((p, id, crishim_sys::idmap::clone_tree(p).ok()?)))
             .collect();
         if setns(self.ns.as_fd(), CloneFlags::CLONE_NEWNS).is_err() {
             return false;
@@ -350,7 +350,7 @@ impl CreateView {
         for (path, id, tree) in &clones {
             if identities(std::slice::from_ref(*path)).pop().as_ref() != Some(*id) {
                 // A failure shows in the check below.
-                let _ = crishim_proto::idmap::attach(tree, path);
+                let _ = crishim_sys::idmap::attach(tree, path);
             }
         }
         if identities(same) == ids {
@@ -444,7 +444,7 @@ fn unshare_pruned(
     match work.empty {
         Some(empty) => unshare_from_empty(empty, binds, propagation)?,
         None => {
-            crishim_proto::hostfs::create_private_dir(work.dir)
+            crishim_sys::hostfs::create_private_dir(work.dir)
                 .map_err(|e| format!("creating {}: {e}", work.dir.display()))?;
             unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare: {e}"))?;
             populate(work.dir, binds, propagation)?;
@@ -464,7 +464,7 @@ fn unshare_pruned(
 /// and attached in a private copy of `empty`; `/` is stacked on its root, which entering the
 /// namespace resolves to.
 fn unshare_from_empty(empty: &File, binds: &[PathBuf], propagation: MsFlags) -> Result<(), String> {
-    use crishim_proto::idmap::{attach_at, clone_one};
+    use crishim_sys::idmap::{attach_at, clone_one};
     let clone = |dir: RawFd, path: &Path| {
         open_path(dir, path, ResolveFlag::empty())
             .map_err(std::io::Error::from)
@@ -482,7 +482,7 @@ fn unshare_from_empty(empty: &File, binds: &[PathBuf], propagation: MsFlags) -> 
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
         .map_err(|e| format!("making the copy private: {e}"))?;
-    crishim_proto::idmap::attach(&root, Path::new("/"))
+    crishim_sys::idmap::attach(&root, Path::new("/"))
         .map_err(|e| format!("attaching / to it: {e}"))?;
     for (mp, tree) in &clones {
         // Beneath the new root and without links, as `populate` binds; one that cannot be
@@ -847,9 +847,8 @@ garbage line
         }
         for from_empty in [false, true] {
             for shared in [true, false] {
-                let seen = crishim_proto::testing::in_child_mount_ns(|| {
-                    spare_view_sees(shared, from_empty)
-                });
+                let seen =
+                    crishim_sys::testing::in_child_mount_ns(|| spare_view_sees(shared, from_empty));
                 assert_eq!(
                     seen,
                     Some(vec![true, shared, false, true]),
@@ -864,7 +863,7 @@ garbage line
     /// pod's mount made before; and whether the spare was the view used.
     fn spare_view_sees(shared: bool, from_empty: bool) -> Option<Vec<bool>> {
         let empty = match from_empty {
-            true => Some(crishim_proto::testing::empty_mount_ns().ok()?),
+            true => Some(crishim_sys::testing::empty_mount_ns().ok()?),
             false => None,
         };
         let none: Option<&str> = None;
@@ -931,7 +930,7 @@ garbage line
         if !nix::unistd::Uid::effective().is_root() {
             return;
         }
-        let seen = crishim_proto::testing::in_child_mount_ns(spare_dropping_volumes_sees);
+        let seen = crishim_sys::testing::in_child_mount_ns(spare_dropping_volumes_sees);
         assert_eq!(
             seen,
             Some(vec![false, true]),
@@ -1020,7 +1019,7 @@ garbage line
                     let none: Option<&str> = None;
                     unshare(CloneFlags::CLONE_NEWNS).ok()?;
                     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).ok()?;
-                    let empty = crishim_proto::testing::empty_mount_ns().ok()?;
+                    let empty = crishim_sys::testing::empty_mount_ns().ok()?;
                     let mut all = true;
                     for state_mounted in [false, true] {
                         if state_mounted {

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crishim_proto::shim::OciRuntimeSpec;
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// A call may run hooks and mount a root filesystem; past this it is stuck, and is killed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,7 +61,7 @@ impl OciRuntime {
     /// The runtime for the pod whose shim state lives in `dir`; its state root is made root's
     /// alone.
     pub fn new(spec: OciRuntimeSpec, dir: &Path) -> Result<Self, String> {
-        crishim_proto::hostfs::create_private_dir(&spec.root)
+        crishim_sys::hostfs::create_private_dir(&spec.root)
             .map_err(|e| format!("creating {}: {e}", spec.root.display()))?;
         Ok(OciRuntime {
             spec,
@@ -87,7 +87,7 @@ impl OciRuntime {
     /// runtime's own last error message.
     fn run(&self, mut cmd: Command, stdio: [Stdio; 3], what: &str) -> Result<(), String> {
         // Emptied per call (0600: it may quote the container's environment).
-        let _ = crishim_proto::hostfs::write_private(&self.log, b"");
+        let _ = crishim_sys::hostfs::write_private(&self.log, b"");
         let [stdin, stdout, stderr] = stdio;
         cmd.stdin(stdin).stdout(stdout).stderr(stderr);
         let mut child = cmd

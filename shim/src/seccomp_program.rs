@@ -151,8 +151,8 @@ fn write_disk(key: &str, program: &Program) {
     let Some(dir) = DISK.with(|d| d.borrow().clone()) else {
         return;
     };
-    let written = crishim_proto::hostfs::create_private_dir(&dir).and_then(|()| {
-        crishim_proto::record::write_atomic(&disk_path(&dir, key), &program.to_bytes())
+    let written = crishim_sys::hostfs::create_private_dir(&dir).and_then(|()| {
+        crishim_sys::record::write_atomic(&disk_path(&dir, key), &program.to_bytes())
     });
     if let Err(e) = written {
         eprintln!("crishim-shim: keeping a compiled seccomp program: {e}");

@@ -48,13 +48,13 @@ pub fn run(args: &[String]) -> ! {
         Some(Err(e)) => fail(&format!("--oci-runtime: {e}")),
         None => None,
     };
-    if let Err(e) = crishim_proto::hostfs::create_private_dir(&dir) {
+    if let Err(e) = crishim_sys::hostfs::create_private_dir(&dir) {
         fail(&format!("creating {}: {e}", dir.display()));
     }
     // Kept for `cleanup`, which must find the runtime that holds the containers' state.
     if let Some(o) = &oci {
         let json = serde_json::to_vec(o).unwrap_or_default();
-        if let Err(e) = crishim_proto::hostfs::write_private(&dir.join(paths::OCI_RUNTIME), &json) {
+        if let Err(e) = crishim_sys::hostfs::write_private(&dir.join(paths::OCI_RUNTIME), &json) {
             fail(&format!("recording the OCI runtime: {e}"));
         }
     }
@@ -107,7 +107,7 @@ fn redirect_stdio(dir: &std::path::Path) {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .mode(crishim_proto::hostfs::FILE_MODE)
+        .mode(crishim_sys::hostfs::FILE_MODE)
         .open(dir.join("shim.log"));
     if let Ok(null) = null {
         let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
@@ -116,7 +116,7 @@ fn redirect_stdio(dir: &std::path::Path) {
     if let Ok(log) = log {
         let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
     }
-    let _ = crishim_proto::hostfs::write_private(
+    let _ = crishim_sys::hostfs::write_private(
         &dir.join(paths::SHIM_PID),
         crishim_proto::shim::pid_file::text(std::process::id() as i32).as_bytes(),
     );

@@ -13,7 +13,7 @@ use oci_spec::runtime::LinuxDeviceCgroup;
 use oci_spec::runtime::{LinuxDeviceCgroupBuilder, LinuxDeviceType};
 
 fn cgroup2_mount() -> Option<std::path::PathBuf> {
-    crishim_proto::mountinfo::read()
+    crishim_sys::mountinfo::read()
         .into_iter()
         .find(|m| m.fs_type == "cgroup2")
         .map(|m| m.mount_point)

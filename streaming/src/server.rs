@@ -77,7 +77,7 @@ impl Tokens {
             return Err(StreamingError::TooManyInFlight);
         }
         let mut raw = [0u8; 12];
-        crishim_proto::random::fill(&mut raw).map_err(StreamingError::Random)?;
+        crishim_sys::random::fill(&mut raw).map_err(StreamingError::Random)?;
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
         map.insert(token.clone(), (p, now));
         Ok(token)

@@ -52,7 +52,7 @@ pub struct NestedSystemd {
 
 /// Where this host mounts the cgroup v2 hierarchy (the unified one of a hybrid host).
 fn cgroup2_mount() -> Option<PathBuf> {
-    crishim_proto::mountinfo::read()
+    crishim_sys::mountinfo::read()
         .into_iter()
         .find(|m| m.fs_type == "cgroup2")
         .map(|m| m.mount_point)

@@ -24,7 +24,7 @@ pub use self::config::{Credentials, RegistryConfig};
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
 use crate::reference::{Reference, DEFAULT_REGISTRY};
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// Media types we accept for manifests, most preferred first.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \

@@ -21,7 +21,7 @@ pub mod meta;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crishim_proto::hostfs::{self, create_private_dir};
+use crishim_sys::hostfs::{self, create_private_dir};
 
 use crate::digest::Digest;
 use crate::error::{IoContext, Result};

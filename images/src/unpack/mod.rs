@@ -20,7 +20,7 @@ pub(crate) use sys::{open_dir, syncfs};
 use crate::digest::{Digest, Hasher};
 use crate::error::{ImageError, Result, StreamAborted};
 use crate::limits::Budget;
-use crishim_proto::shown::{shown, shown_bytes};
+use crishim_sys::shown::{shown, shown_bytes};
 
 const WHITEOUT_PREFIX: &[u8] = b".wh.";
 const OPAQUE_MARKER: &[u8] = b".wh..wh..opq";

@@ -20,7 +20,7 @@ fn check(ret: libc::c_int) -> io::Result<()> {
     }
 }
 
-pub use crishim_proto::confined::openat2;
+pub use crishim_sys::confined::openat2;
 
 /// Open a directory beneath `root`: fails with `EXDEV` if resolution would leave `root` through `..`
 /// or an absolute symlink, and with `ELOOP` through magic links.

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crishim_proto::record::now_nanos;
 use crishim_proto::shim::{paths, ContainerState, Request, Response, Status};
+use crishim_sys::record::now_nanos;
 
 use super::config::Bundle;
 use super::error::BundleError;

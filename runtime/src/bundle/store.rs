@@ -81,14 +81,14 @@ impl Store {
     /// Claim `id`'s directory and write its record there.
     pub fn reserve(&self, record: &BundleRecord) -> Result<Reservation, BundleError> {
         validate_id(&record.id)?;
-        crishim_proto::hostfs::create_private_dir(&self.root)
+        crishim_sys::hostfs::create_private_dir(&self.root)
             .map_err(|e| BundleError::io("creating", &self.root, e))?;
         let dir = self.dir(&record.id);
         // Created, not reused: an existing directory means the id is taken.
         match std::fs::DirBuilder::new()
-            .mode(crishim_proto::hostfs::DIR_MODE)
+            .mode(crishim_sys::hostfs::DIR_MODE)
             .create(&dir)
-            .and_then(|()| crishim_proto::hostfs::create_private_dir(&dir))
+            .and_then(|()| crishim_sys::hostfs::create_private_dir(&dir))
         {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
@@ -104,7 +104,7 @@ impl Store {
         };
         let json = serde_json::to_vec_pretty(record).expect("a record serializes");
         let path = dir.join(RECORD);
-        crishim_proto::record::write_atomic(&path, &json)
+        crishim_sys::record::write_atomic(&path, &json)
             .map_err(|e| BundleError::io("writing", path, e))?;
         Ok(reservation)
     }

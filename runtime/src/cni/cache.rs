@@ -75,7 +75,7 @@ impl Cache {
         if let Some(j) = &*slot {
             return Ok(j.clone());
         }
-        crishim_proto::hostfs::create_private_dir(&self.dir)?;
+        crishim_sys::hostfs::create_private_dir(&self.dir)?;
         let journal = Journal::open(
             &self.dir.join(JOURNAL),
             MAX_ENTRY_BYTES,

@@ -189,7 +189,7 @@ pub fn pin_path(source: &Path, path: &Path) -> io::Result<()> {
         ));
     }
     if let Some(parent) = path.parent() {
-        crishim_proto::hostfs::create_private_dir(parent)?;
+        crishim_sys::hostfs::create_private_dir(parent)?;
     }
     let created = match std::fs::OpenOptions::new()
         .write(true)

@@ -59,7 +59,7 @@ pub const MAX_IMAGE_LIBRARY_BYTES: u64 = 32 << 20;
 /// directory that has it, through the bounded reader: a device, a FIFO or an oversized file
 /// there is refused with `FailedPrecondition`, never read.
 fn image_library(rootfs: &Path, name: &str) -> Result<Option<Vec<u8>>, GpuError> {
-    use crishim_proto::confined::{self, Limits, ReadError};
+    use crishim_sys::confined::{self, Limits, ReadError};
     let root = match std::fs::File::open(rootfs) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

@@ -58,7 +58,7 @@ pub struct ContainerDir {
 impl ContainerDir {
     /// Root's alone (0700, parents too): what a container needs of it is bind-mounted.
     pub fn create(path: PathBuf) -> Result<ContainerDir, GpuError> {
-        crishim_proto::hostfs::create_private_dir(&path)
+        crishim_sys::hostfs::create_private_dir(&path)
             .map_err(|e| GpuError::io(format!("creating {}", path.display()), e))?;
         Ok(ContainerDir { path })
     }
@@ -139,7 +139,7 @@ impl ContainerDir {
         let path = self.path.join(name);
         let json =
             serde_json::to_vec_pretty(value).map_err(|e| GpuError::Internal(e.to_string()))?;
-        crishim_proto::record::write_atomic(&path, &json)
+        crishim_sys::record::write_atomic(&path, &json)
             .map_err(|e| GpuError::io(format!("writing {}", path.display()), e))?;
         // Readable by the container's users whatever their uid.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
@@ -313,9 +313,9 @@ pub fn usage_within(containers_dir: &Path, deadline: std::time::Duration) -> Opt
 fn read_ledger(
     container_dir: &Path,
     live: &std::collections::HashSet<(u32, u64)>,
-) -> Result<(u64, u64), crishim_proto::confined::ReadError> {
-    use crishim_proto::confined::{self, Limits};
+) -> Result<(u64, u64), crishim_sys::confined::ReadError> {
     use crishim_proto::vgpu::ledger::{Entry, PROCESS, RECORD};
+    use crishim_sys::confined::{self, Limits};
     let raw = confined::read(
         container_dir,
         "shared/usage",

@@ -137,7 +137,7 @@ impl Mirror {
             )?;
             let json = serde_json::to_vec_pretty(&wanted)
                 .map_err(|e| GpuError::Internal(e.to_string()))?;
-            crishim_proto::record::write_atomic(&manifest_path, &json)
+            crishim_sys::record::write_atomic(&manifest_path, &json)
                 .map_err(|e| GpuError::io(format!("writing {}", manifest_path.display()), e))?;
         }
         Ok(Mirror {

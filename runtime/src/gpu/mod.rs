@@ -555,7 +555,7 @@ const MAX_PRELOAD_BYTES: u64 = 64 << 10;
 /// through the bounded reader: a device, a FIFO or a file over `MAX_PRELOAD_BYTES` is refused
 /// with `FailedPrecondition`, never read.
 fn read_in_rootfs(rootfs: &Path, rel: &str) -> Result<Option<String>, GpuError> {
-    use crishim_proto::confined::{self, Limits};
+    use crishim_sys::confined::{self, Limits};
     confined::read_text(rootfs, rel, Limits::in_root(MAX_PRELOAD_BYTES)).map_err(|e| {
         if e.is_refusal() {
             GpuError::Unavailable(format!(

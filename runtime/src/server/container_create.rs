@@ -68,7 +68,7 @@ impl RuntimeService {
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "image {:?} not found: pull it first",
-                    crishim_proto::shown::shown(&image_name)
+                    crishim_sys::shown::shown(&image_name)
                 ))
             })?;
 
@@ -194,7 +194,7 @@ impl Inner {
 
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
         // root (the upper dir) has the mode the container sees.
-        crishim_proto::hostfs::create_private_dir(&rootfs)
+        crishim_sys::hostfs::create_private_dir(&rootfs)
             .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
         if let Some(maps) = &userns {
             let containers = self.config.state_dir.join("containers");
@@ -362,7 +362,7 @@ impl Inner {
         // It holds the container's environment: 0600 from the start.
         let json = serde_json::to_vec(&spec)
             .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
-        crishim_proto::hostfs::write_private(&bundle.join("config.json"), &json)
+        crishim_sys::hostfs::write_private(&bundle.join("config.json"), &json)
             .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
         phases.done("spec");
 
@@ -593,7 +593,7 @@ pub(super) fn check_lsm_options(
     if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
         return Err(Status::invalid_argument(format!(
             "CreateContainer: AppArmor localhost profile {:?} is not a profile name",
-            crishim_proto::shown::shown(&name)
+            crishim_sys::shown::shown(&name)
         )));
     }
     if !lsm.apparmor {

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Component, Path, PathBuf};
 
 use crishim_proto::cri;
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 use tonic::Status;
 
 use super::errors::from_image_error;
@@ -53,7 +53,7 @@ impl Inner {
                     ))
                 })?;
             let target = bundle.join("volumes").join(n.to_string());
-            crishim_proto::hostfs::create_private_dir(&target)
+            crishim_sys::hostfs::create_private_dir(&target)
                 .map_err(|e| Status::internal(format!("creating {}: {e}", target.display())))?;
             self.images
                 .mount_volume(&image, &volume_id(id, n), &target)

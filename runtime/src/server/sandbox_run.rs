@@ -16,7 +16,7 @@ use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
 use crate::bounds::read_capped;
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// Kubernetes' default pod /dev/shm size.
 const SHM_SIZE: &str = "size=65536k";
@@ -306,7 +306,7 @@ impl Inner {
         phases.done("record");
 
         for d in [&files, &state] {
-            crishim_proto::hostfs::create_private_dir(d)
+            crishim_sys::hostfs::create_private_dir(d)
                 .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
         }
         phases.done("directories");
@@ -487,7 +487,7 @@ impl Inner {
 
 /// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
 fn mount_shm(dir: &Path) -> Result<(), Status> {
-    crishim_proto::hostfs::create_private_dir(dir)
+    crishim_sys::hostfs::create_private_dir(dir)
         .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
     nix::mount::mount(
         Some("shm"),

@@ -210,7 +210,7 @@ mod tests {
     /// Runs `f` in a forked child that is a subreaper, as the daemon is, so the test process
     /// keeps its own children and parentage.
     fn in_subreaper(f: impl FnOnce() -> Option<Vec<bool>>) -> Option<Vec<bool>> {
-        crishim_proto::testing::in_child_mount_ns(|| {
+        crishim_sys::testing::in_child_mount_ns(|| {
             // SAFETY: prctl with integer arguments.
             if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
                 return None;

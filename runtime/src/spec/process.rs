@@ -74,7 +74,7 @@ pub(super) fn env(
             SpecError::Invalid(format!(
                 "the value of environment variable {:?} is not UTF-8, which an OCI runtime \
                  cannot pass on",
-                crishim_proto::shown::shown(&kv.key)
+                crishim_sys::shown::shown(&kv.key)
             ))
         })?;
         ours.push(format!("{}={value}", kv.key));
@@ -89,7 +89,7 @@ pub(super) fn env(
         return Err(SpecError::Invalid(format!(
             "environment entry {:?} has an empty name or a NUL byte, which no process can be \
              given",
-            crishim_proto::shown::shown(bad)
+            crishim_sys::shown::shown(bad)
         )));
     }
     Ok(env)

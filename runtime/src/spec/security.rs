@@ -274,8 +274,8 @@ fn load_localhost_profile(localhost_ref: &str) -> Result<LinuxSeccomp, SpecError
     }
     // The pod names the path: a regular file of at most 1 MiB (containerd's profile is 20 KiB),
     // never a device or a FIFO that would stall or fill the daemon.
-    let limits = crishim_proto::confined::Limits::in_root(MAX_SECCOMP_PROFILE_BYTES);
-    let text = crishim_proto::confined::read(Path::new("/"), path.trim_start_matches('/'), limits)
+    let limits = crishim_sys::confined::Limits::in_root(MAX_SECCOMP_PROFILE_BYTES);
+    let text = crishim_sys::confined::read(Path::new("/"), path.trim_start_matches('/'), limits)
         .map_err(|e| SpecError::Invalid(format!("cannot load seccomp profile {path:?}: {e}")))?;
     serde_json::from_slice(&text)
         .map_err(|e| SpecError::Invalid(format!("invalid seccomp profile {path:?}: {e}")))

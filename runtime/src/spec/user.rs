@@ -2,7 +2,7 @@
 //! /etc/passwd and /etc/group as containerd's `WithUser` / `WithAdditionalGIDs` do.
 //!
 //! Both files come from an untrusted image, so they are read with the bounded reader
-//! (`crishim_proto::confined`, `RESOLVE_IN_ROOT`): the kernel resolves every symlink and `..` as
+//! (`crishim_sys::confined`, `RESOLVE_IN_ROOT`): the kernel resolves every symlink and `..` as
 //! if the rootfs were `/`, so `etc/passwd -> /etc/shadow` names the image's shadow file, never
 //! the host's; only a regular file of at most 10 MiB is read.
 
@@ -297,7 +297,7 @@ fn records(text: &str) -> impl Iterator<Item = Vec<&str>> {
 /// exist; a non-regular file (a FIFO that would block us, a device that never ends) or one over
 /// `MAX_USER_FILE_BYTES` is refused without being read.
 pub(super) fn read_in_root(root: &Path, rel: &str) -> Result<Option<String>, SpecError> {
-    use crishim_proto::confined::{self, Limits};
+    use crishim_sys::confined::{self, Limits};
     confined::read_text(root, rel, Limits::in_root(MAX_USER_FILE_BYTES)).map_err(|e| {
         if e.is_refusal() {
             SpecError::Invalid(format!("the container rootfs's {e}"))

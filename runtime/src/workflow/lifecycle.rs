@@ -598,10 +598,10 @@ impl Runner {
             subpath::open_dir(&root, sub).map_err(|e| format!("{}/{sub}: {e}", root.display()))?;
         // The container wrote it: read through the bounded reader (a regular file of at most
         // `max_output` bytes, resolved inside the volume or rootfs).
-        crishim_proto::confined::read_at(
+        crishim_sys::confined::read_at(
             &dir,
             rel.trim_start_matches('/'),
-            crishim_proto::confined::Limits::in_root(self.opts.max_output),
+            crishim_sys::confined::Limits::in_root(self.opts.max_output),
         )
         .map_err(|e| format!("{path}: {e}"))
     }

@@ -240,7 +240,7 @@ fn check_label(field: &str, name: &str) -> Result<(), WorkflowError> {
     Err(invalid(format!(
         "{field} {:?} is not a DNS-1123 label (at most 63 lowercase letters, digits and '-', \
          starting and ending with a letter or digit)",
-        crishim_proto::shown::shown(name)
+        crishim_sys::shown::shown(name)
     )))
 }
 
@@ -259,7 +259,7 @@ fn check_uid(uid: &str) -> Result<(), WorkflowError> {
     Err(invalid(format!(
         "metadata.uid {:?} is not a plain identifier (at most 128 letters, digits, '-', '_' and \
          '.'; a UUID is one)",
-        crishim_proto::shown::shown(uid)
+        crishim_sys::shown::shown(uid)
     )))
 }
 

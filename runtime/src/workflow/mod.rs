@@ -84,7 +84,7 @@ async fn run(args: RunArgs, plan: manifest::Plan, config: Config) -> Result<i32>
     let run_dir = config.state_dir.join("runs").join(&plan.uid);
     // Root's alone, like the rest of the state directory: it holds the containers' logs. Volumes
     // inside reach the containers as mounts.
-    crishim_proto::hostfs::create_private_dir(&run_dir)
+    crishim_sys::hostfs::create_private_dir(&run_dir)
         .with_context(|| format!("creating {}", run_dir.display()))?;
     let runner = lifecycle::Runner::new(
         cri,

@@ -1,7 +1,7 @@
 //! Host-side reads of image- and container-controlled files, from the image's author and from a
 //! container's root: the daemon reads the image's glibc before it injects the GPU interceptor,
 //! and reads each GPU container's accounting file (a host directory the container writes) for
-//! `/metrics`. Every such read goes through one bounded reader (`crishim_proto::confined`): a
+//! `/metrics`. Every such read goes through one bounded reader (`crishim_sys::confined`): a
 //! regular file, resolved inside its root, capped before and while it is read. (The fake driver
 //! of `crishim_tests::gpu` stands in for a GPU: no GPU is needed.)
 

@@ -1,0 +1,24 @@
+//! Host helpers shared by the daemon, the shim and the image store: system calls and files on the
+//! host, no wire protocol (those are `crishim-proto`'s).
+//!
+//! - `hostfs`: creating and tightening root-only directories and files; `record`: files written
+//!   whole or not at all (the daemon's and the shim's records), and the CRI's clock.
+//! - `mountinfo`: the mounts of `/proc/self/mountinfo`; `idmap`: detached (and idmapped) mount
+//!   trees; `empty_ns`: an empty mount namespace.
+//! - `confined`: reading a bounded file beneath a root, never leaving it (the one `openat2`
+//!   wrapper).
+//! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
+//! - `random`: ids and tokens from `getrandom(2)`.
+//! - `shown`: attacker-sized names cut to a bounded length for error messages and logs.
+//! - `testing`: helpers for tests that need a mount namespace of their own.
+
+pub mod confined;
+pub mod empty_ns;
+pub mod hostfs;
+pub mod idmap;
+pub mod mountinfo;
+pub mod random;
+pub mod record;
+pub mod shown;
+pub mod testing;
+pub mod walk;
