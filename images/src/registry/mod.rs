@@ -5,8 +5,10 @@
 //! refresh tokens), and blob bodies as raw streams so digests are verified while layers unpack.
 
 pub(crate) mod auth;
+mod blob;
 pub mod config;
 pub mod hosts;
+mod manifest;
 mod tls;
 
 use std::collections::HashMap;
@@ -14,37 +16,27 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::Stream;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use reqwest::header::{ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
 use reqwest::{StatusCode, Url};
 use tracing::debug;
 
-use self::auth::{basic_header, parse_challenge, Challenge, TokenRequest, TokenResponse};
+use self::auth::parse_challenge;
+pub use self::auth::MAX_TOKEN_REPLY;
+pub use self::blob::MAX_CONFIG;
 pub use self::config::{Credentials, RegistryConfig};
-use crate::digest::Digest;
+pub use self::manifest::{Manifest, MANIFEST_ACCEPT, MAX_MANIFEST};
 use crate::error::{ImageError, Result};
 use crate::reference::{Reference, DEFAULT_REGISTRY};
 use crishim_sys::shown::shown;
 
-/// Media types we accept for manifests, most preferred first.
-pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
-application/vnd.docker.distribution.manifest.list.v2+json, \
-application/vnd.oci.image.manifest.v1+json, \
-application/vnd.docker.distribution.manifest.v2+json";
-
 /// Replies read whole into memory are capped by the bytes actually read, whatever their
-/// `Content-Length` or chunking says. Manifests as containerd caps them; configs with room for
-/// long histories; tokens (JWTs of a few KiB in practice); error bodies only as much as is shown.
-pub const MAX_MANIFEST: u64 = 4 << 20;
-pub const MAX_CONFIG: u64 = 8 << 20;
-pub const MAX_TOKEN_REPLY: u64 = 1 << 20;
+/// `Content-Length` or chunking says (see [`MAX_MANIFEST`], [`MAX_CONFIG`], [`MAX_TOKEN_REPLY`]);
+/// error bodies only as much as is shown.
 pub const MAX_ERROR_BODY: u64 = 4 << 10;
 /// The longest a reply read whole may take, so a registry dripping bytes cannot hold a pull.
 const SMALL_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Redirects followed per request (blobs are commonly redirected to object storage).
 const MAX_REDIRECTS: usize = 10;
-/// Cached `Authorization` values; a flood of distinct credentials empties the cache.
-const MAX_CACHED_AUTH: usize = 1024;
 
 pub struct RegistryClient {
     config: RegistryConfig,
@@ -104,12 +96,6 @@ pub struct Repository<'a> {
     endpoint: Endpoint,
     repository: String,
     creds: Option<Credentials>,
-}
-
-pub struct Manifest {
-    pub bytes: Bytes,
-    pub media_type: String,
-    pub digest: Digest,
 }
 
 /// Which hosts may be spoken to over plain HTTP, where credentials could be read on the wire.
@@ -392,32 +378,9 @@ impl Repository<'_> {
         self.endpoint.base.to_string()
     }
 
-    /// Endpoint, repository and a hash of the credentials, so the cache never holds them in clear.
-    fn cache_key(&self) -> String {
-        let who = match &self.creds {
-            None => "anonymous".to_string(),
-            Some(Credentials::Basic { username, password }) => {
-                Digest::of(format!("basic\0{username}\0{password}").as_bytes()).to_string()
-            }
-            Some(Credentials::IdentityToken(t)) => {
-                Digest::of(format!("identity\0{t}").as_bytes()).to_string()
-            }
-            Some(Credentials::RegistryToken(t)) => {
-                Digest::of(format!("registry\0{t}").as_bytes()).to_string()
-            }
-        };
-        format!("{}|{}|{who}", self.endpoint.base, self.repository)
-    }
-
     /// GET with the auth dance: try with what we have, answer one 401 challenge, try once more.
     async fn get(&self, url: &str, accept: Option<&str>) -> Result<reqwest::Response> {
-        let mut authorization = self
-            .client
-            .auth_cache
-            .lock()
-            .unwrap()
-            .get(&self.cache_key())
-            .cloned();
+        let mut authorization = self.cached_authorization();
         if authorization.is_none() {
             if let Some(Credentials::RegistryToken(t)) = &self.creds {
                 authorization = Some(format!("Bearer {t}"));
@@ -437,11 +400,7 @@ impl Repository<'_> {
             let resp = req.send().await.map_err(|e| self.unavailable(e))?;
             if resp.status() != StatusCode::UNAUTHORIZED {
                 if let Some(h) = authorization {
-                    let mut cache = self.client.auth_cache.lock().unwrap();
-                    if cache.len() >= MAX_CACHED_AUTH {
-                        cache.clear();
-                    }
-                    cache.insert(self.cache_key(), h);
+                    self.cache_authorization(h);
                 }
                 return Ok(resp);
             }
@@ -459,108 +418,11 @@ impl Repository<'_> {
                 })?;
             authorization = Some(self.authorize(challenge).await?);
         }
-        self.client
-            .auth_cache
-            .lock()
-            .unwrap()
-            .remove(&self.cache_key());
+        self.forget_authorization();
         Err(self.unauthorized(match &self.creds {
             Some(_) => "credentials were rejected (401 Unauthorized)",
             None => "authentication required and no credentials were given (401 Unauthorized)",
         }))
-    }
-
-    async fn authorize(&self, challenge: Challenge) -> Result<String> {
-        match challenge {
-            Challenge::Basic => match &self.creds {
-                Some(Credentials::Basic { username, password }) => {
-                    Ok(basic_header(username, password))
-                }
-                Some(_) => {
-                    Err(self.unauthorized("registry wants basic auth but only a token was given"))
-                }
-                None => {
-                    Err(self.unauthorized("authentication required and no credentials were given"))
-                }
-            },
-            Challenge::Bearer {
-                realm,
-                service,
-                scope,
-            } => {
-                let scope = scope.unwrap_or_else(|| format!("repository:{}:pull", self.repository));
-                let token = self.fetch_token(&realm, service.as_deref(), &scope).await?;
-                Ok(format!("Bearer {token}"))
-            }
-        }
-    }
-
-    async fn fetch_token(&self, realm: &str, service: Option<&str>, scope: &str) -> Result<String> {
-        let mut url = Url::parse(realm).map_err(|e| {
-            self.unauthorized(&format!("bad token realm \"{}\": {e}", shown(realm)))
-        })?;
-        let realm = shown(realm);
-        let service = service.unwrap_or_default();
-        let request = TokenRequest::for_credentials(self.creds.as_ref());
-        if !matches!(request, TokenRequest::Anonymous) && !self.client.plain_http.allows(&url) {
-            return Err(self.unauthorized(&format!(
-                "refusing to send credentials over plain HTTP to the token realm {realm}"
-            )));
-        }
-        let resp = match request {
-            TokenRequest::Refresh(refresh) => {
-                let form = [
-                    ("grant_type", "refresh_token"),
-                    ("refresh_token", refresh),
-                    ("service", service),
-                    ("scope", scope),
-                    ("client_id", "crishim"),
-                ];
-                let body: String = form
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", urlencode(v)))
-                    .collect::<Vec<_>>()
-                    .join("&");
-                self.http()
-                    .post(url)
-                    .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-                    .body(body)
-                    .send()
-                    .await
-            }
-            other => {
-                url.query_pairs_mut()
-                    .append_pair("service", service)
-                    .append_pair("scope", scope);
-                let mut req = self.http().get(url);
-                if let TokenRequest::Basic(u, p) = other {
-                    req = req.header(AUTHORIZATION, basic_header(u, p));
-                }
-                req.send().await
-            }
-        }
-        .map_err(|e| self.unavailable(e))?;
-        let status = resp.status();
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            return Err(self.unauthorized(&format!("token endpoint {realm} answered {status}")));
-        }
-        if !status.is_success() {
-            return Err(ImageError::RegistryUnavailable {
-                registry: self.registry(),
-                detail: format!("token endpoint {realm} answered {status}"),
-            });
-        }
-        let body = self
-            .read_capped(resp, MAX_TOKEN_REPLY, &format!("token reply from {realm}"))
-            .await?;
-        let body: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
-            self.unauthorized(&format!(
-                "token endpoint {realm} sent malformed JSON: {}",
-                shown(&e.to_string())
-            ))
-        })?;
-        body.into_token()
-            .ok_or_else(|| self.unauthorized("token endpoint returned no token"))
     }
 
     fn unavailable(&self, e: reqwest::Error) -> ImageError {
@@ -603,75 +465,6 @@ impl Repository<'_> {
                 detail: format!("{what}: {detail}"),
             },
         })
-    }
-
-    /// Fetch a manifest or index by tag or digest; verify it when fetched by digest.
-    pub async fn manifest(&self, reference: &str) -> Result<Manifest> {
-        let what = format!("manifest {}:{}", self.repository, shown(reference));
-        let resp = self
-            .get(&self.url("manifests", reference), Some(MANIFEST_ACCEPT))
-            .await?;
-        let resp = self.check(what.clone(), resp).await?;
-        let media_type = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .map(|s| shown(s.split(';').next().unwrap_or(s).trim()).into_owned())
-            .unwrap_or_default();
-        let bytes = self.read_capped(resp, MAX_MANIFEST, &what).await?;
-        let digest = Digest::of(&bytes);
-        if let Ok(expected) = Digest::parse(reference) {
-            if expected != digest {
-                return Err(ImageError::DigestMismatch {
-                    what: "manifest",
-                    expected: expected.to_string(),
-                    actual: digest.to_string(),
-                });
-            }
-        }
-        debug!(%digest, %media_type, "fetched manifest");
-        Ok(Manifest {
-            bytes,
-            media_type,
-            digest,
-        })
-    }
-
-    /// Fetch a small blob (an image config) whole, verified.
-    pub async fn small_blob(&self, digest: &Digest) -> Result<Bytes> {
-        let what = format!("blob {digest}");
-        let resp = self.blob_response(digest).await?;
-        let bytes = self.read_capped(resp, MAX_CONFIG, &what).await?;
-        let actual = Digest::of(&bytes);
-        if &actual != digest {
-            return Err(ImageError::DigestMismatch {
-                what: "blob",
-                expected: digest.to_string(),
-                actual: actual.to_string(),
-            });
-        }
-        Ok(bytes)
-    }
-
-    /// Stream a blob. The caller verifies the digest as it consumes the stream.
-    pub async fn blob_stream(
-        &self,
-        digest: &Digest,
-    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
-        use futures::TryStreamExt as _;
-        let resp = self.blob_response(digest).await?;
-        let registry = self.registry();
-        Ok(resp
-            .bytes_stream()
-            .map_err(move |e| ImageError::RegistryUnavailable {
-                registry: registry.clone(),
-                detail: format!("reading blob: {}", error_chain(&e)),
-            }))
-    }
-
-    async fn blob_response(&self, digest: &Digest) -> Result<reqwest::Response> {
-        let resp = self.get(&self.url("blobs", digest.as_str()), None).await?;
-        self.check(format!("blob {digest}"), resp).await
     }
 
     /// The whole body, refused once more than `cap` bytes have actually arrived.
@@ -735,325 +528,5 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::registry::config::{HostConfig, MirrorConfig, TlsConfig};
-
-    #[test]
-    fn endpoints_list_mirrors_then_upstream() {
-        let mut cfg = RegistryConfig::default();
-        cfg.mirrors.insert(
-            "docker.io".into(),
-            MirrorConfig {
-                endpoint: vec![
-                    "http://127.0.0.1:5000".into(),
-                    "https://m.example.com".into(),
-                ],
-            },
-        );
-        cfg.configs.insert(
-            "r.example.com".into(),
-            HostConfig {
-                tls: Some(TlsConfig {
-                    insecure_skip_verify: true,
-                }),
-                ..Default::default()
-            },
-        );
-        let c = RegistryClient::new(cfg).unwrap();
-        let urls: Vec<String> = c
-            .endpoints("docker.io", false)
-            .iter()
-            .map(|e| e.base.to_string())
-            .collect();
-        assert_eq!(
-            urls,
-            [
-                "http://127.0.0.1:5000/",
-                "https://m.example.com/",
-                "https://registry-1.docker.io/"
-            ]
-        );
-        let eps = c.endpoints("r.example.com", false);
-        assert_eq!(eps.len(), 2, "insecure hosts fall back to http");
-        assert!(eps[0].insecure_tls);
-        let urls: Vec<String> = c
-            .endpoints("127.0.0.1:5001", false)
-            .iter()
-            .map(|e| e.base.to_string())
-            .collect();
-        assert_eq!(urls, ["https://127.0.0.1:5001/", "http://127.0.0.1:5001/"]);
-    }
-
-    /// A one-request-per-connection HTTP server on loopback; `answer` gets each request's head.
-    async fn serve(answer: impl Fn(&str, u16) -> Vec<u8> + Send + Sync + 'static) -> u16 {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let answer = std::sync::Arc::new(answer);
-        tokio::spawn(async move {
-            while let Ok((mut sock, _)) = listener.accept().await {
-                let answer = answer.clone();
-                tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match sock.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => head.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    let reply = answer(&String::from_utf8_lossy(&head), port);
-                    let _ = sock.write_all(&reply).await;
-                    let _ = sock.shutdown().await;
-                });
-            }
-        });
-        port
-    }
-
-    fn repo(client: &RegistryClient, port: u16, creds: Option<Credentials>) -> Repository<'_> {
-        Repository {
-            client,
-            endpoint: Endpoint::at(
-                Url::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
-                false,
-                true,
-            ),
-            repository: "r".into(),
-            creds,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_hosts_toml_host_gets_its_headers_and_api_path() {
-        let seen = std::sync::Arc::new(Mutex::new(String::new()));
-        let log = seen.clone();
-        let port = serve(move |head, _| {
-            log.lock().unwrap().push_str(head);
-            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec()
-        })
-        .await;
-        let certs = tempfile::tempdir().unwrap();
-        std::fs::create_dir(certs.path().join("docker.io")).unwrap();
-        std::fs::write(
-            certs.path().join("docker.io/hosts.toml"),
-            format!(
-                "server = \"http://127.0.0.1:{port}/custom\"\noverride_path = true\n\
-                 [header]\nx-crishim-test = [\"a\", \"b\"]\n"
-            ),
-        )
-        .unwrap();
-        let cfg = RegistryConfig {
-            config_path: Some(certs.path().to_path_buf()),
-            ..Default::default()
-        };
-        let client = RegistryClient::new(cfg).unwrap();
-        let reference = Reference::parse("busybox").unwrap();
-        assert!(client.resolve(&reference, None).await.is_err());
-        let head = seen.lock().unwrap().to_lowercase();
-        assert!(
-            head.starts_with("get /custom/library/busybox/manifests/latest "),
-            "{head}"
-        );
-        assert!(head.contains("x-crishim-test: a"), "{head}");
-        assert!(head.contains("x-crishim-test: b"), "{head}");
-    }
-
-    fn chunked(total: usize) -> Vec<u8> {
-        let mut out = Vec::new();
-        let chunk = vec![b'{'; 64 << 10];
-        let mut sent = 0;
-        while sent < total {
-            out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-            out.extend_from_slice(&chunk);
-            out.extend_from_slice(b"\r\n");
-            sent += chunk.len();
-        }
-        out.extend_from_slice(b"0\r\n\r\n");
-        out
-    }
-
-    #[tokio::test]
-    async fn replies_are_capped_by_the_bytes_read_not_by_their_headers() {
-        let over = MAX_MANIFEST as usize + (1 << 20);
-        for head in [
-            // Chunked, no length at all.
-            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-            // A Content-Length that lies small next to a chunked body (chunked wins).
-            "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nTransfer-Encoding: chunked\r\n\r\n",
-        ] {
-            let reply = [head.as_bytes(), &chunked(over)].concat();
-            let port = serve(move |_, _| reply.clone()).await;
-            let client = RegistryClient::new(RegistryConfig::default()).unwrap();
-            let e = repo(&client, port, None)
-                .manifest("v1")
-                .await
-                .err()
-                .unwrap();
-            assert!(
-                e.to_string()
-                    .contains(&format!("larger than {MAX_MANIFEST} bytes")),
-                "{head:?}: {e}"
-            );
-        }
-        // Delimited by the connection's end.
-        let port = serve(move |_, _| {
-            let mut r = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n".to_vec();
-            r.extend(vec![b'x'; over]);
-            r
-        })
-        .await;
-        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
-        let e = repo(&client, port, None)
-            .manifest("v1")
-            .await
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("larger than"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn error_bodies_are_read_only_as_far_as_they_are_shown() {
-        let port = serve(|_, _| {
-            [
-                &b"HTTP/1.1 500 Internal Server Error\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
-                &chunked(64 << 20),
-            ]
-            .concat()
-        })
-        .await;
-        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
-        let e = repo(&client, port, None)
-            .manifest("v1")
-            .await
-            .err()
-            .unwrap();
-        assert_eq!(e.kind(), crate::ErrorKind::Unavailable, "{e}");
-        assert!(e.to_string().len() < 1024, "{} bytes", e.to_string().len());
-    }
-
-    const TOKEN_USER: &str = "token-for-user";
-
-    /// A registry whose manifest needs the token that only `user:pass` earns; anonymous token
-    /// requests get a token the registry refuses.
-    fn token_registry(head: &str, port: u16) -> Vec<u8> {
-        let ok = |body: &str, ctype: &str| {
-            format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .into_bytes()
-        };
-        let auth = head
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("authorization: ")
-                    .or(l.strip_prefix("Authorization: "))
-            })
-            .unwrap_or("");
-        if head.starts_with("GET /token") {
-            let token = if auth == basic_header("user", "pass") {
-                TOKEN_USER
-            } else {
-                "token-for-nobody"
-            };
-            return ok(&format!("{{\"token\":\"{token}\"}}"), "application/json");
-        }
-        if auth == format!("Bearer {TOKEN_USER}") {
-            return ok("{}", "application/vnd.oci.image.manifest.v1+json");
-        }
-        format!(
-            "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"test\"\r\nContent-Length: 0\r\n\r\n"
-        )
-        .into_bytes()
-    }
-
-    #[tokio::test]
-    async fn a_token_earned_by_credentials_is_never_reused_without_them() {
-        let port = serve(token_registry).await;
-        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
-        let user = Credentials::Basic {
-            username: "user".into(),
-            password: "pass".into(),
-        };
-        repo(&client, port, Some(user.clone()))
-            .manifest("v1")
-            .await
-            .expect("pull with credentials");
-        let e = repo(&client, port, None).manifest("v1").await.err();
-        assert_eq!(
-            e.map(|e| e.kind()),
-            Some(crate::ErrorKind::Unauthenticated),
-            "an anonymous pull reused the token of a pull with credentials"
-        );
-        let other = Credentials::Basic {
-            username: "user".into(),
-            password: "wrong".into(),
-        };
-        let e = repo(&client, port, Some(other)).manifest("v1").await.err();
-        assert!(e.is_some(), "other credentials reused the token");
-        // The rightful owner still gets it from the cache.
-        repo(&client, port, Some(user))
-            .manifest("v1")
-            .await
-            .unwrap();
-    }
-
-    #[tokio::test]
-    async fn credentials_never_go_to_a_plain_http_realm_or_to_mirrors() {
-        let port = serve(|_, _| {
-            b"HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: Bearer realm=\"http://realm.example.com/token\"\r\nContent-Length: 0\r\n\r\n".to_vec()
-        })
-        .await;
-        let client = RegistryClient::new(RegistryConfig::default()).unwrap();
-        let creds = Credentials::Basic {
-            username: "u".into(),
-            password: "p".into(),
-        };
-        let e = repo(&client, port, Some(creds.clone()))
-            .manifest("v1")
-            .await
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("plain HTTP"), "{e}");
-
-        let mut cfg = RegistryConfig::default();
-        cfg.mirrors.insert(
-            "r.example.com".into(),
-            MirrorConfig {
-                endpoint: vec![
-                    "https://mirror.example.com".into(),
-                    "http://plain.example.com".into(),
-                ],
-            },
-        );
-        let client = RegistryClient::new(cfg).unwrap();
-        let eps = client.endpoints("r.example.com", false);
-        let given: Vec<bool> = eps
-            .iter()
-            .map(|e| {
-                client
-                    .credentials_for(e, "r.example.com", Some(&creds))
-                    .is_some()
-            })
-            .collect();
-        assert_eq!(
-            given,
-            [false, false, true],
-            "only the upstream gets the caller's credentials"
-        );
-    }
-}
+mod tests;
