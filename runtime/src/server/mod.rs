@@ -27,6 +27,7 @@ mod imagefs_info;
 #[cfg(test)]
 mod lifecycle_tests;
 mod list_streams;
+mod pod_host;
 mod pod_process;
 mod recovery;
 mod runtime_config;
@@ -47,7 +48,8 @@ mod streaming;
 mod update_runtime_config;
 mod version;
 
-pub use runtime_service::RuntimeService;
+pub use pod_host::{CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims};
+pub use runtime_service::{Parts, RuntimeService};
 
 use std::collections::HashSet;
 use std::sync::Arc;
