@@ -1,6 +1,6 @@
 //! Fakes for the handlers' unit tests, as containerd's CRI server tests use: a shim that keeps
 //! container states in memory, a host whose "mounts" are plain directories, a CNI network that
-//! hands out fixed addresses and pins "namespaces" as plain files. Nothing here starts a process
+//! hands out fixed addresses and "pins" namespaces as symlinks. Nothing here starts a process
 //! or mounts anything. The pod fakes log their steps to one shared [`Calls`], so a test sees
 //! their order across them, and each can be told to fail at a step.
 
@@ -301,7 +301,7 @@ impl PodShims for FakeShims {
         s.dead.remove(pod_id);
         s.dirs.insert(pod_id.to_string(), dir.to_path_buf());
         s.infra.insert(pod_id.to_string(), infra.clone());
-        Ok(FAKE_INFRA_PID)
+        Ok(infra_pid())
     }
 
     async fn cleanup_dead(&self, dir: &Path) {
@@ -321,8 +321,19 @@ impl PodShims for FakeShims {
     fn remove_cgroups(&self, _owned: &[String]) {}
 }
 
-/// The infra pid of every pod the fake shims start.
-pub const FAKE_INFRA_PID: i32 = 4321;
+/// The infra pid of every pod the fake shims start: the test process itself, so the handlers'
+/// pidfd checks of the infra process find a live one (nothing signals it: killing goes through
+/// the fake [`PodShims`]).
+pub fn infra_pid() -> i32 {
+    std::process::id() as i32
+}
+
+/// A fake pinned network namespace at `path`: a symlink to the (test) infra process's, so the
+/// handlers' check that the infra process is in the pinned namespace holds.
+fn pin_fake_netns(path: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(path.parent().unwrap())?;
+    std::os::unix::fs::symlink(format!("/proc/{}/ns/net", infra_pid()), path)
+}
 
 /// The addresses the fake CNI network gives every pod, IPv6 first (the daemon reports the IPv4
 /// one as the pod IP).
@@ -341,7 +352,8 @@ struct NetState {
     no_config: bool,
 }
 
-/// A CNI network whose namespaces are plain files and whose ADD gives [`POD_IPS`].
+/// A CNI network whose namespaces are symlinks to the test process's and whose ADD gives
+/// [`POD_IPS`].
 #[derive(Clone, Default)]
 pub struct FakeNetwork {
     state: Arc<Mutex<NetState>>,
@@ -407,16 +419,14 @@ impl PodNetwork for FakeNetwork {
 
     fn take_netns(&self, path: &Path) -> std::io::Result<()> {
         self.calls.push("take netns".into());
-        std::fs::create_dir_all(path.parent().unwrap())?;
-        std::fs::write(path, "")?;
+        pin_fake_netns(path)?;
         self.state.lock().unwrap().pinned.insert(path.to_path_buf());
         Ok(())
     }
 
     fn pin_netns(&self, pid: u32, path: &Path) -> std::io::Result<()> {
         self.calls.push(format!("pin netns of {pid}"));
-        std::fs::create_dir_all(path.parent().unwrap())?;
-        std::fs::write(path, "")?;
+        pin_fake_netns(path)?;
         self.state.lock().unwrap().pinned.insert(path.to_path_buf());
         Ok(())
     }

@@ -41,6 +41,8 @@ mod sandbox_run;
 mod sandbox_stats;
 mod sandbox_status;
 mod sandbox_stop;
+#[cfg(test)]
+mod sandbox_tests;
 mod sandbox_update_resources;
 mod status;
 mod stop_signal;
