@@ -79,7 +79,7 @@ pub async fn serve_until(
         tokio::spawn(crate::metrics::serve(metrics, move || source.gauges()));
     }
 
-    let spares = runtime.netns_spares();
+    let network = runtime.pod_network();
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
@@ -114,7 +114,7 @@ pub async fn serve_until(
         }
     };
     let _ = std::fs::remove_file(&config.socket);
-    spares.close();
+    network.close();
     crate::host_files::release_private_mount(&config.state_dir);
     result.context("serving CRI")?;
     info!("crishim stopped");

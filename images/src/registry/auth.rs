@@ -10,7 +10,7 @@ use super::config::Credentials;
 use super::Repository;
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// Token replies are capped by the bytes actually read (JWTs of a few KiB in practice).
 pub const MAX_TOKEN_REPLY: u64 = 1 << 20;

@@ -7,7 +7,7 @@ use tracing::debug;
 use super::Repository;
 use crate::digest::Digest;
 use crate::error::{ImageError, Result};
-use crishim_proto::shown::shown;
+use crishim_sys::shown::shown;
 
 /// Media types we accept for manifests, most preferred first.
 pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \

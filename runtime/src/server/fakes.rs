@@ -1,6 +1,8 @@
 //! Fakes for the handlers' unit tests, as containerd's CRI server tests use: a shim that keeps
-//! container states in memory and a host whose "mounts" are plain directories. Nothing here
-//! starts a process or mounts anything.
+//! container states in memory, a host whose "mounts" are plain directories, a CNI network that
+//! hands out fixed addresses and "pins" namespaces as symlinks. Nothing here starts a process
+//! or mounts anything. The pod fakes log their steps to one shared [`Calls`], so a test sees
+//! their order across them, and each can be told to fail at a step.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -8,10 +10,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crishim_images::{Digest, ImageError, ImageRecord};
-use crishim_proto::shim::{ContainerState, ErrorKind, Request, Response, Status as ShimStatus};
+use crishim_proto::shim::{
+    ContainerState, ErrorKind, InfraSpec, OciRuntimeSpec, Request, Response, Status as ShimStatus,
+};
 use oci_spec::image::ImageConfiguration;
 use tokio::net::UnixStream;
+use tonic::Status;
 
+use super::pod_host::{PodFiles, PodNetwork, PodShims};
+use crate::cni::{CniError, NetworkResult};
 use crate::container_images::ContainerImages;
 use crate::records::now_nanos;
 use crate::shim_client::{ShimError, Shims, Watch};
@@ -24,9 +31,46 @@ struct FakePod {
     watchers: Vec<tokio::sync::mpsc::UnboundedSender<Response>>,
 }
 
+/// The steps the pod fakes took, in order, shared between them (`shim start <pod>`,
+/// `cni ADD <pod>`, `mount shm`, …).
+#[derive(Clone, Default)]
+pub struct Calls(Arc<Mutex<Vec<String>>>);
+
+impl Calls {
+    fn push(&self, call: String) {
+        self.0.lock().unwrap().push(call);
+    }
+
+    /// Every step so far.
+    pub fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// How many steps so far were `call`.
+    pub fn count(&self, call: &str) -> usize {
+        self.0.lock().unwrap().iter().filter(|c| *c == call).count()
+    }
+
+    /// Where step `call` first came, if it did.
+    pub fn position(&self, call: &str) -> Option<usize> {
+        self.0.lock().unwrap().iter().position(|c| c == call)
+    }
+
+    pub fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+}
+
 #[derive(Default)]
 struct FakeState {
     pods: HashMap<String, FakePod>,
+    /// The state directory of each pod whose shim [`PodShims::start`] started: at `Shutdown`
+    /// the shim kills its containers and leaves their exits there, as the real one does.
+    dirs: HashMap<String, PathBuf>,
+    /// The infra process each started shim was asked for.
+    infra: HashMap<String, InfraSpec>,
+    /// The error of the next [`PodShims::start`] instead of success.
+    fail_start: Option<String>,
     /// Pods whose shim is gone: every request fails as unreachable.
     dead: HashSet<String>,
     /// Signals the fake containers ignore (a process that traps SIGTERM).
@@ -43,9 +87,34 @@ struct FakeState {
 #[derive(Clone, Default)]
 pub struct FakeShims {
     state: Arc<Mutex<FakeState>>,
+    calls: Calls,
 }
 
 impl FakeShims {
+    /// Shims logging their pods' starts and kills to `calls`.
+    pub fn with_calls(calls: Calls) -> Self {
+        FakeShims {
+            calls,
+            ..Default::default()
+        }
+    }
+
+    /// The next pod shim start fails with `why`.
+    pub fn fail_next_start(&self, why: &str) {
+        self.state.lock().unwrap().fail_start = Some(why.to_string());
+    }
+
+    /// Whether the pod's shim runs (started and neither shut down nor killed).
+    pub fn running(&self, pod_id: &str) -> bool {
+        let s = self.state.lock().unwrap();
+        s.pods.contains_key(pod_id) && !s.dead.contains(pod_id)
+    }
+
+    /// The infra process the pod's shim was started with.
+    pub fn infra(&self, pod_id: &str) -> Option<InfraSpec> {
+        self.state.lock().unwrap().infra.get(pod_id).cloned()
+    }
+
     /// A pod whose shim runs (with no containers yet).
     pub fn add_pod(&self, pod_id: &str) {
         self.state
@@ -94,6 +163,9 @@ impl FakeShims {
     fn answer(&self, pod_id: &str, req: &Request) -> Result<Response, ShimError> {
         let mut s = self.state.lock().unwrap();
         s.requests.push((pod_id.to_string(), req.clone()));
+        if matches!(req, Request::Shutdown) {
+            self.calls.push(format!("shim Shutdown {pod_id}"));
+        }
         if s.dead.contains(pod_id) || !s.pods.contains_key(pod_id) {
             return Err(ShimError::Unreachable(
                 PathBuf::from(pod_id),
@@ -149,6 +221,20 @@ impl FakeShims {
                 Response::Ok
             }
             Request::Shutdown => {
+                // The shim kills its containers, leaves their exits in its directory, and ends
+                // (its watchers' streams with it).
+                if let Some(dir) = s.dirs.get(pod_id).cloned() {
+                    let pod = s.pods.get_mut(pod_id).expect("checked above");
+                    for c in pod.containers.values_mut() {
+                        if c.status != ShimStatus::Exited {
+                            c.status = ShimStatus::Exited;
+                            c.exit_code = 137;
+                            c.finished_at = now_nanos();
+                        }
+                        let file = dir.join(crishim_proto::shim::paths::state_file(&c.id));
+                        std::fs::write(file, serde_json::to_vec(c).unwrap()).unwrap();
+                    }
+                }
                 s.pods.remove(pod_id);
                 Response::Ok
             }
@@ -192,6 +278,291 @@ impl Shims for FakeShims {
         req: &Request,
     ) -> Result<Result<UnixStream, Response>, ShimError> {
         Ok(Err(self.answer(pod_id, req)?))
+    }
+}
+
+#[tonic::async_trait]
+impl PodShims for FakeShims {
+    async fn start(
+        &self,
+        pod_id: &str,
+        dir: &Path,
+        infra: &InfraSpec,
+        _oci: Option<&OciRuntimeSpec>,
+    ) -> Result<i32, Status> {
+        self.calls.push(format!("shim start {pod_id}"));
+        let mut s = self.state.lock().unwrap();
+        if let Some(why) = s.fail_start.take() {
+            return Err(Status::internal(format!(
+                "starting the pod's shim failed: {why}"
+            )));
+        }
+        s.pods.entry(pod_id.to_string()).or_default();
+        s.dead.remove(pod_id);
+        s.dirs.insert(pod_id.to_string(), dir.to_path_buf());
+        s.infra.insert(pod_id.to_string(), infra.clone());
+        Ok(infra_pid())
+    }
+
+    async fn cleanup_dead(&self, dir: &Path) {
+        self.calls.push(format!("shim cleanup {}", dir.display()));
+    }
+
+    async fn kill_orphan(&self, pid: i32) {
+        self.calls.push(format!("kill orphan {pid}"));
+    }
+
+    async fn kill_shim_then_infra(&self, pod_id: &str, _dir: &Path) {
+        self.calls.push(format!("reap shim and infra {pod_id}"));
+        let mut s = self.state.lock().unwrap();
+        s.pods.remove(pod_id);
+    }
+
+    fn remove_cgroups(&self, _owned: &[String]) {}
+}
+
+/// The infra pid of every pod the fake shims start: the test process itself, so the handlers'
+/// pidfd checks of the infra process find a live one (nothing signals it: killing goes through
+/// the fake [`PodShims`]).
+pub fn infra_pid() -> i32 {
+    std::process::id() as i32
+}
+
+/// A fake pinned network namespace at `path`: a symlink to the (test) infra process's, so the
+/// handlers' check that the infra process is in the pinned namespace holds.
+fn pin_fake_netns(path: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(path.parent().unwrap())?;
+    std::os::unix::fs::symlink(format!("/proc/{}/ns/net", infra_pid()), path)
+}
+
+/// The addresses the fake CNI network gives every pod, IPv6 first (the daemon reports the IPv4
+/// one as the pod IP).
+pub const POD_IPS: [&str; 2] = ["fd00::5", "10.88.0.5"];
+
+#[derive(Default)]
+struct NetState {
+    /// Pods with an ADD result that no DEL has removed.
+    results: HashSet<String>,
+    /// Paths with a "namespace" pinned (a plain file here).
+    pinned: HashSet<PathBuf>,
+    /// The error of the next ADD.
+    fail_add: Option<String>,
+    /// How many DELs fail from now on.
+    fail_dels: usize,
+    no_config: bool,
+}
+
+/// A CNI network whose namespaces are symlinks to the test process's and whose ADD gives
+/// [`POD_IPS`].
+#[derive(Clone, Default)]
+pub struct FakeNetwork {
+    state: Arc<Mutex<NetState>>,
+    calls: Calls,
+}
+
+impl FakeNetwork {
+    pub fn new(calls: Calls) -> Self {
+        FakeNetwork {
+            state: Default::default(),
+            calls,
+        }
+    }
+
+    /// The next ADD fails with `why`.
+    pub fn fail_next_add(&self, why: &str) {
+        self.state.lock().unwrap().fail_add = Some(why.to_string());
+    }
+
+    /// The next `n` DELs fail.
+    pub fn fail_dels(&self, n: usize) {
+        self.state.lock().unwrap().fail_dels = n;
+    }
+
+    /// No CNI config: pods get loopback only.
+    pub fn remove_config(&self) {
+        self.state.lock().unwrap().no_config = true;
+    }
+
+    /// The network namespaces pinned now.
+    pub fn pinned(&self) -> HashSet<PathBuf> {
+        self.state.lock().unwrap().pinned.clone()
+    }
+
+    /// The pods with a live ADD result (addresses held).
+    pub fn attached(&self) -> HashSet<String> {
+        self.state.lock().unwrap().results.clone()
+    }
+
+    fn plugin_error(command: &str, msg: &str) -> CniError {
+        CniError::Plugin {
+            plugin: "fake".into(),
+            command: command.into(),
+            code: Some(11),
+            msg: msg.into(),
+            details: String::new(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PodNetwork for FakeNetwork {
+    fn config(&self) -> Result<(), CniError> {
+        match self.state.lock().unwrap().no_config {
+            true => Err(CniError::NoConfig("no network config found".into())),
+            false => Ok(()),
+        }
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.config().map_err(|e| e.to_string())
+    }
+
+    fn take_netns(&self, path: &Path) -> std::io::Result<()> {
+        self.calls.push("take netns".into());
+        pin_fake_netns(path)?;
+        self.state.lock().unwrap().pinned.insert(path.to_path_buf());
+        Ok(())
+    }
+
+    fn pin_netns(&self, pid: u32, path: &Path) -> std::io::Result<()> {
+        self.calls.push(format!("pin netns of {pid}"));
+        pin_fake_netns(path)?;
+        self.state.lock().unwrap().pinned.insert(path.to_path_buf());
+        Ok(())
+    }
+
+    fn remove_netns(&self, path: &Path) -> std::io::Result<()> {
+        if self.state.lock().unwrap().pinned.remove(path) {
+            self.calls.push("remove netns".into());
+        }
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    async fn add(&self, req: &crate::cni::PodNetwork) -> Result<NetworkResult, CniError> {
+        self.calls.push(format!("cni ADD {}", req.id));
+        let mut s = self.state.lock().unwrap();
+        if let Some(why) = s.fail_add.take() {
+            return Err(Self::plugin_error("ADD", &why));
+        }
+        if !s.pinned.contains(&req.netns) {
+            return Err(Self::plugin_error("ADD", "no network namespace there"));
+        }
+        s.results.insert(req.id.clone());
+        let raw = serde_json::json!({
+            "cniVersion": "1.0.0",
+            "ips": [
+                {"address": format!("{}/64", POD_IPS[0])},
+                {"address": format!("{}/16", POD_IPS[1])},
+            ],
+        });
+        Ok(NetworkResult::parse(raw, &req.ifname).expect("a valid result"))
+    }
+
+    async fn del(&self, req: &crate::cni::PodNetwork) -> Result<(), CniError> {
+        self.calls.push(format!("cni DEL {}", req.id));
+        let mut s = self.state.lock().unwrap();
+        if s.fail_dels > 0 {
+            s.fail_dels -= 1;
+            return Err(Self::plugin_error("DEL", "the IPAM store is locked"));
+        }
+        s.results.remove(&req.id);
+        Ok(())
+    }
+
+    fn has_result(&self, pod_id: &str) -> bool {
+        self.state.lock().unwrap().results.contains(pod_id)
+    }
+
+    fn drain_spares(&self) {}
+
+    fn close(&self) {}
+}
+
+#[derive(Default)]
+struct FilesState {
+    /// Where a "/dev/shm" is mounted.
+    shm: HashSet<PathBuf>,
+    fail_write: Option<String>,
+    fail_shm: Option<String>,
+}
+
+/// Pod files as plain files in plain directories; /dev/shm "mounts" are remembered.
+#[derive(Clone, Default)]
+pub struct FakeFiles {
+    state: Arc<Mutex<FilesState>>,
+    calls: Calls,
+}
+
+impl FakeFiles {
+    pub fn new(calls: Calls) -> Self {
+        FakeFiles {
+            state: Default::default(),
+            calls,
+        }
+    }
+
+    /// The next write of pod files fails with `why`.
+    pub fn fail_next_write(&self, why: &str) {
+        self.state.lock().unwrap().fail_write = Some(why.to_string());
+    }
+
+    /// The next /dev/shm mount fails with `why`.
+    pub fn fail_next_shm(&self, why: &str) {
+        self.state.lock().unwrap().fail_shm = Some(why.to_string());
+    }
+
+    /// Where a /dev/shm is mounted now.
+    pub fn shm_mounted(&self) -> HashSet<PathBuf> {
+        self.state.lock().unwrap().shm.clone()
+    }
+}
+
+impl PodFiles for FakeFiles {
+    fn mount_shm(&self, dir: &Path) -> Result<(), Status> {
+        self.calls.push("mount shm".into());
+        let mut s = self.state.lock().unwrap();
+        if let Some(why) = s.fail_shm.take() {
+            return Err(Status::internal(format!(
+                "mounting the pod's /dev/shm: {why}"
+            )));
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        s.shm.insert(dir.to_path_buf());
+        Ok(())
+    }
+
+    fn unmount_shm(&self, dir: &Path) -> std::io::Result<()> {
+        if self.state.lock().unwrap().shm.remove(dir) {
+            self.calls.push("unmount shm".into());
+        }
+        Ok(())
+    }
+
+    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status> {
+        self.calls.push("write pod files".into());
+        if let Some(why) = self.state.lock().unwrap().fail_write.take() {
+            return Err(Status::internal(format!(
+                "mounting the pod files' tmpfs: {why}"
+            )));
+        }
+        for (name, data) in files {
+            std::fs::write(dir.join(name), data).unwrap();
+        }
+        Ok(())
+    }
+
+    fn remove_dir(&self, dir: &Path) -> std::io::Result<()> {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {
+                self.calls.push(format!("remove {}", dir.display()));
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

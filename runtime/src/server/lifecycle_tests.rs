@@ -36,7 +36,15 @@ impl Node {
         };
         let store = Store::open(&config.root_dir.join("records")).unwrap();
         let host = Arc::new(FakeHost::new(&dir.path().join("images")));
-        let svc = RuntimeService::with_parts(config, store, Arc::new(shims.clone()), host.clone());
+        let calls = super::fakes::Calls::default();
+        let parts = super::Parts {
+            shims: Arc::new(shims.clone()),
+            images: host.clone(),
+            pod_shims: Arc::new(shims.clone()),
+            network: Arc::new(super::fakes::FakeNetwork::new(calls.clone())),
+            pod_files: Arc::new(super::fakes::FakeFiles::new(calls)),
+        };
+        let svc = RuntimeService::with_parts(config, store, parts);
         Node {
             svc,
             shims,

@@ -27,6 +27,7 @@ mod imagefs_info;
 #[cfg(test)]
 mod lifecycle_tests;
 mod list_streams;
+mod pod_host;
 mod pod_process;
 mod recovery;
 mod runtime_config;
@@ -40,6 +41,8 @@ mod sandbox_run;
 mod sandbox_stats;
 mod sandbox_status;
 mod sandbox_stop;
+#[cfg(test)]
+mod sandbox_tests;
 mod sandbox_update_resources;
 mod status;
 mod stop_signal;
@@ -47,7 +50,8 @@ mod streaming;
 mod update_runtime_config;
 mod version;
 
-pub use runtime_service::RuntimeService;
+pub use pod_host::{CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims};
+pub use runtime_service::{Parts, RuntimeService};
 
 use std::collections::HashSet;
 use std::sync::Arc;

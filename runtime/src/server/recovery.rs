@@ -62,7 +62,7 @@ impl Inner {
             self.config.state_dir.join(crate::host_files::POD_FILES),
             &pods,
         ) {
-            let _ = super::runtime_service::remove_pod_dir(&self.state_pod_files_dir(&id));
+            let _ = self.pod_files.remove_dir(&self.state_pod_files_dir(&id));
         }
     }
 }

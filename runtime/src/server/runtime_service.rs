@@ -13,6 +13,9 @@ use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 use super::errors::unexpected;
 use super::list_streams::Chunks;
 use super::logged;
+use super::pod_host::{
+    CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims,
+};
 use crate::config::Config;
 use crate::container_images::ContainerImages;
 use crate::records::ContainerRecord;
@@ -27,6 +30,21 @@ pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
 /// request timeout.
 const SHIM_SYSTEMD_TIMEOUT: Duration = Duration::from_secs(110);
 
+/// What the daemon drives on the host: the real ones in [`RuntimeService::new`], fakes in the
+/// handlers' unit tests.
+pub struct Parts {
+    /// Requests to running shims.
+    pub shims: Arc<dyn Shims>,
+    /// Container root filesystems and images.
+    pub images: Arc<dyn ContainerImages>,
+    /// Pods' shim processes.
+    pub pod_shims: Arc<dyn PodShims>,
+    /// Pods' networks.
+    pub network: Arc<dyn PodNetwork>,
+    /// Pods' host files.
+    pub pod_files: Arc<dyn PodFiles>,
+}
+
 #[derive(Clone)]
 pub struct RuntimeService {
     pub(super) inner: Arc<Inner>,
@@ -39,11 +57,13 @@ pub struct Inner {
     pub(super) store: Store,
     pub(super) shims: Arc<dyn Shims>,
     pub(super) images: Arc<dyn ContainerImages>,
-    pub(super) shim_binary: PathBuf,
+    /// Starting and killing pods' shims.
+    pub(super) pod_shims: Arc<dyn PodShims>,
+    /// Pods' networks: CNI and network namespaces.
+    pub(super) network: Arc<dyn PodNetwork>,
+    /// Pods' /dev/shm and hostname, hosts and resolv.conf.
+    pub(super) pod_files: Arc<dyn PodFiles>,
     pub(super) init_binary: PathBuf,
-    pub(super) cni: crate::cni::Cni,
-    /// Network namespaces made ahead of the pods that take them.
-    pub(super) netns_spares: Arc<crate::cni::netns::Spares>,
     pub(super) pod_cidr: Mutex<String>,
     pub(super) events: super::events::Events,
     /// Ourselves, for background tasks (exit watchers) that outlive a request.
@@ -76,31 +96,43 @@ impl RuntimeService {
     /// `<state_dir>/pods`, container filesystems from `images`.
     pub fn new(config: Config, images: Arc<ImageStore>) -> std::io::Result<Self> {
         let store = Store::open(&config.root_dir.join("records"))?;
-        let shims = Arc::new(SocketShims::new(config.state_dir.join("pods")));
-        Ok(Self::with_parts(config, store, shims, images))
-    }
-
-    /// The daemon over the given parts (tests pass fakes).
-    pub fn with_parts(
-        config: Config,
-        store: Store,
-        shims: Arc<dyn Shims>,
-        images: Arc<dyn ContainerImages>,
-    ) -> Self {
         let shim_binary = config
             .shim_binary
             .clone()
             .unwrap_or_else(|| sibling_binary("crishim-shim"));
-        let init_binary = config
-            .init_binary
-            .clone()
-            .unwrap_or_else(|| sibling_binary("crishim-init"));
         // The CNI result cache lives with the records: IPs outlive a reboot in host-local's store.
         let cni = crate::cni::Cni::new(crate::cni::CniConfig::from_daemon(
             &config.cni,
             config.root_dir.join("cni-cache"),
         ));
+        // Network namespaces made ahead of the pods that take them.
         let netns_spares = crate::cni::netns::Spares::new(config.state_dir.join("netns"));
+        let parts = Parts {
+            shims: Arc::new(SocketShims::new(config.state_dir.join("pods"))),
+            images,
+            pod_shims: Arc::new(ProcessPodShims::new(
+                shim_binary,
+                config.state_dir.join("seccomp"),
+            )),
+            network: Arc::new(CniPodNetwork::new(cni, netns_spares)),
+            pod_files: Arc::new(HostPodFiles),
+        };
+        Ok(Self::with_parts(config, store, parts))
+    }
+
+    /// The daemon over the given parts (tests pass fakes).
+    pub fn with_parts(config: Config, store: Store, parts: Parts) -> Self {
+        let Parts {
+            shims,
+            images,
+            pod_shims,
+            network,
+            pod_files,
+        } = parts;
+        let init_binary = config
+            .init_binary
+            .clone()
+            .unwrap_or_else(|| sibling_binary("crishim-init"));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
         let gpu = crate::gpu::Gpus::new(&config.gpu, &config.state_dir);
         let handlers = crate::runtimes::Handlers::new(&config.runtimes);
@@ -110,10 +142,10 @@ impl RuntimeService {
                 store,
                 shims,
                 images,
-                shim_binary,
+                pod_shims,
+                network,
+                pod_files,
                 init_binary,
-                cni,
-                netns_spares,
                 pod_cidr: Mutex::default(),
                 events: super::events::Events::new(),
                 me: me.clone(),
@@ -189,9 +221,9 @@ impl RuntimeService {
         self.inner.recover().await
     }
 
-    /// The spare network namespaces, to close once serving has stopped.
-    pub fn netns_spares(&self) -> Arc<crate::cni::netns::Spares> {
-        self.inner.netns_spares.clone()
+    /// The pods' network, to close once serving has stopped.
+    pub fn pod_network(&self) -> Arc<dyn PodNetwork> {
+        self.inner.network.clone()
     }
 }
 

@@ -8,7 +8,7 @@ use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::Inner;
-use crate::cni::{netns, CniError, Dns, PodNetwork, PortMapping};
+use crate::cni::{CniError, Dns, PodNetwork, PortMapping};
 use crate::records::PodRecord;
 
 impl Inner {
@@ -55,8 +55,8 @@ impl Inner {
     /// none and the pod keeps only the infra's loopback). Returns the pod's IPs, primary first.
     pub(super) async fn setup_network(&self, pod: &PodRecord) -> Result<Vec<String>, Status> {
         let result = self
-            .cni
-            .setup(&self.cni_request(pod))
+            .network
+            .add(&self.cni_request(pod))
             .await
             .map_err(|e| Status::unknown(format!("setting up the pod network: {e}")))?;
         let mut ips: Vec<String> = result.ips.iter().map(|ip| ip.to_string()).collect();
@@ -73,8 +73,7 @@ impl Inner {
     /// background: it may wait for a spare being made and for the unmount, which no caller needs.
     pub(super) fn drop_spare_netns_if_idle(&self) {
         if !self.store.has_pods() {
-            let spares = self.netns_spares.clone();
-            tokio::task::spawn_blocking(move || spares.drain());
+            self.network.drain_spares();
         }
     }
 
@@ -85,9 +84,9 @@ impl Inner {
             return Ok(());
         }
         let path = self.netns_path(&pod.id);
-        let cached = self.cni.cached_result(&pod.id).ok().flatten().is_some();
+        let cached = self.network.has_result(&pod.id);
         if cached || path.exists() {
-            match self.cni.teardown(&self.cni_request(pod)).await {
+            match self.network.del(&self.cni_request(pod)).await {
                 Ok(()) | Err(CniError::NoConfig(_)) => {}
                 Err(e) => {
                     return Err(Status::unknown(format!(
@@ -96,7 +95,8 @@ impl Inner {
                 }
             }
         }
-        netns::unpin(&path)
+        self.network
+            .remove_netns(&path)
             .map_err(|e| Status::internal(format!("unpinning {}: {e}", path.display())))
     }
 }

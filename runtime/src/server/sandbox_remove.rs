@@ -37,7 +37,8 @@ impl Inner {
         }
         phases.done("containers");
         for dir in self.pod_dirs(&pod.id) {
-            super::runtime_service::remove_pod_dir(&dir)
+            self.pod_files
+                .remove_dir(&dir)
                 .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))?;
         }
         phases.done("directories");

@@ -3,7 +3,6 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Stdio;
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
@@ -12,8 +11,7 @@ use tonic::Status;
 use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
-use super::runtime_service::{Inner, RuntimeService, SHIM_TIMEOUT};
-use crate::bounds::read_capped;
+use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
 use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
 use crishim_sys::shown::shown;
@@ -91,7 +89,7 @@ impl RuntimeService {
                 // After the teardown unmounted its /dev/shm, what RemovePodSandbox would remove:
                 // each failed start (the kubelet retries) would leave a shim directory otherwise.
                 for dir in inner.pod_dirs(&id) {
-                    let _ = super::runtime_service::remove_pod_dir(&dir);
+                    let _ = inner.pod_files.remove_dir(&dir);
                 }
                 inner.store.release_name(&name, &id);
                 Err(e)
@@ -320,10 +318,11 @@ impl Inner {
         // A pod with its own user namespace is the exception: its network namespace must
         // belong to that user namespace (or the pod could not mount sysfs), so the infra
         // process makes it, and the CNI ADD runs after, on the namespace pinned from it.
+        let cni_config = self.network.config();
         let cni_after_infra = userns.is_some()
             && !host_network
-            && !matches!(self.cni.network(), Err(crate::cni::CniError::NoConfig(_)));
-        let netns = match self.cni.network() {
+            && !matches!(cni_config, Err(crate::cni::CniError::NoConfig(_)));
+        let netns = match cni_config {
             _ if host_network || userns.is_some() => None,
             Err(crate::cni::CniError::NoConfig(why)) => {
                 warn!(pod = %id, reason = %why, "no CNI network config: the pod gets loopback only");
@@ -333,7 +332,7 @@ impl Inner {
             _ => Some(self.netns_path(id)),
         };
         if let Some(path) = &netns {
-            self.netns_spares.take(path).map_err(|e| {
+            self.network.take_netns(path).map_err(|e| {
                 Status::internal(format!(
                     "making the pod's network namespace at {}: {e}",
                     path.display()
@@ -377,14 +376,14 @@ impl Inner {
         // Only the containers need the pod's files and /dev/shm: they are made while the CNI
         // ADD and the shim run.
         let files_and_shm = async {
-            write_pod_files(
-                &files,
+            let contents = pod_file_contents(
                 &infra.hostname,
                 record.config.dns_config.as_ref(),
                 host_network,
-            )?;
+            );
+            self.pod_files.write(&files, &contents)?;
             if !host_ipc {
-                mount_shm(&state.join("shm"))?;
+                self.pod_files.mount_shm(&state.join("shm"))?;
             }
             Ok::<(), Status>(())
         };
@@ -401,12 +400,14 @@ impl Inner {
         record.ips = network?;
         if cni_after_infra {
             let path = self.netns_path(id);
-            crate::cni::netns::pin(record.infra_pid as u32, &path).map_err(|e| {
-                Status::internal(format!(
-                    "pinning the pod's network namespace at {}: {e}",
-                    path.display()
-                ))
-            })?;
+            self.network
+                .pin_netns(record.infra_pid as u32, &path)
+                .map_err(|e| {
+                    Status::internal(format!(
+                        "pinning the pod's network namespace at {}: {e}",
+                        path.display()
+                    ))
+                })?;
             record.ips = self.setup_network(&record).await?;
             phases.done("network");
         }
@@ -420,73 +421,20 @@ impl Inner {
     /// Start the pod's shim (which starts the infra process); returns the infra pid.
     async fn start_shim(&self, id: &str, infra: &InfraSpec, handler: &str) -> Result<i32, Status> {
         let dir = self.pod_state_dir(id);
-        let infra_json =
-            serde_json::to_string(infra).map_err(|e| Status::internal(e.to_string()))?;
-        let mut cmd = tokio::process::Command::new(&self.shim_binary);
-        cmd.arg("start")
-            .arg("--dir")
-            .arg(&dir)
-            .arg("--infra")
-            .arg(infra_json)
-            .arg("--seccomp-cache")
-            .arg(self.config.state_dir.join("seccomp"));
-        if let Some(binary) = self.handler("RunPodSandbox", handler)?.binary() {
-            let oci = crishim_proto::shim::OciRuntimeSpec {
+        let oci = self
+            .handler("RunPodSandbox", handler)?
+            .binary()
+            .map(|binary| crishim_proto::shim::OciRuntimeSpec {
                 binary: binary.to_path_buf(),
                 root: crate::runtimes::state_root(&self.config.state_dir, handler),
                 systemd_cgroup: self.config.cgroup_driver == CgroupDriver::Systemd,
-            };
-            let json = serde_json::to_string(&oci).map_err(|e| Status::internal(e.to_string()))?;
-            cmd.arg("--oci-runtime").arg(json);
-        }
-        // `crishim-shim start` exits once the shim it forked is ready, printing `ok <infra pid>`
-        // (so no request needs to ask). Bounded: a shim that never gets ready is killed (on
-        // drop), and only the first bytes of what it prints are kept.
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                Status::internal(format!("running shim {}: {e}", self.shim_binary.display()))
-            })?;
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let stderr = child.stderr.take().expect("stderr is piped");
-        let run = async {
-            let (stdout, stderr) = tokio::join!(
-                read_capped(stdout, SHIM_REPORT_MAX),
-                read_capped(stderr, SHIM_REPORT_MAX)
-            );
-            Ok::<_, std::io::Error>((child.wait().await?, stdout?, stderr?))
-        };
-        let (status, stdout, stderr) = match tokio::time::timeout(SHIM_TIMEOUT, run).await {
-            Ok(out) => out.map_err(|e| {
-                Status::internal(format!(
-                    "waiting for shim {}: {e}",
-                    self.shim_binary.display()
-                ))
-            })?,
-            Err(_) => {
-                return Err(Status::internal(format!(
-                    "the pod's shim did not report ready in {}s",
-                    SHIM_TIMEOUT.as_secs()
-                )))
-            }
-        };
-        if !status.success() {
-            return Err(Status::internal(format!(
-                "starting the pod's shim failed: {}",
-                String::from_utf8_lossy(&stderr).trim()
-            )));
-        }
-        crishim_proto::shim::parse_ready(&stdout)
-            .map_err(|why| Status::internal(format!("starting the pod's shim failed: {why}")))
+            });
+        self.pod_shims.start(id, &dir, infra, oci.as_ref()).await
     }
 }
 
 /// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
-fn mount_shm(dir: &Path) -> Result<(), Status> {
+pub(super) fn mount_shm(dir: &Path) -> Result<(), Status> {
     crishim_sys::hostfs::create_private_dir(dir)
         .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
     nix::mount::mount(
@@ -527,36 +475,43 @@ pub(super) fn node_hostname() -> String {
         .unwrap_or_default()
 }
 
-/// hostname, resolv.conf and hosts, bind-mounted into every container of the pod.
-fn write_pod_files(
-    dir: &Path,
+/// hostname, resolv.conf and hosts, bind-mounted into every container of the pod: what they
+/// hold.
+fn pod_file_contents(
     hostname: &str,
     dns: Option<&cri::DnsConfig>,
     host_network: bool,
-) -> Result<(), Status> {
-    // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
-    // (the directory holding them is root's alone).
-    mount_pod_files(dir)?;
-    let write = |name: &str, data: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, data)
-            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
-            .map_err(|e| Status::internal(format!("writing pod {name}: {e}")))
-    };
-    write("hostname", format!("{hostname}\n"))?;
+) -> [(&'static str, String); 3] {
     let resolv = match dns
         .filter(|d| !d.servers.is_empty() || !d.searches.is_empty() || !d.options.is_empty())
     {
         Some(d) => resolv_conf(d),
         None => std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
     };
-    write("resolv.conf", resolv)?;
     let hosts = if host_network {
         std::fs::read_to_string("/etc/hosts").unwrap_or_default()
     } else {
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n".to_string()
     };
-    write("hosts", hosts)
+    [
+        ("hostname", format!("{hostname}\n")),
+        ("resolv.conf", resolv),
+        ("hosts", hosts),
+    ]
+}
+
+/// The pod's files on their own tmpfs at `dir`.
+pub(super) fn write_pod_files(dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status> {
+    // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
+    // (the directory holding them is root's alone).
+    mount_pod_files(dir)?;
+    for (name, data) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, data)
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
+            .map_err(|e| Status::internal(format!("writing pod {name}: {e}")))?;
+    }
+    Ok(())
 }
 
 fn resolv_conf(d: &cri::DnsConfig) -> String {
@@ -572,10 +527,6 @@ fn resolv_conf(d: &cri::DnsConfig) -> String {
     }
     s
 }
-
-/// At most this much of a starting shim's report, and of its error, is kept: the report is a
-/// line, and the error goes into a gRPC status, whose message must fit the client's header limit.
-const SHIM_REPORT_MAX: u64 = 4 * 1024;
 
 #[cfg(test)]
 mod tests {

@@ -86,28 +86,24 @@ impl Inner {
             .is_ok_and(|mut d| d.next().is_some())
             || dir.join(paths::OCI_RUNTIME).exists();
         if !shut_down && has_containers {
-            self.cleanup_dead_shim(&dir).await;
+            self.pod_shims.cleanup_dead(&dir).await;
             // A dead shim's containers were re-parented to us, their subreaper: collect them.
             for c in self.store.pod_containers(pod_id) {
                 if let Some(pid) = c.last.as_ref().map(|s| s.pid).filter(|p| *p > 0) {
-                    kill_child(pid);
-                    reap(pid).await;
+                    self.pod_shims.kill_orphan(pid).await;
                 }
             }
         }
         phases.done("shim shutdown");
-        kill_shim_then_infra(&dir).await;
+        self.pod_shims.kill_shim_then_infra(pod_id, &dir).await;
         phases.done("reap shim and infra");
-        let shm = dir.join("shm");
-        if crate::container_images::is_mountpoint(&shm) {
-            if let Err(e) = nix::mount::umount2(&shm, nix::mount::MntFlags::MNT_DETACH) {
-                warn!(pod = %pod_id, error = %e, "unmounting /dev/shm");
-            }
+        if let Err(e) = self.pod_files.unmount_shm(&dir.join("shm")) {
+            warn!(pod = %pod_id, error = %e, "unmounting /dev/shm");
         }
         let _ = std::fs::remove_file(dir.join(paths::SOCKET));
         // The shim deleted the containers' cgroups; now the parent directories we made, if empty.
         if let Ok(pod) = self.store.pod(pod_id) {
-            crate::cgroups::remove(&pod.owned_cgroups);
+            self.pod_shims.remove_cgroups(&pod.owned_cgroups);
         }
         phases.done("shm and cgroups");
     }
@@ -139,31 +135,29 @@ impl<'a> Phases<'a> {
     }
 }
 
-impl Inner {
-    /// Kill and delete the containers a dead shim left, through `crishim-shim cleanup`, which runs
-    /// libcontainer in its own process.
-    async fn cleanup_dead_shim(&self, dir: &std::path::Path) {
-        let out = tokio::process::Command::new(&self.shim_binary)
-            .arg("cleanup")
-            .arg("--dir")
-            .arg(dir)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await;
-        match out {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => {
-                warn!(dir = %dir.display(), status = %o.status, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "shim cleanup")
-            }
-            Err(e) => warn!(dir = %dir.display(), error = %e, "running shim cleanup"),
+/// Kill and delete the containers a dead shim left, through `crishim-shim cleanup` (run from
+/// `shim_binary`), which runs libcontainer in its own process.
+pub(super) async fn cleanup_dead_shim(shim_binary: &std::path::Path, dir: &std::path::Path) {
+    let out = tokio::process::Command::new(shim_binary)
+        .arg("cleanup")
+        .arg("--dir")
+        .arg(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await;
+    match out {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            warn!(dir = %dir.display(), status = %o.status, stderr = %String::from_utf8_lossy(&o.stderr).trim(), "shim cleanup")
         }
+        Err(e) => warn!(dir = %dir.display(), error = %e, "running shim cleanup"),
     }
 }
 
 /// Kill what is left of the pod's shim, then of its infra process, and reap both. The shim
 /// first: the infra is its child, and a shim that hangs would never reap an infra killed before
 /// it; once the shim is gone the infra is the daemon's (the subreaper's) to reap.
-async fn kill_shim_then_infra(dir: &std::path::Path) {
+pub(super) async fn kill_shim_then_infra(dir: &std::path::Path) {
     for file in [paths::SHIM_PID, paths::INFRA_PID] {
         // Only a process's own pid: `waitpid` takes 0 and -1 for "any child", which would reap
         // one of the daemon's that another task waits for.
@@ -176,7 +170,7 @@ async fn kill_shim_then_infra(dir: &std::path::Path) {
 
 /// The daemon is the shims' subreaper: collect an exited shim so it leaves no zombie. A pid that is
 /// not our child (the daemon restarted since) is someone else's to reap.
-async fn reap(pid: i32) {
+pub(super) async fn reap(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let pid = nix::unistd::Pid::from_raw(pid);
     // Polled from 1 ms up to every 10 ms, for at most about 2 s: a shim that was told to shut
@@ -195,7 +189,7 @@ async fn reap(pid: i32) {
 }
 
 /// SIGKILL `pid` only if it is our own unreaped child: such a pid cannot have been reused.
-fn kill_child(pid: i32) {
+pub(super) fn kill_child(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let p = nix::unistd::Pid::from_raw(pid);
     if let Ok(WaitStatus::StillAlive) = waitpid(p, Some(WaitPidFlag::WNOHANG)) {

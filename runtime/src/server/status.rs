@@ -13,7 +13,7 @@ use super::runtime_service::RuntimeService;
 impl RuntimeService {
     pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
         // Read afresh on every call: a config that appears later turns the network ready.
-        let ready = self.inner.cni.ready();
+        let ready = self.inner.network.ready();
         let network = RuntimeCondition {
             r#type: "NetworkReady".into(),
             status: ready.is_ok(),
