@@ -58,9 +58,9 @@ pub struct Config {
     pub cni: CniConfig,
     #[serde(default)]
     pub streaming: StreamingConfig,
-    /// `[gpu]`: GPU discovery and injection (see `crate::gpu`).
+    /// `[gpu]`: GPU discovery and injection (see `crishim_gpu`).
     #[serde(default)]
-    pub gpu: crate::gpu::GpuConfig,
+    pub gpu: crishim_gpu::GpuConfig,
     /// `[metrics] address`: Prometheus text at `/metrics`; off when unset.
     #[serde(default)]
     pub metrics: crate::metrics::MetricsConfig,
@@ -179,7 +179,7 @@ impl Default for Config {
             init_binary: None,
             cni: CniConfig::default(),
             streaming: StreamingConfig::default(),
-            gpu: crate::gpu::GpuConfig::default(),
+            gpu: crishim_gpu::GpuConfig::default(),
             metrics: Default::default(),
             cgroup_driver: crate::cgroups::CgroupDriver::default(),
             runtimes: Default::default(),
@@ -389,5 +389,60 @@ insecure_skip_verify = true
         let c = parse("").unwrap();
         assert_eq!(c.socket, Path::new(DEFAULT_SOCKET));
         assert_eq!(c.root_dir, Path::new(DEFAULT_ROOT_DIR));
+    }
+
+    /// `[gpu]`, whose type (`GpuConfig`) is the GPU crate's.
+    mod gpu_section {
+        use super::*;
+        use crishim_gpu::config::INTERCEPTOR_NAME;
+        use crishim_gpu::InjectMode;
+
+        fn parse(s: &str) -> Result<Config, String> {
+            Config::parse(s, Path::new("test.toml")).map_err(|e| e.to_string())
+        }
+
+        #[test]
+        fn the_section_is_optional_with_the_documented_defaults() {
+            let g = parse("").unwrap().gpu;
+            assert_eq!(g.device_root, Path::new("/dev"));
+            assert_eq!(g.proc_root, Path::new("/proc"));
+            assert_eq!(g.driver_root, Path::new("/"));
+            assert_eq!(g.vdriver_dir, Path::new("/var/lib/crishim/gpu/vdriver"));
+            assert_eq!(g.inject, InjectMode::Preload);
+            assert_eq!(
+                g.cdi_spec_dirs,
+                [Path::new("/etc/cdi"), Path::new("/var/run/cdi")]
+            );
+            assert!(g.interceptor_path().ends_with(INTERCEPTOR_NAME));
+        }
+
+        #[test]
+        fn every_key_parses_and_mistakes_are_named() {
+            let g = parse(
+                r#"
+    [gpu]
+    device_root = "/d"
+    proc_root = "/p"
+    driver_root = "/run/nvidia/driver"
+    vdriver_dir = "/v"
+    interceptor = "/opt/libcrishim_vgpu.so"
+    inject = "replace"
+    cdi_spec_dirs = ["/c"]
+    "#,
+            )
+            .unwrap()
+            .gpu;
+            assert_eq!(g.inject, InjectMode::Replace);
+            assert_eq!(g.interceptor_path(), Path::new("/opt/libcrishim_vgpu.so"));
+            let e = parse("[gpu]\ndevice_rot = \"/d\"").unwrap_err();
+            assert!(e.contains("device_rot"), "{e}");
+            let e = parse("[gpu]\ninject = \"both\"").unwrap_err();
+            assert!(e.contains("both"), "{e}");
+            let e = parse("[gpu]\nvdriver_dir = \"v\"").unwrap_err();
+            assert!(
+                e.contains("gpu.vdriver_dir must be an absolute path"),
+                "{e}"
+            );
+        }
     }
 }

@@ -139,25 +139,11 @@ pub fn remove_unmounted(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether `path` is a mount point of this process's mount namespace: statx's mount-root
-/// attribute, not a scan of `/proc/self/mountinfo`, which grows with every pod. Kernels before
-/// 5.8 lack the attribute and get the scan.
-pub fn is_mountpoint(path: &Path) -> bool {
-    match crishim_sys::mountinfo::is_mount_root(path) {
-        Some(root) => root,
-        None => {
-            path.symlink_metadata().is_ok()
-                && crishim_sys::mountinfo::read()
-                    .iter()
-                    .any(|m| m.mount_point == path)
-        }
-    }
-}
+pub use crishim_sys::mountinfo::is_mountpoint;
 
 #[cfg(test)]
 mod tests {
     use super::{is_mountpoint, remove_unmounted, unmount_rootfs};
-    use std::path::Path;
 
     /// A tmpfs mounted below a bundle's rootfs (as a container's own mount propagates back): the
     /// bundle is not deleted, the error names the mount, and the tmpfs's file survives; once it
@@ -206,13 +192,5 @@ mod tests {
             ])
         });
         assert_eq!(seen, Some(vec![true; 6]));
-    }
-
-    #[test]
-    fn mount_points_are_told_from_plain_directories() {
-        assert!(is_mountpoint(Path::new("/proc")));
-        let dir = tempfile::tempdir().unwrap();
-        assert!(!is_mountpoint(dir.path()));
-        assert!(!is_mountpoint(&dir.path().join("missing")));
     }
 }

@@ -11,7 +11,7 @@ pub mod container_images;
 pub mod cri_client;
 pub mod daemon;
 pub mod empty_mnt;
-pub mod gpu;
+pub mod gpu_cli;
 pub mod host_files;
 pub mod journal;
 pub mod metrics;

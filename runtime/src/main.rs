@@ -39,7 +39,7 @@ enum Command {
     /// Run plain OCI bundles, like runc.
     Bundle(crishim_runtime::bundle::BundleArgs),
     /// GPUs: `crishim gpu list` shows them and the containers holding them.
-    Gpu(crishim_runtime::gpu::cli::GpuArgs),
+    Gpu(crishim_runtime::gpu_cli::GpuArgs),
 }
 
 fn main() {
@@ -73,7 +73,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => std::process::exit(crishim_runtime::workflow::main(args)?),
         Command::Bundle(args) => std::process::exit(crishim_runtime::bundle::main(args)?),
-        Command::Gpu(args) => std::process::exit(crishim_runtime::gpu::cli::main(args)?),
+        Command::Gpu(args) => std::process::exit(crishim_runtime::gpu_cli::main(args)?),
     }
 }
 

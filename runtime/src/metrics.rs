@@ -99,7 +99,7 @@ pub struct Gauges {
     pub containers: BTreeMap<&'static str, u64>,
     pub shims: u64,
     /// GPU containers with a memory limit.
-    pub gpu: Vec<crate::gpu::container::GpuUsage>,
+    pub gpu: Vec<crishim_gpu::container::GpuUsage>,
 }
 
 impl Metrics {
@@ -381,13 +381,13 @@ mod tests {
             containers: [("running", 3), ("exited", 1)].into(),
             shims: 2,
             gpu: vec![
-                crate::gpu::container::GpuUsage {
+                crishim_gpu::container::GpuUsage {
                     container_id: "abc123".into(),
                     limit_bytes: Some(256 << 20),
                     used_bytes: 100 << 20,
                     throttled_us: 2_500_000,
                 },
-                crate::gpu::container::GpuUsage {
+                crishim_gpu::container::GpuUsage {
                     container_id: "bad\"}\n1".into(),
                     limit_bytes: Some(1),
                     used_bytes: 1,

@@ -3,10 +3,11 @@
 //!
 //! - `hostfs`: creating and tightening root-only directories and files; `record`: files written
 //!   whole or not at all (the daemon's and the shim's records), and the CRI's clock.
-//! - `mountinfo`: the mounts of `/proc/self/mountinfo`; `idmap`: detached (and idmapped) mount
-//!   trees; `empty_ns`: an empty mount namespace.
+//! - `mountinfo`: the mounts of `/proc/self/mountinfo`, and whether a path is a mount point;
+//!   `idmap`: detached (and idmapped) mount trees; `empty_ns`: an empty mount namespace.
 //! - `confined`: reading a bounded file beneath a root, never leaving it (the one `openat2`
 //!   wrapper).
+//! - `path`: paths cleaned lexically (`//`, `.`, `..`), without touching the file system.
 //! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `shown`: attacker-sized names cut to a bounded length for error messages and logs.
@@ -17,6 +18,7 @@ pub mod empty_ns;
 pub mod hostfs;
 pub mod idmap;
 pub mod mountinfo;
+pub mod path;
 pub mod random;
 pub mod record;
 pub mod shown;

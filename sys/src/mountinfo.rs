@@ -73,6 +73,16 @@ pub fn is_mount_root(path: &std::path::Path) -> Option<bool> {
     mount_root_in(&statx_of(path, 0)?)
 }
 
+/// Whether `path` is a mount point of this process's mount namespace: [`is_mount_root`], not a
+/// scan of `/proc/self/mountinfo`, which grows with every pod. Kernels before 5.8 lack the
+/// attribute and get the scan.
+pub fn is_mountpoint(path: &std::path::Path) -> bool {
+    match is_mount_root(path) {
+        Some(root) => root,
+        None => path.symlink_metadata().is_ok() && read().iter().any(|m| m.mount_point == path),
+    }
+}
+
 fn mount_root_in(stx: &libc::statx) -> Option<bool> {
     let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
     (stx.stx_attributes_mask & root != 0).then_some(stx.stx_attributes & root != 0)
@@ -299,6 +309,14 @@ fn unescape(field: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_are_told_from_plain_directories() {
+        assert!(is_mountpoint(std::path::Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mountpoint(dir.path()));
+        assert!(!is_mountpoint(&dir.path().join("missing")));
+    }
 
     #[test]
     fn fields_are_read_and_escapes_decoded() {

@@ -129,7 +129,7 @@ impl Inner {
         let userns = crate::userns::from_pod(&pod.config)
             .map_err(|m| Status::invalid_argument(format!("CreateContainer: {m}")))?;
         if userns.is_some() {
-            if crate::gpu::request::is_privileged(&config) {
+            if crishim_gpu::request::is_privileged(&config) {
                 return Err(Status::invalid_argument(
                     "CreateContainer: a privileged container cannot run in a pod with its own \
                      user namespace (hostUsers: false)",
@@ -307,7 +307,7 @@ impl Inner {
         if handler.gpu {
             self.gpu
                 .apply(
-                    &crate::gpu::Target {
+                    &crishim_gpu::Target {
                         container_id: id,
                         config: &record.config,
                         pod: &pod.config,
@@ -633,7 +633,7 @@ pub(super) fn selinux_labels(
     config: &cri::ContainerConfig,
     lsm: Lsm,
 ) -> Option<crate::selinux::Labels> {
-    if !lsm.selinux || crate::gpu::request::is_privileged(config) {
+    if !lsm.selinux || crishim_gpu::request::is_privileged(config) {
         return None;
     }
     static DEFAULTS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();

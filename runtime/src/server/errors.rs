@@ -5,10 +5,10 @@ use crishim_images::{ErrorKind as ImageErrorKind, ImageError};
 use crishim_proto::shim::{ErrorKind as ShimErrorKind, Response};
 use tonic::{Code, Status};
 
-use crate::gpu::GpuError;
 use crate::shim_client::ShimError;
 use crate::spec::SpecError;
 use crate::store::StoreError;
+use crishim_gpu::GpuError;
 
 pub fn from_image_error(e: ImageError) -> Status {
     let code = match e.kind() {

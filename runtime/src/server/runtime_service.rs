@@ -73,7 +73,7 @@ pub struct Inner {
     /// The previous CPU sample of each container (by id) and pod (`pod/<id>`), for CPU rates.
     pub(super) cpu_rates: crate::stats::CpuRates,
     /// The node's GPUs and driver mirror, for GPU requests at CreateContainer.
-    pub(super) gpu: crate::gpu::Gpus,
+    pub(super) gpu: crishim_gpu::Gpus,
     /// The server behind the `Exec`, `Attach` and `PortForward` URLs, once started.
     pub(super) streaming: std::sync::OnceLock<crishim_streaming::Server>,
     /// The RuntimeClass handlers (`[runtimes]`).
@@ -134,7 +134,7 @@ impl RuntimeService {
             .clone()
             .unwrap_or_else(|| sibling_binary("crishim-init"));
         let (dead_shims, mut dead_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let gpu = crate::gpu::Gpus::new(&config.gpu, &config.state_dir);
+        let gpu = crishim_gpu::Gpus::new(&config.gpu, &config.state_dir);
         let handlers = crate::runtimes::Handlers::new(&config.runtimes);
         let service = RuntimeService {
             inner: Arc::new_cyclic(|me| Inner {
@@ -203,9 +203,9 @@ impl RuntimeService {
             *g.containers.entry(name).or_default() += 1;
         }
         // Files the containers write: read on a thread of their own, for at most 2 s.
-        g.gpu = crate::gpu::container::usage_within(
-            &crate::gpu::containers_dir(&self.inner.config.state_dir),
-            crate::gpu::container::USAGE_DEADLINE,
+        g.gpu = crishim_gpu::container::usage_within(
+            &crishim_gpu::containers_dir(&self.inner.config.state_dir),
+            crishim_gpu::container::USAGE_DEADLINE,
         )
         .unwrap_or_else(|| {
             tracing::warn!(

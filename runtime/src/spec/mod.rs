@@ -21,7 +21,6 @@ mod devices;
 mod host;
 mod kernel_mounts;
 mod mounts;
-pub(crate) use mounts::clean as clean_path;
 pub use mounts::is_image_volume;
 mod namespaces;
 mod process;

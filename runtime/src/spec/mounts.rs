@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crishim_proto::cri;
+pub(crate) use crishim_sys::path::clean;
 use oci_spec::runtime::Mount;
 
 use super::{ImageVolume, PodFiles, SpecError};
@@ -43,7 +44,7 @@ pub(super) fn build(
     let mut binds = Vec::new();
     for m in &config.mounts {
         let device_list =
-            crate::gpu::request::device_list_request(m).map_err(SpecError::Invalid)?;
+            crishim_gpu::request::device_list_request(m).map_err(SpecError::Invalid)?;
         if device_list.is_none() {
             binds.push(cri_bind(m, image_volumes)?);
         }
@@ -352,21 +353,6 @@ pub(super) fn check_container_path(what: &str, path: &str) -> Result<(), SpecErr
         )));
     }
     Ok(())
-}
-
-/// `path` made absolute and cleaned lexically: `//`, `.` and `..` resolved.
-pub(crate) fn clean(path: &str) -> String {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            part => parts.push(part),
-        }
-    }
-    format!("/{}", parts.join("/"))
 }
 
 /// Nesting depth, as containerd's `orderedMounts` counts it.

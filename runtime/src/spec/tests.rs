@@ -899,13 +899,6 @@ fn mounting_dev_drops_the_default_mounts_under_dev() {
     assert_eq!(dests, strings(&["/proc", "/sys", "/sys/fs/cgroup", "/dev"]));
 }
 
-#[test]
-fn path_cleaning_matches_go() {
-    assert_eq!(mounts::clean("/a//b/./c/.."), "/a/b");
-    assert_eq!(mounts::clean("/../x/"), "/x");
-    assert_eq!(mounts::clean("/"), "/");
-}
-
 // ---------------------------------------------------------------------------------------------
 // 5 & 6. Namespaces and hostname
 

@@ -1,5 +1,6 @@
 //! `crishim gpu list`: the node's GPUs and the containers holding them (from the daemon's
-//! per-container GPU records under `state_dir`).
+//! per-container GPU records under `state_dir`, read through `crishim_gpu`); `crishim gpu probe`,
+//! the child process `crishim_gpu::probe` runs for NVML.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -8,10 +9,10 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
-use super::container::{grants, usage_within, GpuUsage, Grant, USAGE_DEADLINE};
-use super::discover::{discover, Gpu};
-use super::{containers_dir, libraries, probe};
 use crate::config::Config;
+use crishim_gpu::container::{grants, usage_within, GpuUsage, Grant, USAGE_DEADLINE};
+use crishim_gpu::discover::{discover, Gpu};
+use crishim_gpu::{containers_dir, libraries, probe};
 
 #[derive(Args)]
 pub struct GpuArgs {

@@ -7,12 +7,14 @@
 //! - `request`: what a container asks for; `cdi`: CDI devices; `compat`: can the image load
 //!   the interceptor;
 //! - `inject`: the spec edits; `container`: the per-container host directory;
-//! - `cli`: `crishim gpu list`.
+//! - `config`: `[gpu]` in config.toml (`GpuConfig`, which the daemon's `Config` holds).
+//!
+//! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim_runtime::gpu_cli`); the
+//! daemon maps [`GpuError`] to gRPC statuses (`runtime/src/server/errors.rs`).
 //!
 //! A container that asks for nothing gets nothing: its spec is left exactly as it was.
 
 pub mod cdi;
-pub mod cli;
 pub mod compat;
 pub mod config;
 pub mod container;

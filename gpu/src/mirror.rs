@@ -400,7 +400,7 @@ impl DirLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::libraries::{locate, tests::fake_driver};
+    use crate::libraries::{locate, tests::fake_driver};
 
     fn caps(c: &[Capability]) -> BTreeSet<Capability> {
         c.iter().copied().collect()

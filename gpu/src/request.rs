@@ -111,7 +111,7 @@ pub const DEVICE_LIST_SOURCE: &str = "/dev/null";
 /// The GPU a device-list mount requests (`None`: not such a mount). The path is taken lexically
 /// (`//`, `.` and `..` resolved), so no spelling of it slips past the source check.
 pub fn device_list_entry(container_path: &str) -> Option<String> {
-    let cleaned = crate::spec::clean_path(container_path);
+    let cleaned = crishim_sys::path::clean(container_path);
     let entry = cleaned.strip_prefix(DEVICE_LIST_DIR)?.strip_prefix('/')?;
     (!entry.is_empty() && !entry.contains('/')).then(|| entry.to_string())
 }
@@ -133,7 +133,7 @@ pub fn device_list_request(m: &cri::Mount) -> Result<Option<String>, String> {
 }
 
 /// Whether the container asks to be privileged.
-pub(crate) fn is_privileged(config: &cri::ContainerConfig) -> bool {
+pub fn is_privileged(config: &cri::ContainerConfig) -> bool {
     config
         .linux
         .as_ref()

@@ -82,7 +82,7 @@ impl ContainerDir {
             r.map_err(|e| GpuError::io(format!("{what} {}", file.display()), e))
         };
         step("creating", std::fs::create_dir_all(&dir))?;
-        if !crate::container_images::is_mountpoint(&dir) {
+        if !crishim_sys::mountinfo::is_mountpoint(&dir) {
             use nix::mount::MsFlags;
             nix::mount::mount(
                 Some("crishim-vgpu"),
@@ -154,7 +154,7 @@ pub const ACCOUNTING_TMPFS: &str = "mode=0755,size=1m,nr_inodes=16";
 /// removed). A directory that is gone, or not a mount, is not an error.
 pub fn release_accounting(container_dir: &Path) -> io::Result<()> {
     let shared = container_dir.join("shared");
-    if crate::container_images::is_mountpoint(&shared) {
+    if crishim_sys::mountinfo::is_mountpoint(&shared) {
         nix::mount::umount2(&shared, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)?;
     }
     Ok(())
@@ -454,7 +454,7 @@ mod tests {
         );
         // The container cannot grow the file (or fill the directory) past the tmpfs, whose size
         // is the cap.
-        assert!(crate::container_images::is_mountpoint(&shared));
+        assert!(crishim_sys::mountinfo::is_mountpoint(&shared));
         let mut big = vec![0u8; (MAX_LEDGER_RECORDS as usize) * 64];
         big.extend(entry(5).encode());
         let e = std::fs::write(shared.join("usage"), &big).unwrap_err();
