@@ -5,7 +5,7 @@ use tonic::Status;
 
 use super::container_status::cri_state;
 use super::runtime_service::RuntimeService;
-use crate::records::ContainerRecord;
+use crishim_state::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_list_containers(

@@ -11,7 +11,7 @@ use tonic::Status;
 use tracing::warn;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{now_nanos, ContainerRecord, PodState};
+use crishim_state::records::{now_nanos, ContainerRecord, PodState};
 
 /// Events buffered for slow subscribers before they miss some.
 const EVENT_BUFFER: usize = 1024;

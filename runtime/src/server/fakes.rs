@@ -20,8 +20,29 @@ use tonic::Status;
 use super::pod_host::{PodFiles, PodNetwork, PodShims};
 use crate::cni::{CniError, NetworkResult};
 use crate::container_images::ContainerImages;
-use crate::records::now_nanos;
 use crate::shim_client::{ShimError, Shims, Watch};
+use crishim_state::records::{now_nanos, PodRecord, PodState};
+
+/// A ready host-network pod's record with default config, for handler tests.
+pub fn pod_record(id: &str) -> PodRecord {
+    PodRecord {
+        id: id.to_string(),
+        config: crishim_proto::cri::PodSandboxConfig::default(),
+        runtime_handler: String::new(),
+        state: PodState::Ready,
+        created_at: 0,
+        infra_pid: 1,
+        host_network: true,
+        host_pid: false,
+        host_ipc: true,
+        shared_pid: false,
+        shm: None,
+        cgroup_parent: format!("/crishim/{id}"),
+        cgroup_driver: Default::default(),
+        owned_cgroups: Vec::new(),
+        ips: Vec::new(),
+    }
+}
 
 /// One pod's fake shim.
 #[derive(Default)]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use tracing::info;
 
 use super::runtime_service::Inner;
-use crate::records::PodState;
+use crishim_state::records::PodState;
 
 impl Inner {
     /// Start-up: finish or roll back what a crash interrupted, resume watching live pods, and

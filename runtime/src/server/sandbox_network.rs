@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::runtime_service::Inner;
 use crate::cni::{CniError, Dns, PodNetwork, PortMapping};
-use crate::records::PodRecord;
+use crishim_state::records::PodRecord;
 
 impl Inner {
     /// Where the pod's network namespace is pinned.

@@ -13,7 +13,7 @@ use tonic::{Code, Request};
 use super::fakes::{self, Calls, FakeFiles, FakeHost, FakeNetwork, FakeShims, IMAGE, POD_IPS};
 use super::{Parts, RuntimeService};
 use crate::config::Config;
-use crate::store::Store;
+use crishim_state::store::Store;
 
 struct Node {
     svc: RuntimeService,

@@ -14,7 +14,7 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::ContainerRecord;
+use crishim_state::records::ContainerRecord;
 
 pub(super) struct StreamingBackend {
     inner: Weak<Inner>,
