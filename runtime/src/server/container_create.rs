@@ -6,6 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use crishim_images::ImageRecord;
 use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
 use crishim_proto::shim::{Request, Response};
+use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
 use tonic::Status;
 use tracing::{info, warn};
 
@@ -14,7 +15,6 @@ use super::errors::{
 };
 use super::runtime_service::{Inner, RuntimeService};
 use crate::spec::{self, PodFiles, PodNamespaces, SpecInputs};
-use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
 
 pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// `"true"` or `"false"` on a pod or a container: run it under crishim's init.

@@ -3,11 +3,11 @@
 
 use crishim_proto::cri::{ExecRequest, ExecResponse};
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crishim_state::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_exec(&self, req: ExecRequest) -> Result<ExecResponse, Status> {

@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use crishim_proto::cri::{RemoveContainerRequest, RemoveContainerResponse};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crishim_state::records::ContainerRecord;
 use crishim_state::store::StoreError;
 
 impl RuntimeService {

@@ -8,13 +8,13 @@ use crishim_proto::cri::{
     ListContainerStatsResponse, UInt64Value,
 };
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::{now_nanos, ContainerRecord};
 use tonic::Status;
 use tracing::debug;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::stats::{self, Cgroups, DiskUsage, Memory};
-use crishim_state::records::{now_nanos, ContainerRecord};
 
 /// The key of a pod in `Inner::cpu_rates`.
 pub(super) fn pod_rate_key(pod_id: &str) -> String {

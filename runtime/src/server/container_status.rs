@@ -4,11 +4,11 @@ use std::collections::HashMap;
 
 use crishim_proto::cri::{self, ContainerStatusRequest, ContainerStatusResponse};
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crishim_state::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_container_status(

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use crishim_proto::cri::{StopContainerRequest, StopContainerResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::bounds::request_secs;
-use crishim_state::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_stop_container(

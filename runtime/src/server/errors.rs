@@ -3,12 +3,12 @@
 
 use crishim_images::{ErrorKind as ImageErrorKind, ImageError};
 use crishim_proto::shim::{ErrorKind as ShimErrorKind, Response};
+use crishim_state::store::StoreError;
 use tonic::{Code, Status};
 
 use crate::gpu::GpuError;
 use crate::shim_client::ShimError;
 use crate::spec::SpecError;
-use crishim_state::store::StoreError;
 
 pub fn from_image_error(e: ImageError) -> Status {
     let code = match e.kind() {

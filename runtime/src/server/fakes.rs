@@ -13,6 +13,7 @@ use crishim_images::{Digest, ImageError, ImageRecord};
 use crishim_proto::shim::{
     ContainerState, ErrorKind, InfraSpec, OciRuntimeSpec, Request, Response, Status as ShimStatus,
 };
+use crishim_state::records::{now_nanos, PodRecord, PodState};
 use oci_spec::image::ImageConfiguration;
 use tokio::net::UnixStream;
 use tonic::Status;
@@ -21,7 +22,6 @@ use super::pod_host::{PodFiles, PodNetwork, PodShims};
 use crate::cni::{CniError, NetworkResult};
 use crate::container_images::ContainerImages;
 use crate::shim_client::{ShimError, Shims, Watch};
-use crishim_state::records::{now_nanos, PodRecord, PodState};
 
 /// A ready host-network pod's record with default config, for handler tests.
 pub fn pod_record(id: &str) -> PodRecord {

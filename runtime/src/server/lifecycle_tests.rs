@@ -7,12 +7,12 @@ use std::sync::Arc;
 use crishim_proto::cri::runtime_service_server::RuntimeService as _;
 use crishim_proto::cri::{self, ContainerState as CriState};
 use crishim_proto::shim::{ErrorKind, Response, Status as ShimStatus};
+use crishim_state::records::{now_nanos, ContainerRecord, PodRecord, PodState};
 use tonic::{Code, Request};
 
 use super::fakes::{pod_record, FakeHost, FakeShims, IMAGE};
 use super::RuntimeService;
 use crate::config::Config;
-use crishim_state::records::{now_nanos, ContainerRecord, PodRecord, PodState};
 use crishim_state::store::Store;
 
 struct Node {

@@ -16,11 +16,11 @@ use std::os::unix::fs::MetadataExt as _;
 use tonic::Status;
 
 use crishim_proto::shim::{Request, Response};
+use crishim_state::records::{PodRecord, PodState};
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, SHIM_TIMEOUT};
 use crate::cni::pidfd::ProcessFd;
-use crishim_state::records::{PodRecord, PodState};
 
 impl Inner {
     /// `pod`'s infra process, held by pidfd: the pod is ready, the process holds the recorded

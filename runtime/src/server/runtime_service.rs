@@ -8,6 +8,7 @@ use std::time::Duration;
 use crishim_images::ImageStore;
 use crishim_proto::cri;
 use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::errors::unexpected;
@@ -19,7 +20,6 @@ use super::pod_host::{
 use crate::config::Config;
 use crate::container_images::ContainerImages;
 use crate::shim_client::{Shims, SocketShims};
-use crishim_state::records::ContainerRecord;
 use crishim_state::store::Store;
 
 /// How long a plain shim request may take.

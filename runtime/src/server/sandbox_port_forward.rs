@@ -2,11 +2,11 @@
 //! pod's localhost, from inside its network namespace.
 
 use crishim_proto::cri::{PortForwardRequest, PortForwardResponse};
+use crishim_state::records::PodState;
 use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crishim_state::records::PodState;
 
 impl RuntimeService {
     pub(super) async fn do_port_forward(

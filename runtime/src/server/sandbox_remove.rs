@@ -2,12 +2,12 @@
 //! pod that does not exist succeeds, as the CRI asks.
 
 use crishim_proto::cri::{ContainerEventType, RemovePodSandboxRequest, RemovePodSandboxResponse};
+use crishim_state::records::PodRecord;
 use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crishim_state::records::PodRecord;
 use crishim_state::store::StoreError;
 
 impl RuntimeService {

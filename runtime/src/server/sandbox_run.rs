@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
+use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use nix::mount::MsFlags;
 use tonic::Status;
 use tracing::{info, warn};
@@ -14,7 +15,6 @@ use super::container_create::{check_selinux, Lsm};
 use super::errors::{from_store_error, new_id_status};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
-use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use crishim_sys::shown::shown;
 
 /// Kubernetes' default pod /dev/shm size.

@@ -9,6 +9,7 @@ use crishim_proto::cri::{
     PodSandboxStatsResponse,
 };
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::{now_nanos, PodRecord, PodState};
 use tonic::Status;
 
 use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
@@ -16,7 +17,6 @@ use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use super::sandbox_run::DEFAULT_CGROUP_PARENT;
 use crate::stats::{self, Cgroups, Memory};
-use crishim_state::records::{now_nanos, PodRecord, PodState};
 
 /// The interface CNI gives every pod (`PodNetwork::ifname`), reported as the default one.
 const DEFAULT_INTERFACE: &str = "eth0";

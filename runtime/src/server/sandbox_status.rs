@@ -3,11 +3,11 @@
 use std::collections::HashMap;
 
 use crishim_proto::cri::{self, PodSandboxStatusRequest, PodSandboxStatusResponse};
+use crishim_state::records::{PodRecord, PodState};
 use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crishim_state::records::{PodRecord, PodState};
 
 impl RuntimeService {
     pub(super) async fn do_pod_sandbox_status(

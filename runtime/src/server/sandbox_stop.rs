@@ -3,13 +3,13 @@
 
 use crishim_proto::cri::{ContainerEventType, StopPodSandboxRequest, StopPodSandboxResponse};
 use crishim_proto::shim::{paths, Request};
+use crishim_state::records::PodState;
 use tonic::Status;
 use tracing::{info, warn};
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::shim_client::ShimError;
-use crishim_state::records::PodState;
 
 impl RuntimeService {
     pub(super) async fn do_stop_pod_sandbox(

@@ -5,6 +5,7 @@
 //! checks them, as containerd does.
 
 use crishim_proto::cri::{UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse};
+use crishim_state::records::PodRecord;
 use oci_spec::runtime::LinuxResources;
 use tonic::Status;
 use tracing::info;
@@ -14,7 +15,6 @@ use super::runtime_service::RuntimeService;
 use crate::cgroups::CgroupDriver;
 use crate::spec;
 use crate::stats::Cgroups;
-use crishim_state::records::PodRecord;
 
 const RPC: &str = "UpdatePodSandboxResources";
 
