@@ -295,7 +295,7 @@ fn runtime() {
     // magic, as the target takes them).
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal");
-    let j = crishim_runtime::journal::Journal::open(&path, 1 << 16, dir.path()).unwrap();
+    let j = crishim_state::journal::Journal::open(&path, 1 << 16, dir.path()).unwrap();
     j.put("p1", pod.as_bytes()).unwrap();
     j.put("c1", ctr.as_bytes()).unwrap();
     j.put("p1", pod.replace("Ready", "NotReady").as_bytes())

@@ -7,8 +7,8 @@ use crishim_proto::shim::ContainerState;
 use crishim_runtime::cni::cache::CacheEntry;
 use crishim_runtime::cni::{NetworkList, NetworkResult};
 use crishim_runtime::config::Config;
-use crishim_runtime::records::{ContainerRecord, PodRecord};
 use crishim_runtime::workflow::manifest;
+use crishim_state::records::{ContainerRecord, PodRecord};
 
 use crate::split_at_byte;
 
@@ -42,7 +42,7 @@ pub fn records(data: &[u8]) {
 /// A records or CNI cache journal as start-up finds it (its bytes after the magic): replayed
 /// alone, then opened as a file, where a damaged tail is cut off and the rest must read back.
 pub fn journal(data: &[u8]) {
-    use crishim_runtime::journal::{replay, Journal, MAGIC};
+    use crishim_state::journal::{replay, Journal, MAGIC};
     const CAP: u32 = 1 << 16;
     let file = [&MAGIC[..], data].concat();
     let Ok(r) = replay(&file[..], CAP) else {

@@ -10,6 +10,78 @@ pub fn systemd(slice: &str, id: &str) -> String {
     format!("{slice}:{SYSTEMD_SCOPE_PREFIX}:{id}")
 }
 
+/// `cgroup_driver` in the config: who makes pod and container cgroups.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    #[default]
+    Cgroupfs,
+    Systemd,
+}
+
+/// The pod cgroup parent under the systemd driver when the pod names none.
+pub const DEFAULT_SYSTEMD_SLICE: &str = "crishim.slice";
+
+impl CgroupDriver {
+    /// The cgroup parent of a pod that asked for `requested` (empty: none), checked against the
+    /// driver's form: a slice name for systemd, a path for cgroupfs.
+    pub fn pod_parent(
+        self,
+        requested: &str,
+        pod_id: &str,
+        default_root: &str,
+    ) -> Result<String, String> {
+        match (self, requested) {
+            (CgroupDriver::Cgroupfs, "") => Ok(format!("{default_root}/{pod_id}")),
+            (CgroupDriver::Systemd, "") => Ok(DEFAULT_SYSTEMD_SLICE.to_string()),
+            (CgroupDriver::Systemd, slice) if is_slice_name(slice) => Ok(slice.to_string()),
+            (CgroupDriver::Systemd, other) => Err(format!(
+                "cgroup_parent {other:?} is not a systemd slice name (like \
+                 kubepods-besteffort-pod<uid>.slice); crishim runs with cgroup_driver = \
+                 \"systemd\", so the kubelet needs --cgroup-driver=systemd"
+            )),
+            (CgroupDriver::Cgroupfs, slice)
+                if !slice.starts_with('/') && slice.ends_with(".slice") =>
+            {
+                Err(format!(
+                    "cgroup_parent {slice:?} is a systemd slice, but crishim runs with \
+                     cgroup_driver = \"cgroupfs\"; set cgroup_driver = \"systemd\" or run the \
+                     kubelet with --cgroup-driver=cgroupfs"
+                ))
+            }
+            (CgroupDriver::Cgroupfs, path) => {
+                check_cgroupfs_path(path)?;
+                Ok(path.to_string())
+            }
+        }
+    }
+
+    /// The OCI cgroupsPath of container `id` in a pod whose parent is `parent`.
+    pub fn container_path(self, parent: &str, id: &str) -> String {
+        match self {
+            CgroupDriver::Cgroupfs => format!("{}/{id}", parent.trim_end_matches('/')),
+            CgroupDriver::Systemd => systemd(parent, id),
+        }
+    }
+}
+
+/// A cgroupfs parent names directories below each hierarchy's root, component by component: a
+/// `.` or `..` would make libcontainer create (and the daemon remove) cgroups elsewhere than the
+/// ones it records as its own, so it is refused, as is a NUL. Empty components (`//`, a
+/// trailing `/`) name nothing and are harmless.
+pub fn check_cgroupfs_path(path: &str) -> Result<(), String> {
+    if let Some(bad) = path.split('/').find(|c| matches!(*c, "." | "..")) {
+        return Err(format!(
+            "cgroup_parent {path:?} has a {bad:?} component; a cgroupfs parent is a path of plain \
+             names (like /kubepods/burstable/pod<uid>)"
+        ));
+    }
+    if path.contains('\0') {
+        return Err(format!("cgroup_parent {path:?} holds a NUL byte"));
+    }
+    Ok(())
+}
+
 /// Whether `path` is the systemd form `slice:prefix:name`.
 pub fn is_systemd(path: &str) -> bool {
     !path.starts_with('/') && path.split(':').count() == 3
@@ -72,6 +144,43 @@ pub fn dir(path: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_driver_takes_parents_of_its_own_form() {
+        let fs = CgroupDriver::Cgroupfs;
+        let sd = CgroupDriver::Systemd;
+        assert_eq!(fs.pod_parent("", "p1", "/crishim").unwrap(), "/crishim/p1");
+        assert_eq!(
+            fs.pod_parent("/kubepods/pod1", "p1", "/crishim").unwrap(),
+            "/kubepods/pod1"
+        );
+        assert_eq!(
+            sd.pod_parent("", "p1", "/crishim").unwrap(),
+            DEFAULT_SYSTEMD_SLICE
+        );
+        assert_eq!(
+            sd.pod_parent("kubepods-pod1.slice", "p1", "/crishim")
+                .unwrap(),
+            "kubepods-pod1.slice"
+        );
+        let e = sd
+            .pod_parent("/kubepods/pod1", "p1", "/crishim")
+            .unwrap_err();
+        assert!(e.contains("--cgroup-driver=systemd"), "{e}");
+        let e = fs
+            .pod_parent("kubepods-pod1.slice", "p1", "/crishim")
+            .unwrap_err();
+        assert!(e.contains("--cgroup-driver=cgroupfs"), "{e}");
+
+        assert_eq!(
+            fs.container_path("/kubepods/pod1/", "c1"),
+            "/kubepods/pod1/c1"
+        );
+        assert_eq!(
+            sd.container_path("kubepods-pod1.slice", "c1"),
+            "kubepods-pod1.slice:crishim:c1"
+        );
+    }
 
     #[test]
     fn slices_expand_the_way_systemd_nests_them() {

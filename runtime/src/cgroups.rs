@@ -6,103 +6,32 @@
 use std::path::{Path, PathBuf};
 
 use crishim_proto::cgroups_path;
-use serde::{Deserialize, Serialize};
 
-/// `cgroup_driver` in the config: who makes pod and container cgroups.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CgroupDriver {
-    #[default]
-    Cgroupfs,
-    Systemd,
-}
+use cgroups_path::check_cgroupfs_path;
+/// The config's `cgroup_driver`, recorded with each pod; the cgroupsPath forms each driver takes.
+pub use cgroups_path::{CgroupDriver, DEFAULT_SYSTEMD_SLICE};
 
-/// The pod cgroup parent under the systemd driver when the pod names none.
-pub const DEFAULT_SYSTEMD_SLICE: &str = "crishim.slice";
-
-impl CgroupDriver {
-    /// Whether this host can use the driver: systemd's needs a cgroup v2 host (libcgroups drives
-    /// systemd on the unified hierarchy only) and a systemd to talk to.
-    pub fn check_host(self) -> Result<(), String> {
-        if self == CgroupDriver::Cgroupfs {
-            return Ok(());
-        }
-        if !crate::spec::is_cgroup_v2() {
-            return Err(
-                "cgroup_driver = \"systemd\" needs a cgroup v2 (unified) host, and \
-                        /sys/fs/cgroup is not cgroup2; use cgroup_driver = \"cgroupfs\""
-                    .into(),
-            );
-        }
-        let bus = std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS").is_some()
-            || ["/run/systemd/private", "/run/dbus/system_bus_socket"]
-                .iter()
-                .any(|p| Path::new(p).exists());
-        if !bus {
-            return Err("cgroup_driver = \"systemd\" but systemd is not reachable \
-                        (no /run/systemd/private or system bus socket)"
-                .into());
-        }
-        Ok(())
+/// Whether this host can use the driver: systemd's needs a cgroup v2 host (libcgroups drives
+/// systemd on the unified hierarchy only) and a systemd to talk to.
+pub fn check_host(driver: CgroupDriver) -> Result<(), String> {
+    if driver == CgroupDriver::Cgroupfs {
+        return Ok(());
     }
-
-    /// The cgroup parent of a pod that asked for `requested` (empty: none), checked against the
-    /// driver's form: a slice name for systemd, a path for cgroupfs.
-    pub fn pod_parent(
-        self,
-        requested: &str,
-        pod_id: &str,
-        default_root: &str,
-    ) -> Result<String, String> {
-        match (self, requested) {
-            (CgroupDriver::Cgroupfs, "") => Ok(format!("{default_root}/{pod_id}")),
-            (CgroupDriver::Systemd, "") => Ok(DEFAULT_SYSTEMD_SLICE.to_string()),
-            (CgroupDriver::Systemd, slice) if cgroups_path::is_slice_name(slice) => {
-                Ok(slice.to_string())
-            }
-            (CgroupDriver::Systemd, other) => Err(format!(
-                "cgroup_parent {other:?} is not a systemd slice name (like \
-                 kubepods-besteffort-pod<uid>.slice); crishim runs with cgroup_driver = \
-                 \"systemd\", so the kubelet needs --cgroup-driver=systemd"
-            )),
-            (CgroupDriver::Cgroupfs, slice)
-                if !slice.starts_with('/') && slice.ends_with(".slice") =>
-            {
-                Err(format!(
-                    "cgroup_parent {slice:?} is a systemd slice, but crishim runs with \
-                     cgroup_driver = \"cgroupfs\"; set cgroup_driver = \"systemd\" or run the \
-                     kubelet with --cgroup-driver=cgroupfs"
-                ))
-            }
-            (CgroupDriver::Cgroupfs, path) => {
-                check_cgroupfs_path(path)?;
-                Ok(path.to_string())
-            }
-        }
+    if !crate::spec::is_cgroup_v2() {
+        return Err(
+            "cgroup_driver = \"systemd\" needs a cgroup v2 (unified) host, and \
+                    /sys/fs/cgroup is not cgroup2; use cgroup_driver = \"cgroupfs\""
+                .into(),
+        );
     }
-
-    /// The OCI cgroupsPath of container `id` in a pod whose parent is `parent`.
-    pub fn container_path(self, parent: &str, id: &str) -> String {
-        match self {
-            CgroupDriver::Cgroupfs => format!("{}/{id}", parent.trim_end_matches('/')),
-            CgroupDriver::Systemd => cgroups_path::systemd(parent, id),
-        }
-    }
-}
-
-/// A cgroupfs parent names directories below each hierarchy's root, component by component: a
-/// `.` or `..` would make libcontainer create (and [`remove`] delete) cgroups elsewhere than the
-/// ones [`missing_prefixes`] records, so it is refused, as is a NUL. Empty components (`//`, a
-/// trailing `/`) name nothing and are harmless.
-fn check_cgroupfs_path(path: &str) -> Result<(), String> {
-    if let Some(bad) = path.split('/').find(|c| matches!(*c, "." | "..")) {
-        return Err(format!(
-            "cgroup_parent {path:?} has a {bad:?} component; a cgroupfs parent is a path of plain \
-             names (like /kubepods/burstable/pod<uid>)"
-        ));
-    }
-    if path.contains('\0') {
-        return Err(format!("cgroup_parent {path:?} holds a NUL byte"));
+    let bus = std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS").is_some()
+        || ["/run/systemd/private", "/run/dbus/system_bus_socket"]
+            .iter()
+            .any(|p| Path::new(p).exists());
+    if !bus {
+        return Err("cgroup_driver = \"systemd\" but systemd is not reachable \
+                    (no /run/systemd/private or system bus socket)"
+            .into());
     }
     Ok(())
 }
@@ -264,43 +193,6 @@ pub fn remove(owned: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_driver_takes_parents_of_its_own_form() {
-        let fs = CgroupDriver::Cgroupfs;
-        let sd = CgroupDriver::Systemd;
-        assert_eq!(fs.pod_parent("", "p1", "/crishim").unwrap(), "/crishim/p1");
-        assert_eq!(
-            fs.pod_parent("/kubepods/pod1", "p1", "/crishim").unwrap(),
-            "/kubepods/pod1"
-        );
-        assert_eq!(
-            sd.pod_parent("", "p1", "/crishim").unwrap(),
-            DEFAULT_SYSTEMD_SLICE
-        );
-        assert_eq!(
-            sd.pod_parent("kubepods-pod1.slice", "p1", "/crishim")
-                .unwrap(),
-            "kubepods-pod1.slice"
-        );
-        let e = sd
-            .pod_parent("/kubepods/pod1", "p1", "/crishim")
-            .unwrap_err();
-        assert!(e.contains("--cgroup-driver=systemd"), "{e}");
-        let e = fs
-            .pod_parent("kubepods-pod1.slice", "p1", "/crishim")
-            .unwrap_err();
-        assert!(e.contains("--cgroup-driver=cgroupfs"), "{e}");
-
-        assert_eq!(
-            fs.container_path("/kubepods/pod1/", "c1"),
-            "/kubepods/pod1/c1"
-        );
-        assert_eq!(
-            sd.container_path("kubepods-pod1.slice", "c1"),
-            "kubepods-pod1.slice:crishim:c1"
-        );
-    }
 
     /// `..` would take libcontainer (and the removal of what we created) out of the parent the
     /// pod names: refused at RunPodSandbox, naming the parent; nothing is owned for such a path.

@@ -41,10 +41,7 @@ pub async fn serve_until(
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::warn!(error = %std::io::Error::last_os_error(), "PR_SET_CHILD_SUBREAPER");
     }
-    config
-        .cgroup_driver
-        .check_host()
-        .map_err(anyhow::Error::msg)?;
+    crate::cgroups::check_host(config.cgroup_driver).map_err(anyhow::Error::msg)?;
     crate::host_files::prepare(&config).context("preparing the root and state directories")?;
     let store = ImageStore::open(
         &config.root_dir.join("images"),

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crishim_proto::cri;
-use crishim_runtime::records::{ContainerRecord, PodRecord, PodState, RecordDir};
+use crishim_state::records::{ContainerRecord, PodRecord, PodState, RecordDir};
 use crishim_tests::pods::{
     assert_no_leaks, host_processes, namespaces, parse_cri_log, processes_with_command, reassemble,
     set_pod_namespaces, wait_for_log_line, with_descendants, HostProcess, PodEnv, PodTraces,

@@ -1,6 +1,6 @@
 //! The result cache: one entry per pod, keyed by its id, holding the network config and runtime
 //! arguments ADD ran with and, once ADD is done, its final result. The entries are kept in a
-//! [`Journal`] at `<cache_dir>/journal` (see [`crate::journal`]); `<pod id>.json` files of older
+//! [`Journal`] at `<cache_dir>/journal` (see [`crishim_state::journal`]); `<pod id>.json` files of older
 //! daemons are moved into it when it is first opened.
 //!
 //! The entry is written before the first plugin runs (so that a crash during ADD still
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::journal::Journal;
+use crishim_state::journal::Journal;
 
 pub const CACHE_KIND: &str = "crishim-cni-cache/v1";
 

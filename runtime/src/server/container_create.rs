@@ -6,14 +6,14 @@ use std::path::{Component, Path, PathBuf};
 use crishim_images::ImageRecord;
 use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
 use crishim_proto::shim::{Request, Response};
+use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
 use tonic::Status;
 use tracing::{info, warn};
 
-use super::errors::{from_gpu_error, from_image_error, from_spec_error, unexpected};
-use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{
-    container_name, new_id_status, now_nanos, ContainerRecord, PodRecord, PodState,
+use super::errors::{
+    from_gpu_error, from_image_error, from_spec_error, from_store_error, new_id_status, unexpected,
 };
+use super::runtime_service::{Inner, RuntimeService};
 use crate::spec::{self, PodFiles, PodNamespaces, SpecInputs};
 
 pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
@@ -49,12 +49,15 @@ impl RuntimeService {
             return Err(Status::invalid_argument("CreateContainer: image is empty"));
         }
         crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
-        let pod = inner.store.pod(&req.pod_sandbox_id)?;
+        let pod = inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
         // The container's first process joins its cgroup in a few ms: keep that lock fast until then.
         crate::cgroups::warm_migration(std::time::Duration::from_millis(300));
         let log_path = log_path(&pod, &config.log_path)?;
         let _pod_guard = inner.store.lock(&pod.id).await;
-        let pod = inner.store.pod(&pod.id)?;
+        let pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
         if pod.state != PodState::Ready {
             return Err(Status::failed_precondition(format!(
                 "pod sandbox {} is not ready",
@@ -77,7 +80,10 @@ impl RuntimeService {
             &meta,
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),
         );
-        inner.store.reserve_container_name(&name, &id)?;
+        inner
+            .store
+            .reserve_container_name(&name, &id)
+            .map_err(from_store_error)?;
         match inner
             .create_container(&id, &pod, config, &image, image_name, log_path)
             .await
@@ -189,7 +195,9 @@ impl Inner {
         let mut phases = super::sandbox_stop::Phases::new("CreateContainer", id);
         // Recorded before anything else happens: a record without a shim state (`last`) after a
         // crash means "half created", and start-up recovery undoes it.
-        self.store.save_container(&record)?;
+        self.store
+            .save_container(&record)
+            .map_err(from_store_error)?;
         phases.done("record");
 
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
@@ -330,7 +338,7 @@ impl Inner {
         spec.set_annotations(Some(annotations));
         record.user = spec.process().as_ref().map(|p| {
             let u = p.user();
-            crate::records::ProcessUser {
+            crishim_state::records::ProcessUser {
                 uid: u.uid(),
                 gid: u.gid(),
                 groups: u.additional_gids().clone().unwrap_or_default(),
@@ -385,7 +393,9 @@ impl Inner {
                 phases.done("shim create");
                 record.created_at = s.created_at;
                 record.last = Some(s);
-                self.store.save_container(&record)?;
+                self.store
+                    .save_container(&record)
+                    .map_err(from_store_error)?;
                 phases.done("record created");
                 self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
                     .await;
@@ -803,7 +813,7 @@ mod tests {
     // No SELinux here: the decision is taken with a host that has it, and one that has not.
     #[test]
     fn selinux_labels_are_the_pods_own_level_and_none_when_privileged_or_off() {
-        let pod = PodRecord::for_test("pod-1");
+        let pod = super::super::fakes::pod_record("pod-1");
         let plain = cri::ContainerConfig::default();
         let on = Lsm {
             apparmor: false,

@@ -3,10 +3,11 @@
 
 use crishim_proto::cri::{ExecRequest, ExecResponse};
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_exec(&self, req: ExecRequest) -> Result<ExecResponse, Status> {
@@ -48,7 +49,7 @@ pub(super) fn check_stdio(
 impl Inner {
     /// The record of `id`, which must be running.
     pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Status> {
-        let c = self.store.container(id)?;
+        let c = self.store.container(id).map_err(from_store_error)?;
         self.pod_ready(&c.pod_id, &format!("container {id}"))?;
         let state = self.refresh(&c).await;
         if state.status != ShimStatus::Running {

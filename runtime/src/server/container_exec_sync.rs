@@ -7,7 +7,7 @@ use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
 use crishim_proto::shim::{truncate_exec_output, Request, Response};
 use tonic::Status;
 
-use super::errors::unexpected;
+use super::errors::{from_store_error, unexpected};
 use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
 use crate::bounds::request_secs;
 
@@ -17,7 +17,10 @@ impl RuntimeService {
         req: ExecSyncRequest,
     ) -> Result<ExecSyncResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         if req.cmd.is_empty() {
             return Err(Status::invalid_argument("ExecSync: cmd is empty"));
         }

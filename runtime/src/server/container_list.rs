@@ -1,11 +1,11 @@
 //! `ListContainers`, with its id, pod, state and label filters.
 
 use crishim_proto::cri::{self, ListContainersRequest, ListContainersResponse};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 
 use super::container_status::cri_state;
 use super::runtime_service::RuntimeService;
-use crate::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_list_containers(

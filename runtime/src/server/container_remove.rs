@@ -4,12 +4,13 @@
 use std::time::Duration;
 
 use crishim_proto::cri::{RemoveContainerRequest, RemoveContainerResponse};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 use tracing::info;
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::ContainerRecord;
-use crate::store::StoreError;
+use crishim_state::store::StoreError;
 
 impl RuntimeService {
     pub(super) async fn do_remove_container(
@@ -20,7 +21,7 @@ impl RuntimeService {
         let c = match inner.store.container(&req.container_id) {
             Ok(c) => c,
             Err(StoreError::NotFound { .. }) => return Ok(RemoveContainerResponse {}),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(from_store_error(e)),
         };
         let _guard = inner.store.lock(&c.id).await;
         inner.remove_container(&c).await?;

@@ -4,6 +4,7 @@ use crishim_proto::cri::{ReopenContainerLogRequest, ReopenContainerLogResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
 use tonic::Status;
 
+use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
@@ -12,7 +13,10 @@ impl RuntimeService {
         req: ReopenContainerLogRequest,
     ) -> Result<ReopenContainerLogResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         if inner.refresh(&c).await.status != ShimStatus::Running {
             return Err(Status::failed_precondition(format!(
                 "container {} is not running",

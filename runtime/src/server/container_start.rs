@@ -4,19 +4,19 @@ use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
 use crishim_proto::shim::{Request, Response, START_ERROR};
 use tonic::Status;
 
-use super::errors::unexpected;
+use super::errors::{from_store_error, unexpected};
 use super::runtime_service::RuntimeService;
 
 impl super::runtime_service::Inner {
     /// The pod's first container to start ends its start-up: observed once per pod.
-    fn count_pod_start(&self, c: &crate::records::ContainerRecord) {
+    fn count_pod_start(&self, c: &crishim_state::records::ContainerRecord) {
         let first = self
             .store
             .pod_containers(&c.pod_id)
             .iter()
             .all(|o| o.id == c.id || o.last.as_ref().is_none_or(|s| s.started_at == 0));
         if let (true, Ok(pod)) = (first, self.store.pod(&c.pod_id)) {
-            let took = crate::records::now_nanos()
+            let took = crishim_state::records::now_nanos()
                 .saturating_sub(pod.created_at)
                 .max(0);
             crate::metrics::global().pod_started(std::time::Duration::from_nanos(took as u64));
@@ -30,7 +30,10 @@ impl RuntimeService {
         req: StartContainerRequest,
     ) -> Result<StartContainerResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         let _guard = inner.store.lock(&c.id).await;
         match inner
             .shim_call(
@@ -53,7 +56,7 @@ impl RuntimeService {
                 // Announce the start with the state the shim answered, then record it through the
                 // same merge as the exit watcher: an exit it already recorded is never undone,
                 // and one seen first here is announced (once) after the start.
-                let mut started = inner.store.container(&c.id)?;
+                let mut started = inner.store.container(&c.id).map_err(from_store_error)?;
                 started.last = Some(s.clone());
                 inner
                     .emit_container(

@@ -8,11 +8,12 @@ use crishim_proto::cri::{
     ListContainerStatsResponse, UInt64Value,
 };
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::{now_nanos, ContainerRecord};
 use tonic::Status;
 use tracing::debug;
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{now_nanos, ContainerRecord};
 use crate::stats::{self, Cgroups, DiskUsage, Memory};
 
 /// The key of a pod in `Inner::cpu_rates`.
@@ -86,7 +87,10 @@ impl RuntimeService {
         req: ContainerStatsRequest,
     ) -> Result<ContainerStatsResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         let running = inner.refresh(&c).await.status == ShimStatus::Running;
         let reading = inner.read_container(&c, running).await;
         let stats = inner.container_stats(&c, &reading);

@@ -4,10 +4,11 @@ use std::collections::HashMap;
 
 use crishim_proto::cri::{self, ContainerStatusRequest, ContainerStatusResponse};
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 
+use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crate::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_container_status(
@@ -15,7 +16,10 @@ impl RuntimeService {
         req: ContainerStatusRequest,
     ) -> Result<ContainerStatusResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         let state = inner.refresh(&c).await;
         let mut info = HashMap::new();
         if req.verbose {

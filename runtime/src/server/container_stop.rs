@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use crishim_proto::cri::{StopContainerRequest, StopContainerResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::Status;
 use tracing::info;
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::bounds::request_secs;
-use crate::records::ContainerRecord;
 
 impl RuntimeService {
     pub(super) async fn do_stop_container(
@@ -18,7 +19,10 @@ impl RuntimeService {
         req: StopContainerRequest,
     ) -> Result<StopContainerResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         let _guard = inner.store.lock(&c.id).await;
         inner.stop_container(&c, request_secs(req.timeout)).await?;
         Ok(StopContainerResponse {})

@@ -5,7 +5,7 @@ use crishim_proto::cri::{UpdateContainerResourcesRequest, UpdateContainerResourc
 use crishim_proto::shim::Request;
 use tonic::Status;
 
-use super::errors::from_spec_error;
+use super::errors::{from_spec_error, from_store_error};
 use super::runtime_service::RuntimeService;
 use crate::spec;
 
@@ -15,7 +15,10 @@ impl RuntimeService {
         req: UpdateContainerResourcesRequest,
     ) -> Result<UpdateContainerResourcesResponse, Status> {
         let inner = &self.inner;
-        let c = inner.store.container(&req.container_id)?;
+        let c = inner
+            .store
+            .container(&req.container_id)
+            .map_err(from_store_error)?;
         let linux = req.linux.ok_or_else(|| {
             Status::invalid_argument("UpdateContainerResources: linux resources are required")
         })?;
@@ -31,12 +34,12 @@ impl RuntimeService {
                 },
             )
             .await?;
-        let mut c = inner.store.container(&c.id)?;
+        let mut c = inner.store.container(&c.id).map_err(from_store_error)?;
         c.config
             .linux
             .get_or_insert_with(Default::default)
             .resources = Some(linux);
-        inner.store.save_container(&c)?;
+        inner.store.save_container(&c).map_err(from_store_error)?;
         Ok(UpdateContainerResourcesResponse {})
     }
 }

@@ -3,11 +3,11 @@
 
 use crishim_images::{ErrorKind as ImageErrorKind, ImageError};
 use crishim_proto::shim::{ErrorKind as ShimErrorKind, Response};
+use crishim_state::store::StoreError;
 use tonic::{Code, Status};
 
 use crate::shim_client::ShimError;
 use crate::spec::SpecError;
-use crate::store::StoreError;
 use crishim_gpu::GpuError;
 
 pub fn from_image_error(e: ImageError) -> Status {
@@ -53,17 +53,21 @@ impl From<ShimError> for Status {
     }
 }
 
-/// A lookup, a name reservation or a record write of the store.
-impl From<StoreError> for Status {
-    fn from(e: StoreError) -> Status {
-        let code = match e {
-            StoreError::EmptyId { .. } | StoreError::Ambiguous { .. } => Code::InvalidArgument,
-            StoreError::NotFound { .. } => Code::NotFound,
-            StoreError::NameReserved { .. } => Code::AlreadyExists,
-            StoreError::Io { .. } => Code::Internal,
-        };
-        Status::new(code, e.to_string())
-    }
+/// A lookup, a name reservation or a record write of the store. A function, not `From`: neither
+/// type is this crate's.
+pub fn from_store_error(e: StoreError) -> Status {
+    let code = match e {
+        StoreError::EmptyId { .. } | StoreError::Ambiguous { .. } => Code::InvalidArgument,
+        StoreError::NotFound { .. } => Code::NotFound,
+        StoreError::NameReserved { .. } => Code::AlreadyExists,
+        StoreError::Io { .. } => Code::Internal,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// A fresh record id for an RPC: a failure is `Internal`.
+pub fn new_id_status() -> Result<String, Status> {
+    crishim_state::records::new_id().map_err(|e| Status::internal(format!("generating an id: {e}")))
 }
 
 /// A shim's error answer.
@@ -106,22 +110,20 @@ mod tests {
         let answer = Response::error(ShimErrorKind::Unavailable, "dbus");
         assert_eq!(unexpected(answer).code(), Code::Unavailable);
         assert_eq!(unexpected(Response::Ok).code(), Code::Internal);
-        let taken: Status = StoreError::NameReserved {
+        let taken = from_store_error(StoreError::NameReserved {
             what: "pod sandbox",
             name: "a_b_c_0".into(),
             holder: "f00".into(),
-        }
-        .into();
+        });
         assert_eq!(taken.code(), Code::AlreadyExists);
         assert_eq!(
             taken.message(),
             "pod sandbox name \"a_b_c_0\" is reserved by pod sandbox f00"
         );
-        let missing: Status = StoreError::NotFound {
+        let missing = from_store_error(StoreError::NotFound {
             what: "container",
             id: "11d7".into(),
-        }
-        .into();
+        });
         assert_eq!(missing.code(), Code::NotFound);
     }
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use crishim_proto::cri::{self, ContainerEventResponse, ContainerEventType, GetEventsRequest};
 use crishim_proto::shim::{ContainerState, Response, Status as ShimStatus};
+use crishim_state::records::{now_nanos, ContainerRecord, PodState};
 use futures::StreamExt;
 use tonic::Status;
 use tracing::warn;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::{now_nanos, ContainerRecord, PodState};
 
 /// Events buffered for slow subscribers before they miss some.
 const EVENT_BUFFER: usize = 1024;

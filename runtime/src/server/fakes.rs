@@ -13,6 +13,7 @@ use crishim_images::{Digest, ImageError, ImageRecord};
 use crishim_proto::shim::{
     ContainerState, ErrorKind, InfraSpec, OciRuntimeSpec, Request, Response, Status as ShimStatus,
 };
+use crishim_state::records::{now_nanos, PodRecord, PodState};
 use oci_spec::image::ImageConfiguration;
 use tokio::net::UnixStream;
 use tonic::Status;
@@ -20,8 +21,28 @@ use tonic::Status;
 use super::pod_host::{PodFiles, PodNetwork, PodShims};
 use crate::cni::{CniError, NetworkResult};
 use crate::container_images::ContainerImages;
-use crate::records::now_nanos;
 use crate::shim_client::{ShimError, Shims, Watch};
+
+/// A ready host-network pod's record with default config, for handler tests.
+pub fn pod_record(id: &str) -> PodRecord {
+    PodRecord {
+        id: id.to_string(),
+        config: crishim_proto::cri::PodSandboxConfig::default(),
+        runtime_handler: String::new(),
+        state: PodState::Ready,
+        created_at: 0,
+        infra_pid: 1,
+        host_network: true,
+        host_pid: false,
+        host_ipc: true,
+        shared_pid: false,
+        shm: None,
+        cgroup_parent: format!("/crishim/{id}"),
+        cgroup_driver: Default::default(),
+        owned_cgroups: Vec::new(),
+        ips: Vec::new(),
+    }
+}
 
 /// One pod's fake shim.
 #[derive(Default)]

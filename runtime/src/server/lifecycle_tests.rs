@@ -7,13 +7,13 @@ use std::sync::Arc;
 use crishim_proto::cri::runtime_service_server::RuntimeService as _;
 use crishim_proto::cri::{self, ContainerState as CriState};
 use crishim_proto::shim::{ErrorKind, Response, Status as ShimStatus};
+use crishim_state::records::{now_nanos, ContainerRecord, PodRecord, PodState};
 use tonic::{Code, Request};
 
-use super::fakes::{FakeHost, FakeShims, IMAGE};
+use super::fakes::{pod_record, FakeHost, FakeShims, IMAGE};
 use super::RuntimeService;
 use crate::config::Config;
-use crate::records::{now_nanos, ContainerRecord, PodRecord, PodState};
-use crate::store::Store;
+use crishim_state::store::Store;
 
 struct Node {
     svc: RuntimeService,
@@ -55,7 +55,7 @@ impl Node {
 
     /// A ready pod (host network, so no CNI) whose shim runs.
     fn pod(&self, name: &str) -> String {
-        let id = crate::records::new_id().unwrap();
+        let id = crishim_state::records::new_id().unwrap();
         let record = PodRecord {
             config: cri::PodSandboxConfig {
                 metadata: Some(cri::PodSandboxMetadata {
@@ -67,7 +67,7 @@ impl Node {
                 ..Default::default()
             },
             created_at: now_nanos(),
-            ..PodRecord::for_test(&id)
+            ..pod_record(&id)
         };
         // What RunPodSandbox writes for its containers.
         let files = self.svc.inner.pod_files_dir(&id);
@@ -143,9 +143,9 @@ impl Node {
 
     /// Whether the container's record is on disk, as a restarted daemon would find it.
     fn recorded(&self, id: &str) -> bool {
-        crate::records::RecordDir::new(self.dir.path().join("root/records/containers"))
+        crishim_state::records::RecordDir::new(self.dir.path().join("root/records/containers"))
             .unwrap()
-            .load_all::<crate::records::ContainerRecord>()
+            .load_all::<crishim_state::records::ContainerRecord>()
             .records
             .iter()
             .any(|r| r.id == id)

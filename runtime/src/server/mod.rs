@@ -109,7 +109,7 @@ impl runtime_service::Inner {
         &self,
         id: &str,
         selector: &std::collections::HashMap<String, String>,
-        view: impl Fn(&crate::records::PodRecord) -> Option<T>,
+        view: impl Fn(&crishim_state::records::PodRecord) -> Option<T>,
     ) -> Vec<T> {
         self.store.pods_viewed(|p| {
             (p.id.starts_with(id) && labels_match(selector, &p.config.labels))

@@ -16,10 +16,11 @@ use std::os::unix::fs::MetadataExt as _;
 use tonic::Status;
 
 use crishim_proto::shim::{Request, Response};
+use crishim_state::records::{PodRecord, PodState};
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, SHIM_TIMEOUT};
 use crate::cni::pidfd::ProcessFd;
-use crate::records::{PodRecord, PodState};
 
 impl Inner {
     /// `pod`'s infra process, held by pidfd: the pod is ready, the process holds the recorded
@@ -94,7 +95,7 @@ impl Inner {
     /// `FailedPrecondition` unless the pod of container `pod_id` is ready: a stopped pod's
     /// containers take no exec or attach.
     pub(super) fn pod_ready(&self, pod_id: &str, rpc: &str) -> Result<(), Status> {
-        ready(&self.store.pod(pod_id)?, rpc)
+        ready(&self.store.pod(pod_id).map_err(from_store_error)?, rpc)
     }
 }
 

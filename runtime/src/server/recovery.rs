@@ -4,10 +4,10 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
+use crishim_state::records::PodState;
 use tracing::info;
 
 use super::runtime_service::Inner;
-use crate::records::PodState;
 
 impl Inner {
     /// Start-up: finish or roll back what a crash interrupted, resume watching live pods, and

@@ -8,6 +8,7 @@ use std::time::Duration;
 use crishim_images::ImageStore;
 use crishim_proto::cri;
 use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
+use crishim_state::records::ContainerRecord;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::errors::unexpected;
@@ -18,9 +19,8 @@ use super::pod_host::{
 };
 use crate::config::Config;
 use crate::container_images::ContainerImages;
-use crate::records::ContainerRecord;
 use crate::shim_client::{Shims, SocketShims};
-use crate::store::Store;
+use crishim_state::store::Store;
 
 /// How long a plain shim request may take.
 pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -171,7 +171,7 @@ impl RuntimeService {
 impl RuntimeService {
     /// Pods and containers by state, and the shims followed, for a metrics scrape.
     pub fn gauges(&self) -> crate::metrics::Gauges {
-        use crate::records::PodState;
+        use crishim_state::records::PodState;
         let store = &self.inner.store;
         let mut g = crate::metrics::Gauges {
             shims: store.watched_count() as u64,
@@ -333,7 +333,7 @@ impl Inner {
                 ..
             }) => ContainerState {
                 status: ShimStatus::Exited,
-                finished_at: crate::records::now_nanos(),
+                finished_at: crishim_state::records::now_nanos(),
                 exit_code: 255,
                 message:
                     "the container is unknown to its pod's shim (its creation was interrupted)"
@@ -358,7 +358,7 @@ impl Inner {
                         ContainerState {
                             status: ShimStatus::Exited,
                             exit_code: 255,
-                            finished_at: crate::records::now_nanos(),
+                            finished_at: crishim_state::records::now_nanos(),
                             message:
                                 "the pod's shim is gone; the container's exit was not recorded"
                                     .into(),

@@ -11,10 +11,10 @@ use crishim_proto::cri::{
     self, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
     ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, MetricType,
 };
+use crishim_state::records::{ContainerRecord, PodRecord, PodState};
 use tonic::Status;
 
 use super::runtime_service::RuntimeService;
-use crate::records::{ContainerRecord, PodRecord, PodState};
 
 const LABELS: [&str; 6] = ["container", "id", "image", "name", "namespace", "pod"];
 /// cAdvisor's container name for the pod's own (network) metrics.

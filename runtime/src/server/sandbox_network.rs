@@ -4,12 +4,12 @@
 
 use std::path::PathBuf;
 
+use crishim_state::records::PodRecord;
 use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::Inner;
 use crate::cni::{CniError, Dns, PodNetwork, PortMapping};
-use crate::records::PodRecord;
 
 impl Inner {
     /// Where the pod's network namespace is pinned.

@@ -2,10 +2,11 @@
 //! pod's localhost, from inside its network namespace.
 
 use crishim_proto::cri::{PortForwardRequest, PortForwardResponse};
+use crishim_state::records::PodState;
 use tonic::Status;
 
+use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crate::records::PodState;
 
 impl RuntimeService {
     pub(super) async fn do_port_forward(
@@ -13,7 +14,10 @@ impl RuntimeService {
         req: PortForwardRequest,
     ) -> Result<PortForwardResponse, Status> {
         let inner = &self.inner;
-        let pod = inner.store.pod(&req.pod_sandbox_id)?;
+        let pod = inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
         if pod.state != PodState::Ready {
             return Err(Status::failed_precondition(format!(
                 "PortForward: pod sandbox {} is not ready",

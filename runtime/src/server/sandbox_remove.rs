@@ -2,12 +2,13 @@
 //! pod that does not exist succeeds, as the CRI asks.
 
 use crishim_proto::cri::{ContainerEventType, RemovePodSandboxRequest, RemovePodSandboxResponse};
+use crishim_state::records::PodRecord;
 use tonic::Status;
 use tracing::info;
 
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::PodRecord;
-use crate::store::StoreError;
+use crishim_state::store::StoreError;
 
 impl RuntimeService {
     pub(super) async fn do_remove_pod_sandbox(
@@ -18,7 +19,7 @@ impl RuntimeService {
         let pod = match inner.store.pod(&req.pod_sandbox_id) {
             Ok(p) => p,
             Err(StoreError::NotFound { .. }) => return Ok(RemovePodSandboxResponse {}),
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(from_store_error(e)),
         };
         let _guard = inner.store.lock(&pod.id).await;
         inner.remove_pod(&pod).await?;
@@ -44,7 +45,7 @@ impl Inner {
         phases.done("directories");
         // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
-        self.store.delete_pod(pod)?;
+        self.store.delete_pod(pod).map_err(from_store_error)?;
         self.drop_spare_netns_if_idle();
         info!(pod = %pod.id, "pod sandbox removed");
         Ok(())

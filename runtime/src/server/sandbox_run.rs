@@ -6,14 +6,15 @@ use std::path::Path;
 
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
+use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use nix::mount::MsFlags;
 use tonic::Status;
 use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
+use super::errors::{from_store_error, new_id_status};
 use super::runtime_service::{Inner, RuntimeService};
 use crate::cgroups::CgroupDriver;
-use crate::records::{new_id_status, now_nanos, pod_name, PodRecord, PodState};
 use crishim_sys::shown::shown;
 
 /// Kubernetes' default pod /dev/shm size.
@@ -63,7 +64,10 @@ impl RuntimeService {
             .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
-        inner.store.reserve_pod_name(&name, &id)?;
+        inner
+            .store
+            .reserve_pod_name(&name, &id)
+            .map_err(from_store_error)?;
         let _guard = inner.store.lock(&id).await;
         match inner
             .create_pod(&id, config, userns, req.runtime_handler)
@@ -300,7 +304,7 @@ impl Inner {
         let mut phases = super::sandbox_stop::Phases::new("RunPodSandbox", id);
         // Recorded before anything else happens, so a crash at any later point leaves a
         // `Creating` record that start-up recovery rolls back.
-        self.store.save_pod(&record)?;
+        self.store.save_pod(&record).map_err(from_store_error)?;
         phases.done("record");
 
         for d in [&files, &state] {
@@ -412,7 +416,7 @@ impl Inner {
             phases.done("network");
         }
         record.state = PodState::Ready;
-        self.store.save_pod(&record)?;
+        self.store.save_pod(&record).map_err(from_store_error)?;
         self.watch_pod(id);
         phases.done("record ready");
         Ok(())

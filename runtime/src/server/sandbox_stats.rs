@@ -9,12 +9,13 @@ use crishim_proto::cri::{
     PodSandboxStatsResponse,
 };
 use crishim_proto::shim::Status as ShimStatus;
+use crishim_state::records::{now_nanos, PodRecord, PodState};
 use tonic::Status;
 
 use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
+use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use super::sandbox_run::DEFAULT_CGROUP_PARENT;
-use crate::records::{now_nanos, PodRecord, PodState};
 use crate::stats::{self, Cgroups, Memory};
 
 /// The interface CNI gives every pod (`PodNetwork::ifname`), reported as the default one.
@@ -25,7 +26,11 @@ impl RuntimeService {
         &self,
         req: PodSandboxStatsRequest,
     ) -> Result<PodSandboxStatsResponse, Status> {
-        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
+        let pod = self
+            .inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
         let stats = self.inner.pod_stats(&pod).await;
         self.inner.forget_gone_rates();
         Ok(PodSandboxStatsResponse { stats: Some(stats) })

@@ -3,17 +3,22 @@
 use std::collections::HashMap;
 
 use crishim_proto::cri::{self, PodSandboxStatusRequest, PodSandboxStatusResponse};
+use crishim_state::records::{PodRecord, PodState};
 use tonic::Status;
 
+use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
-use crate::records::{PodRecord, PodState};
 
 impl RuntimeService {
     pub(super) async fn do_pod_sandbox_status(
         &self,
         req: PodSandboxStatusRequest,
     ) -> Result<PodSandboxStatusResponse, Status> {
-        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
+        let pod = self
+            .inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
         let mut info = HashMap::new();
         if req.verbose {
             let verbose = serde_json::json!({

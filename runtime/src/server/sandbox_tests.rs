@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use crishim_proto::cri::runtime_service_server::RuntimeService as _;
 use crishim_proto::cri::{self, ContainerState as CriState};
+use crishim_state::store::Store;
 use tonic::{Code, Request};
 
 use super::fakes::{self, Calls, FakeFiles, FakeHost, FakeNetwork, FakeShims, IMAGE, POD_IPS};
 use super::{Parts, RuntimeService};
 use crate::config::Config;
-use crate::store::Store;
 
 struct Node {
     svc: RuntimeService,

@@ -5,14 +5,14 @@
 //! checks them, as containerd does.
 
 use crishim_proto::cri::{UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse};
+use crishim_state::records::PodRecord;
 use oci_spec::runtime::LinuxResources;
 use tonic::Status;
 use tracing::info;
 
-use super::errors::from_spec_error;
+use super::errors::{from_spec_error, from_store_error};
 use super::runtime_service::RuntimeService;
 use crate::cgroups::CgroupDriver;
-use crate::records::PodRecord;
 use crate::spec;
 use crate::stats::Cgroups;
 
@@ -24,7 +24,10 @@ impl RuntimeService {
         req: UpdatePodSandboxResourcesRequest,
     ) -> Result<UpdatePodSandboxResourcesResponse, Status> {
         let inner = &self.inner;
-        let pod = inner.store.pod(&req.pod_sandbox_id)?;
+        let pod = inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
         let Some(resources) = req.resources else {
             return Err(Status::invalid_argument(format!(
                 "{RPC}: resources are required"

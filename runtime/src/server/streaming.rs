@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 use bytes::Bytes;
 use crishim_proto::cri;
 use crishim_proto::shim::{frames, Request, Response};
+use crishim_state::records::ContainerRecord;
 use crishim_streaming::{Backend, Outcome, Stdio};
 use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,7 +15,6 @@ use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
 use super::runtime_service::{Inner, RuntimeService};
-use crate::records::ContainerRecord;
 
 pub(super) struct StreamingBackend {
     inner: Weak<Inner>,

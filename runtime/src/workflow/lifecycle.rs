@@ -140,7 +140,7 @@ impl Runner {
         interrupts: &mut Interrupts,
         follower: Option<super::attach::Follower>,
     ) -> RunResult {
-        let started = crate::records::now_nanos();
+        let started = crishim_state::records::now_nanos();
         let deadline = self.plan.deadline.map(|d| Instant::now() + d);
         let ending = tokio::select! {
             e = self.start_and_wait() => e,
@@ -733,7 +733,7 @@ impl Runner {
             message,
             exit_code,
             started_at: result::timestamp(started).unwrap_or_default(),
-            finished_at: result::timestamp(crate::records::now_nanos()).unwrap_or_default(),
+            finished_at: result::timestamp(crishim_state::records::now_nanos()).unwrap_or_default(),
             containers,
             outputs,
         }

@@ -453,7 +453,7 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
                 check_uid(&uid)?;
                 uid
             }
-            None => crate::records::new_id()
+            None => crishim_state::records::new_id()
                 .map_err(|e| WorkflowError::Setup(format!("generating the pod's uid: {e}")))?,
         },
         labels: meta.labels.unwrap_or_default(),

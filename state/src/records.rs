@@ -43,37 +43,13 @@ pub struct PodRecord {
     pub cgroup_parent: String,
     /// The driver the pod's cgroups were made with (the config's when the pod was created).
     #[serde(default)]
-    pub cgroup_driver: crate::cgroups::CgroupDriver,
+    pub cgroup_driver: crishim_proto::cgroups_path::CgroupDriver,
     /// Cgroup directories of the parent that the daemon created, removed with the pod.
     #[serde(default)]
     pub owned_cgroups: Vec<String>,
     /// Addresses from CNI, the primary one first.
     #[serde(default)]
     pub ips: Vec<String>,
-}
-
-#[cfg(test)]
-impl PodRecord {
-    /// A ready host-network pod with default config, for handler tests.
-    pub(crate) fn for_test(id: &str) -> PodRecord {
-        PodRecord {
-            id: id.to_string(),
-            config: cri::PodSandboxConfig::default(),
-            runtime_handler: String::new(),
-            state: PodState::Ready,
-            created_at: 0,
-            infra_pid: 1,
-            host_network: true,
-            host_pid: false,
-            host_ipc: true,
-            shared_pid: false,
-            shm: None,
-            cgroup_parent: format!("/crishim/{id}"),
-            cgroup_driver: Default::default(),
-            owned_cgroups: Vec::new(),
-            ips: Vec::new(),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -343,11 +319,6 @@ pub fn container_name(m: &cri::ContainerMetadata, pod: &cri::PodSandboxMetadata)
 /// A fresh 64-hex id; an error if the kernel gives no random bytes (never a fixed id).
 pub fn new_id() -> std::io::Result<String> {
     crishim_sys::random::hex(32)
-}
-
-/// [`new_id`] for an RPC: a failure is `Internal`.
-pub fn new_id_status() -> Result<String, tonic::Status> {
-    new_id().map_err(|e| tonic::Status::internal(format!("generating an id: {e}")))
 }
 
 #[cfg(test)]
