@@ -388,16 +388,7 @@ mod tests {
         grant("cores", None, 1, Some(30));
         // Records of this test process (alive), and of one that is gone.
         let me = std::process::id();
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let start: u64 = stat
-            .rsplit_once(") ")
-            .unwrap()
-            .1
-            .split_whitespace()
-            .nth(19)
-            .unwrap()
-            .parse()
-            .unwrap();
+        let start = crishim_proto::shim::pid_file::start_time(me as i32).unwrap();
         let entry = |used| Entry {
             pid: me,
             start,

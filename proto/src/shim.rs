@@ -411,6 +411,12 @@ pub mod pid_file {
         }
     }
 
+    /// When `pid` started, in clock ticks since boot (`/proc/<pid>/stat` field 22): with the pid,
+    /// what names one process over time.
+    pub fn start_time(pid: i32) -> Option<u64> {
+        stat(pid).map(|(_, start)| start)
+    }
+
     /// The text of a pid file for the running process `pid`.
     pub fn text(pid: i32) -> String {
         match stat(pid) {

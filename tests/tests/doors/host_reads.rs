@@ -130,16 +130,7 @@ async fn an_image_whose_glibc_is_dev_zero_is_refused_at_once_and_costs_no_memory
 /// `stat` name it, which is how the daemon tells live processes).
 fn ledger_of_this_process(mib: u64) -> Vec<u8> {
     use crishim_proto::vgpu::ledger::Entry;
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let start: u64 = stat
-        .rsplit_once(") ")
-        .unwrap()
-        .1
-        .split_whitespace()
-        .nth(19)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let start = crishim_proto::shim::pid_file::start_time(std::process::id() as i32).unwrap();
     Entry {
         pid: std::process::id(),
         start,
