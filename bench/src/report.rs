@@ -58,7 +58,7 @@ pub struct Row {
     pub target: Option<f64>,
 }
 
-/// (figure, unit, target ratio (issue #18's), how to get it from one runtime's results)
+/// (figure, unit, target ratio (docs/benchmarks.md), how to get it from one runtime's results)
 type Figure = (&'static str, Unit, Option<f64>, fn(&Results) -> f64);
 
 fn figures() -> Vec<Figure> {

@@ -343,6 +343,10 @@ pub mod frames {
 /// pid cannot change hands between them.
 pub fn kill_if_ours(recorded: &pid_file::Recorded) {
     let pid = recorded.pid;
+    if pid <= 0 {
+        return;
+    }
+    // Taken before the check, so that the process checked is the one signalled.
     // SAFETY: pidfd_open with a positive pid and no flags; the descriptor is owned below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     let pidfd = (fd >= 0).then(|| {
@@ -350,7 +354,7 @@ pub fn kill_if_ours(recorded: &pid_file::Recorded) {
         // SAFETY: a fresh descriptor nothing else owns.
         unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) }
     });
-    if pid <= 0 || !recorded.is_running() {
+    if !recorded.is_running() {
         return;
     }
     match pidfd {

@@ -132,16 +132,6 @@ fn mkdirat(dir: &OwnedFd, name: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn fstat(fd: &OwnedFd) -> std::io::Result<libc::stat> {
-    // SAFETY: an all-zero stat is valid; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid descriptor and a valid out pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(st)
-}
-
 /// The regular file `name` in `dir` for appending: an existing one is first opened `O_PATH` and
 /// checked (so a FIFO or a device is never opened for real), then reopened through its
 /// descriptor; a missing one is created `O_EXCL`.
@@ -151,22 +141,14 @@ fn open_log_file_at(dir: &OwnedFd, name: &Path) -> std::io::Result<File> {
     for _ in 0..2 {
         match openat(Some(dir), name, libc::O_PATH | libc::O_NOFOLLOW, 0) {
             Ok(pathfd) => {
-                let st = fstat(&pathfd)?;
+                let st = crishim_sys::confined::fstat(pathfd.as_raw_fd())?;
                 if st.st_mode & libc::S_IFMT != libc::S_IFREG {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidInput,
                         "not a regular file (a symlink, FIFO, device or directory is never written)",
                     ));
                 }
-                let proc = format!("/proc/self/fd/{}", pathfd.as_raw_fd());
-                let fd = openat(None, Path::new(&proc), append, 0)?;
-                let again = fstat(&fd)?;
-                if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-                    return Err(std::io::Error::other(
-                        "the log file changed while it was opened",
-                    ));
-                }
-                return Ok(File::from(fd));
+                return crishim_sys::confined::reopen(&pathfd, &st, append).map(|(f, _)| f);
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 match openat(

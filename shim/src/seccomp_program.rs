@@ -1,7 +1,7 @@
 //! Seccomp profiles compiled to BPF once per node, not once per container or exec'd process.
 //!
 //! libseccomp builds the BPF program from the profile every time a filter is loaded, which costs
-//! a container's init or an exec'd process more than the rest of its start (issue #18). A shim
+//! a container's init or an exec'd process more than the rest of its start. A shim
 //! compiles each distinct profile once with libseccomp's own generator (`seccomp_export_bpf`,
 //! the program `seccomp_load` would install) and keeps it, in memory and in the daemon's
 //! cache directory (`<state_dir>/seccomp`, root's alone), where the next pod's shim finds it.

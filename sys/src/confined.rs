@@ -173,35 +173,36 @@ pub fn open_at(root: &impl AsRawFd, rel: &str, limits: Limits) -> Result<File, R
         source,
     })?;
     check(&st, limits.max_bytes, &path)?;
-    // Reopen the very inode the handle holds: nothing resolves the path again.
-    let via = format!("/proc/self/fd/{}\0", handle.as_raw_fd());
-    // SAFETY: `via` is NUL-terminated and lives across the call.
-    let fd = unsafe {
-        libc::open(
-            via.as_ptr().cast(),
-            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(ReadError::Open {
-            path: path(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: a fresh descriptor we own.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-    let again = fstat(file.as_raw_fd()).map_err(|source| ReadError::Open {
+    let flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let (file, again) = reopen(&handle, &st, flags).map_err(|source| ReadError::Open {
         path: path(),
         source,
     })?;
-    if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-        return Err(ReadError::Open {
-            path: path(),
-            source: io::Error::other("the file changed while it was opened"),
-        });
-    }
     check(&again, limits.max_bytes, &path)?;
     Ok(file)
+}
+
+/// Open the very inode an `O_PATH` `handle` holds (whose `fstat` was `seen`) with `flags`,
+/// through `/proc/self/fd`: nothing resolves the path again, and a file swapped meanwhile is an
+/// error. Returns the file and its `fstat`.
+pub fn reopen(
+    handle: &impl AsRawFd,
+    seen: &libc::stat,
+    flags: i32,
+) -> io::Result<(File, libc::stat)> {
+    let via = format!("/proc/self/fd/{}\0", handle.as_raw_fd());
+    // SAFETY: `via` is NUL-terminated and lives across the call.
+    let fd = unsafe { libc::open(via.as_ptr().cast(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    let again = fstat(file.as_raw_fd())?;
+    if (again.st_dev, again.st_ino) != (seen.st_dev, seen.st_ino) {
+        return Err(io::Error::other("the file changed while it was opened"));
+    }
+    Ok((file, again))
 }
 
 fn check(st: &libc::stat, max: u64, path: &dyn Fn() -> String) -> Result<(), ReadError> {
@@ -239,7 +240,8 @@ impl ReadError {
     }
 }
 
-fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+/// `fstat(2)` of an open descriptor.
+pub fn fstat(fd: RawFd) -> io::Result<libc::stat> {
     // SAFETY: a zeroed stat is a valid out-buffer; fd is open for the call.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     if unsafe { libc::fstat(fd, &mut st) } < 0 {

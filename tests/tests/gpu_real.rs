@@ -202,7 +202,7 @@ async fn a_real_gpu_under_memory_and_core_limits() {
     );
     // Alone, the rate follows the GPU's time closely. Beside a neighbour, NVML gives each
     // time-slice's sample to one process, so the steering holds the *average* at the limit,
-    // and one run's 5 s window swings around it (16 to 40% on an H100 in session 19, averaging
+    // and one run's 5 s window swings around it (16 to 40% on an H100, averaging
     // 25 to 27% over three runs): the average must stay under the limit, and no window may be
     // starved or take far more than the limit.
     for (how, pct) in &alone {
