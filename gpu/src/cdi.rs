@@ -7,7 +7,7 @@ use container_device_interface::spec_dirs::with_spec_dirs;
 use oci_spec::runtime::Spec;
 use tracing::warn;
 
-use super::GpuError;
+use super::error::GpuError;
 
 /// Apply the CDI devices `names` to `spec`. An unknown name is refused by name.
 pub fn apply(dirs: &[PathBuf], names: &[String], spec: &mut Spec) -> Result<(), GpuError> {

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::GpuError;
+use super::error::GpuError;
 
 #[cfg(target_arch = "aarch64")]
 const LIB_DIRS: &[&str] = &[

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::GpuError;
 use super::libraries::Capability;
-use super::GpuError;
 
 /// Where the files appear in the container.
 pub const VGPU_DIR: &str = "/etc/crishim/vgpu";

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tracing::warn;
 
-use super::GpuError;
+use super::error::GpuError;
 
 /// The character major of NVIDIA's GPU and control nodes.
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -178,82 +178,8 @@ pub fn discover(device_root: &Path, proc_root: &Path) -> Result<Inventory, GpuEr
     Ok(Inventory { gpus, control })
 }
 
-/// `mig-minors` is the driver's short table; anything longer is not it.
-const MAX_MIG_MINORS: u64 = 1 << 20;
-
-/// `<proc_root>/driver/nvidia-caps/mig-minors`: capability name (`gpu0/gi1/ci0/access`) → the
-/// minor of its `nvidia-cap<minor>` node.
-fn mig_minors(proc_root: &Path) -> std::collections::HashMap<String, u32> {
-    use std::io::Read as _;
-    let mut text = String::new();
-    let path = proc_root.join("driver/nvidia-caps/mig-minors");
-    if let Ok(f) = std::fs::File::open(&path) {
-        let _ = f.take(MAX_MIG_MINORS).read_to_string(&mut text);
-    }
-    text.lines()
-        .filter_map(|l| {
-            let (name, minor) = l.trim().rsplit_once(' ')?;
-            Some((name.trim().to_string(), minor.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// The MIG devices NVML reported (`probed`), each on its GPU in `inventory`, with the two
-/// capability nodes that grant it (its GPU instance's and its compute instance's `access`, as
-/// the NVIDIA toolkit injects them). A device whose nodes are missing is left out, with a
-/// warning: a container given it could not use it.
-pub fn migs(
-    inventory: &Inventory,
-    probed: &[super::probe::Probed],
-    device_root: &Path,
-    proc_root: &Path,
-) -> Vec<Gpu> {
-    let minors = mig_minors(proc_root);
-    let mut out = Vec::new();
-    for p in probed {
-        let Some(parent) = inventory.by_uuid(&p.uuid) else {
-            continue;
-        };
-        for m in &p.migs {
-            let gi = format!("gpu{}/gi{}/access", parent.minor, m.gpu_instance);
-            let ci = format!(
-                "gpu{}/gi{}/ci{}/access",
-                parent.minor, m.gpu_instance, m.compute_instance
-            );
-            let caps: Option<Vec<Node>> = [&gi, &ci]
-                .iter()
-                .map(|name| {
-                    let minor = minors.get(*name)?;
-                    let file = format!("nvidia-cap{minor}");
-                    let mut node = node_at(&device_root.join("nvidia-caps").join(&file))
-                        .ok()
-                        .flatten()?;
-                    node.container = Path::new("/dev/nvidia-caps").join(file);
-                    Some(node)
-                })
-                .collect();
-            let Some(caps) = caps else {
-                warn!(mig = %m.uuid, gpu = %parent.uuid, "MIG device without its nvidia-caps nodes (run nvidia-modprobe -f /proc/driver/nvidia-caps/mig-minors); ignored");
-                continue;
-            };
-            out.push(Gpu {
-                uuid: m.uuid.clone(),
-                memory: Some(m.memory),
-                mig: Some(Mig {
-                    parent: parent.uuid.clone(),
-                    gpu_instance: m.gpu_instance,
-                    compute_instance: m.compute_instance,
-                    caps,
-                }),
-                ..parent.clone()
-            });
-        }
-    }
-    out
-}
-
 /// The character device at `path` (not following a symlink), if it is one.
-fn node_at(path: &Path) -> io::Result<Option<Node>> {
+pub(crate) fn node_at(path: &Path) -> io::Result<Option<Node>> {
     let md = std::fs::symlink_metadata(path)?;
     if !md.file_type().is_char_device() {
         return Ok(None);
@@ -330,23 +256,6 @@ fn parse_information(text: &str, bus_dir: &str) -> Option<Information> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    #[test]
-    fn mig_minors_are_read_by_name_and_junk_is_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        let caps = dir.path().join("driver/nvidia-caps");
-        std::fs::create_dir_all(&caps).unwrap();
-        std::fs::write(
-            caps.join("mig-minors"),
-            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\nnonsense\ngpu1/gi2/access x\n",
-        )
-        .unwrap();
-        let m = mig_minors(dir.path());
-        assert_eq!(m.get("gpu0/gi1/access"), Some(&12));
-        assert_eq!(m.get("gpu0/gi1/ci0/access"), Some(&13));
-        assert_eq!(m.len(), 4, "{m:?}");
-        assert!(mig_minors(&dir.path().join("none")).is_empty());
-    }
 
     pub const INFO0: &str = "Model: \t\t NVIDIA A100-SXM4-40GB\nIRQ:   \t\t 42\nGPU UUID: \t GPU-c0ffee00-0000-4000-8000-000000000000\nVideo BIOS: \t 92.00.45.00.03\nBus Type: \t PCIe\nDMA Size: \t 47 bits\nDMA Mask: \t 0x7fffffffffff\nBus Location: \t 0000:07:00.0\nDevice Minor: \t 0\nGPU Excluded:\t No\n";
 

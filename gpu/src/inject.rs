@@ -7,7 +7,7 @@ use oci_spec::runtime::{
 };
 
 use super::discover::Node;
-use super::GpuError;
+use super::error::GpuError;
 
 /// Add `node` at its container path (unless a device is already there, e.g. from the CRI's
 /// devices or CDI) and allow it in the device cgroup (v1 and v2 alike read these rules).

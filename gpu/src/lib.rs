@@ -20,6 +20,7 @@ pub mod config;
 pub mod container;
 pub mod discover;
 pub mod elf;
+pub mod error;
 pub mod inject;
 pub mod ldcache;
 pub mod libraries;
@@ -37,35 +38,10 @@ use tracing::{info, warn};
 pub use config::{GpuConfig, InjectMode};
 use container::{ContainerDir, Grant, VgpuConfig};
 use discover::{Gpu as Device, Inventory, NVIDIA_MAJOR};
+pub use error::GpuError;
 use libraries::Capability;
 use mirror::{Mirror, Tree};
 use request::{Ident, Limits, Request};
-
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    /// A bad request; `InvalidArgument`.
-    #[error("{0}")]
-    Invalid(String),
-    /// The node cannot serve it (no driver, no interceptor); `FailedPrecondition`.
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    Internal(String),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
-}
-
-impl GpuError {
-    pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        GpuError::Io {
-            what: what.into(),
-            source,
-        }
-    }
-}
 
 /// The container a request is applied for.
 pub struct Target<'a> {

@@ -8,7 +8,8 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tracing::debug;
 
-use super::{elf, ldcache, GpuError};
+use super::error::GpuError;
+use super::{elf, ldcache};
 
 /// `NVIDIA_DRIVER_CAPABILITIES` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

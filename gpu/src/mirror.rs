@@ -26,8 +26,9 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::config::INTERCEPTOR_NAME;
+use super::elf;
+use super::error::GpuError;
 use super::libraries::{Capability, Driver, DriverFile};
-use super::{elf, GpuError};
 
 /// Where containers see the mirror, and where the forwarders find the interceptor and the real
 /// libraries.

@@ -2,6 +2,9 @@
 //! refuse limits larger than a device, and its MIG devices. The driver is loaded in a child
 //! process (`crishim gpu probe`), never in the daemon: a misbehaving driver library must not
 //! take the daemon down.
+//!
+//! What it finds is placed on `discover`'s inventory (`NvmlView`, with the MIG devices' capability
+//! nodes): this module is above `discover`, which knows nothing of NVML.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -9,6 +12,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use super::discover::{node_at, Gpu, Inventory, Mig, Node};
 
 /// How long the probe may take (NVML initialisation is slow without persistence mode).
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -37,21 +42,21 @@ pub struct ProbedMig {
 #[derive(Debug, Default)]
 pub struct NvmlView {
     pub memory: HashMap<String, u64>,
-    pub migs: Vec<super::discover::Gpu>,
+    pub migs: Vec<Gpu>,
 }
 
 impl NvmlView {
     /// Probe through the NVML library `nvml` (in a child process).
     pub fn of(
         nvml: &Path,
-        inventory: &super::discover::Inventory,
+        inventory: &Inventory,
         device_root: &Path,
         proc_root: &Path,
     ) -> NvmlView {
         let found = run(nvml);
         NvmlView {
             memory: memory_by_uuid(&found),
-            migs: super::discover::migs(inventory, &found, device_root, proc_root),
+            migs: migs(inventory, &found, device_root, proc_root),
         }
     }
 }
@@ -65,6 +70,80 @@ fn memory_by_uuid(probed: &[Probed]) -> HashMap<String, u64> {
                 .chain(p.migs.iter().map(|m| (m.uuid.clone(), m.memory)))
         })
         .collect()
+}
+
+/// `mig-minors` is the driver's short table; anything longer is not it.
+const MAX_MIG_MINORS: u64 = 1 << 20;
+
+/// `<proc_root>/driver/nvidia-caps/mig-minors`: capability name (`gpu0/gi1/ci0/access`) → the
+/// minor of its `nvidia-cap<minor>` node.
+fn mig_minors(proc_root: &Path) -> HashMap<String, u32> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let path = proc_root.join("driver/nvidia-caps/mig-minors");
+    if let Ok(f) = std::fs::File::open(&path) {
+        let _ = f.take(MAX_MIG_MINORS).read_to_string(&mut text);
+    }
+    text.lines()
+        .filter_map(|l| {
+            let (name, minor) = l.trim().rsplit_once(' ')?;
+            Some((name.trim().to_string(), minor.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The MIG devices NVML reported (`probed`), each on its GPU in `inventory`, with the two
+/// capability nodes that grant it (its GPU instance's and its compute instance's `access`, as
+/// the NVIDIA toolkit injects them). A device whose nodes are missing is left out, with a
+/// warning: a container given it could not use it.
+fn migs(
+    inventory: &Inventory,
+    probed: &[Probed],
+    device_root: &Path,
+    proc_root: &Path,
+) -> Vec<Gpu> {
+    let minors = mig_minors(proc_root);
+    let mut out = Vec::new();
+    for p in probed {
+        let Some(parent) = inventory.by_uuid(&p.uuid) else {
+            continue;
+        };
+        for m in &p.migs {
+            let gi = format!("gpu{}/gi{}/access", parent.minor, m.gpu_instance);
+            let ci = format!(
+                "gpu{}/gi{}/ci{}/access",
+                parent.minor, m.gpu_instance, m.compute_instance
+            );
+            let caps: Option<Vec<Node>> = [&gi, &ci]
+                .iter()
+                .map(|name| {
+                    let minor = minors.get(*name)?;
+                    let file = format!("nvidia-cap{minor}");
+                    let mut node = node_at(&device_root.join("nvidia-caps").join(&file))
+                        .ok()
+                        .flatten()?;
+                    node.container = Path::new("/dev/nvidia-caps").join(file);
+                    Some(node)
+                })
+                .collect();
+            let Some(caps) = caps else {
+                tracing::warn!(mig = %m.uuid, gpu = %parent.uuid, "MIG device without its nvidia-caps nodes (run nvidia-modprobe -f /proc/driver/nvidia-caps/mig-minors); ignored");
+                continue;
+            };
+            out.push(Gpu {
+                uuid: m.uuid.clone(),
+                memory: Some(m.memory),
+                mig: Some(Mig {
+                    parent: parent.uuid.clone(),
+                    gpu_instance: m.gpu_instance,
+                    compute_instance: m.compute_instance,
+                    caps,
+                }),
+                ..parent.clone()
+            });
+        }
+    }
+    out
 }
 
 /// Run `crishim gpu probe NVML`; empty on any failure (logged).
@@ -288,5 +367,27 @@ fn dlerror() -> String {
         } else {
             CStr::from_ptr(e).to_string_lossy().into_owned()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_minors_are_read_by_name_and_junk_is_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = dir.path().join("driver/nvidia-caps");
+        std::fs::create_dir_all(&caps).unwrap();
+        std::fs::write(
+            caps.join("mig-minors"),
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\nnonsense\ngpu1/gi2/access x\n",
+        )
+        .unwrap();
+        let m = mig_minors(dir.path());
+        assert_eq!(m.get("gpu0/gi1/access"), Some(&12));
+        assert_eq!(m.get("gpu0/gi1/ci0/access"), Some(&13));
+        assert_eq!(m.len(), 4, "{m:?}");
+        assert!(mig_minors(&dir.path().join("none")).is_empty());
     }
 }

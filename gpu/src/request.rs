@@ -8,8 +8,8 @@ use std::path::Path;
 use crishim_proto::cri;
 
 use super::discover::{char_device_numbers, NVIDIA_MAJOR};
+use super::error::GpuError;
 use super::libraries::{parse_capabilities, Capability};
-use super::GpuError;
 
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// The limits a device plugin may set in the container's env (crishim also sets them for the

@@ -14,14 +14,14 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::account::{device_uuid, On};
+use crate::charges::Contexts;
 use crate::cuda::*;
-use crate::hooks::{device_uuid, On};
+use crate::lock;
 use crate::real::{Lib, Slot};
-use crate::state::{lock, mode, Limited, Mode};
+use crate::state::{mode, Limited, Mode};
 
 pub mod slots {
     use super::{Lib, Slot};
@@ -41,23 +41,6 @@ pub mod slots {
 /// A charge larger than this is not believed: a misreporting driver must not lock a container
 /// out of its GPU.
 const MAX_CHARGE: u64 = 4 << 30;
-
-/// What the ledger holds for this process's contexts, per GPU.
-#[derive(Default)]
-pub struct Contexts {
-    charged: HashMap<CUuuid, u64>,
-}
-
-/// (this process's pid << 32) | its host pid; 0 while not known. Tagged with the pid because a
-/// forked child is another process to the driver.
-static HOST_PID: AtomicU64 = AtomicU64::new(0);
-
-/// This process's pid as the driver names it, once a context has told.
-pub fn host_pid() -> Option<u32> {
-    let v = HOST_PID.load(Ordering::Acquire);
-    let (me, host) = ((v >> 32) as u32, v as u32);
-    (me == std::process::id() && host != 0).then_some(host)
-}
 
 /// The one pid in `after` that is not in `before`.
 fn new_pid(before: &[(u32, Option<u64>)], after: &[(u32, Option<u64>)]) -> Option<u32> {
@@ -100,7 +83,7 @@ fn change(dev: Option<CUdevice>, creating: bool, call: impl FnOnce() -> CUresult
             }
         }
     }
-    let before = match (&uuids[..], host_pid()) {
+    let before = match (&uuids[..], crate::nvml::host_pid()) {
         ([uuid], None) if creating => crate::nvml::device(uuid).and_then(crate::nvml::processes),
         _ => None,
     };
@@ -124,11 +107,10 @@ fn settle(
     let Some(after) = crate::nvml::device(uuid).and_then(crate::nvml::processes) else {
         return;
     };
-    if let (None, Some(before)) = (host_pid(), before) {
+    if let (None, Some(before)) = (crate::nvml::host_pid(), before) {
         match new_pid(before, &after) {
             Some(pid) => {
-                let me = u64::from(std::process::id());
-                HOST_PID.store(me << 32 | u64::from(pid), Ordering::Release);
+                crate::nvml::set_host_pid(pid);
                 if let Err(e) = lock(&l.ledger).set_host_pid(pid) {
                     crate::warn(format_args!("accounting failed: {e}"));
                 }
@@ -139,7 +121,9 @@ fn settle(
             )),
         }
     }
-    let Some(host) = host_pid() else { return };
+    let Some(host) = crate::nvml::host_pid() else {
+        return;
+    };
     let held = match after.iter().find(|p| p.0 == host) {
         Some((_, Some(held))) => *held,
         // NVML cannot say: leave the charge as it is.

@@ -12,6 +12,9 @@ pub type CUfunction = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
 pub type CUarray = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
 
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`, size_t extents).
 #[repr(C)]

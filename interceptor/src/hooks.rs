@@ -8,14 +8,15 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::ffi::{c_char, c_void, CStr};
-use std::sync::Mutex;
+use std::ffi::c_void;
 use std::time::Instant;
 
+use crate::account::{device_uuid, reserve, On};
 use crate::cuda::*;
-use crate::limiter::Bucket;
+use crate::limiter::{blocks, note_throttled, Bucket, BUCKET};
+use crate::lock;
 use crate::real::{Lib, Slot};
-use crate::state::{lock, mode, Limited, Mode};
+use crate::state::{core_limit, mode, Mode};
 
 /// The real functions behind the hooks.
 pub mod slots {
@@ -50,8 +51,6 @@ pub mod slots {
     pub static CU_MEM_GET_INFO_V2: Slot = Slot::new(Lib::Cuda, c"cuMemGetInfo_v2");
     pub static CU_DEVICE_TOTAL_MEM: Slot = Slot::new(Lib::Cuda, c"cuDeviceTotalMem");
     pub static CU_DEVICE_TOTAL_MEM_V2: Slot = Slot::new(Lib::Cuda, c"cuDeviceTotalMem_v2");
-    pub static CU_GET_PROC_ADDRESS: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress");
-    pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress_v2");
     pub static CU_LAUNCH_KERNEL: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernel");
     pub static CU_LAUNCH_KERNEL_PTSZ: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernel_ptsz");
     pub static CU_LAUNCH_KERNEL_EX: Slot = Slot::new(Lib::Cuda, c"cuLaunchKernelEx");
@@ -66,83 +65,6 @@ pub mod slots {
     pub static CU_STREAM_IS_CAPTURING: Slot = Slot::new(Lib::Cuda, c"cuStreamIsCapturing");
     pub static CU_STREAM_IS_CAPTURING_PTSZ: Slot =
         Slot::new(Lib::Cuda, c"cuStreamIsCapturing_ptsz");
-    // Not hooked; what the hooks need to know the current device.
-    pub static CU_CTX_GET_DEVICE: Slot = Slot::new(Lib::Cuda, c"cuCtxGetDevice");
-    pub static CU_DEVICE_GET_UUID: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid");
-    pub static CU_DEVICE_GET_UUID_V2: Slot = Slot::new(Lib::Cuda, c"cuDeviceGetUuid_v2");
-}
-
-/// Which device an allocation lands on.
-#[derive(Clone, Copy)]
-pub(crate) enum On {
-    /// The current context's.
-    Current,
-    Ordinal(CUdevice),
-}
-
-pub(crate) fn device_uuid(l: &Limited, on: On) -> Result<CUuuid, CUresult> {
-    let dev = match on {
-        On::Ordinal(d) => d,
-        On::Current => {
-            type F = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
-            // SAFETY: cuCtxGetDevice(CUdevice *device).
-            let Some(f) = (unsafe { slots::CU_CTX_GET_DEVICE.get::<F>() }) else {
-                return Err(CUDA_ERROR_NOT_FOUND);
-            };
-            let mut d = 0;
-            // SAFETY: `d` outlives the call.
-            let r = unsafe { f(&mut d) };
-            if r != CUDA_SUCCESS {
-                return Err(r);
-            }
-            d
-        }
-    };
-    if let Some(u) = lock(&l.uuids).get(&dev) {
-        return Ok(*u);
-    }
-    type G = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
-    // SAFETY: cuDeviceGetUuid[_v2](CUuuid *uuid, CUdevice dev).
-    let f = unsafe {
-        slots::CU_DEVICE_GET_UUID_V2
-            .get::<G>()
-            .or_else(|| slots::CU_DEVICE_GET_UUID.get::<G>())
-    }
-    .ok_or(CUDA_ERROR_NOT_FOUND)?;
-    let mut u = CUuuid::default();
-    // SAFETY: `u` outlives the call.
-    let r = unsafe { f(&mut u, dev) };
-    if r != CUDA_SUCCESS {
-        return Err(r);
-    }
-    // All zeros names the ledger's process records, never a GPU: account nothing to it.
-    if u.bytes == crishim_proto::vgpu::ledger::PROCESS {
-        return Err(CUDA_ERROR_NOT_FOUND);
-    }
-    lock(&l.uuids).insert(dev, u);
-    Ok(u)
-}
-
-/// Add `bytes` to this process's share of `uuid` within `limit`, or the error to return:
-/// `CUDA_ERROR_OUT_OF_MEMORY` past the limit, `CUDA_ERROR_NOT_PERMITTED` if accounting failed
-/// (never an allocation unaccounted).
-pub(crate) fn reserve(l: &Limited, uuid: &CUuuid, bytes: u64, limit: u64) -> Result<(), CUresult> {
-    match lock(&l.ledger).reserve(uuid, bytes, limit) {
-        Ok(true) => Ok(()),
-        Ok(false) => {
-            crate::debug(format_args!(
-                "refusing {bytes} bytes on {}: over the {limit}-byte limit",
-                format_uuid(uuid)
-            ));
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
-        }
-        Err(e) => {
-            crate::warn(format_args!(
-                "accounting failed, refusing the allocation: {e}"
-            ));
-            Err(CUDA_ERROR_NOT_PERMITTED)
-        }
-    }
 }
 
 /// Reserve `size` bytes on the device, make the allocation with `call`, and remember it under
@@ -216,7 +138,7 @@ fn limited_info(free: u64, total: u64) -> (u64, u64) {
     (free.min(total.saturating_sub(used)), total)
 }
 
-fn refused() -> Option<CUresult> {
+pub(crate) fn refused() -> Option<CUresult> {
     matches!(mode(), Mode::Broken(_)).then_some(CUDA_ERROR_NOT_PERMITTED)
 }
 
@@ -739,81 +661,6 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     }
 }
 
-/// Replace what the real `cuGetProcAddress` returned for `symbol` by our hook for it.
-///
-/// # Safety
-/// `symbol` is a C string (or null) and `pfn` the caller's output pointer (or null).
-unsafe fn redirect(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
-    if symbol.is_null() || pfn.is_null() {
-        return;
-    }
-    // SAFETY: per this function's contract.
-    unsafe {
-        let name = CStr::from_ptr(symbol);
-        if let Some(hook) = crate::table::redirect(name, *pfn, version, flags) {
-            *pfn = hook;
-        }
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: i32,
-    flags: u64,
-) -> CUresult {
-    if let Some(r) = refused() {
-        return r;
-    }
-    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult;
-    let f = real!(slots::CU_GET_PROC_ADDRESS, F);
-    // SAFETY: forwarding the caller's arguments; `pfn` was filled on success.
-    unsafe {
-        let r = f(symbol, pfn, cuda_version, flags);
-        if r == CUDA_SUCCESS {
-            redirect(symbol, pfn, cuda_version, flags);
-        }
-        r
-    }
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuGetProcAddress_v2(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cuda_version: i32,
-    flags: u64,
-    symbol_status: *mut i32,
-) -> CUresult {
-    if let Some(r) = refused() {
-        return r;
-    }
-    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult;
-    let f = real!(slots::CU_GET_PROC_ADDRESS_V2, F);
-    // SAFETY: as in cuGetProcAddress.
-    unsafe {
-        let r = f(symbol, pfn, cuda_version, flags, symbol_status);
-        if r == CUDA_SUCCESS {
-            redirect(symbol, pfn, cuda_version, flags);
-        }
-        r
-    }
-}
-
-/// The core limiter's bucket, shared by the process's threads.
-static BUCKET: Mutex<Option<Bucket>> = Mutex::new(None);
-
-/// Hold the bucket's lock across a `fork` (see `state::register_fork_handlers`).
-pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
-    held.push(Box::new(lock(&BUCKET)));
-}
-
-/// The core limit in force for `l`, percent: none at 100.
-pub(crate) fn core_limit(l: &Limited) -> Option<u32> {
-    l.config.core_percent.filter(|p| *p < 100)
-}
-
 /// Wait for the tokens a launch costs (`blocks`, asked only when a core limit is in force).
 fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
     let l = match mode() {
@@ -831,17 +678,10 @@ fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
         b.get_or_insert_with(|| Bucket::new(now)).take(cost, now)
     };
     if !wait.is_zero() {
-        crate::nvml::note_throttled(wait);
+        note_throttled(wait);
         std::thread::sleep(wait);
     }
     None
-}
-
-/// A grid's blocks.
-pub(crate) fn blocks(x: u32, y: u32, z: u32) -> u64 {
-    u64::from(x)
-        .saturating_mul(u64::from(y))
-        .saturating_mul(u64::from(z))
 }
 
 /// Wait for the tokens a launch of `cost` blocks on `stream` takes, then make it with the real
@@ -939,35 +779,24 @@ launch_hooks!(
 );
 /// A graph's kernels are launched by the driver: a graph launch costs them all, and the graph
 /// memory it maps must fit the memory limit (see `graph`).
-fn graph_launch(
-    slot: &Slot,
-    exec: crate::graph::CUgraphExec,
-    stream: CUstream,
-    per_thread: bool,
-) -> CUresult {
-    type F = unsafe extern "C" fn(crate::graph::CUgraphExec, CUstream) -> CUresult;
+fn graph_launch(slot: &Slot, exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CUresult {
+    type F = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
     throttled(
         slot,
         (stream, per_thread),
-        || crate::graph::cost(exec),
+        || crate::costs::cost(exec),
         // SAFETY: forwarding the caller's arguments to the real entry point.
         |real: F| crate::graph::mapping(exec, || unsafe { real(exec, stream) }),
     )
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphLaunch(
-    exec: crate::graph::CUgraphExec,
-    stream: CUstream,
-) -> CUresult {
+pub unsafe extern "C" fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult {
     graph_launch(&slots::CU_GRAPH_LAUNCH, exec, stream, false)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(
-    exec: crate::graph::CUgraphExec,
-    stream: CUstream,
-) -> CUresult {
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     graph_launch(&slots::CU_GRAPH_LAUNCH_PTSZ, exec, stream, true)
 }
 launch_hooks!(

@@ -60,8 +60,11 @@ macro_rules! real {
     };
 }
 
+pub mod account;
+pub mod charges;
 pub mod config;
 pub mod context;
+pub mod costs;
 pub mod cuda;
 pub mod dlsym;
 pub mod graph;
@@ -86,4 +89,9 @@ pub(crate) fn debug(msg: std::fmt::Arguments<'_>) {
     if *ON.get_or_init(|| std::env::var_os("CRISHIM_VGPU_DEBUG").is_some()) {
         warn(msg);
     }
+}
+
+/// `Mutex::lock` that survives a poisoned lock: a panic elsewhere must not wedge CUDA calls.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

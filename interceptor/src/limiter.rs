@@ -7,6 +7,8 @@
 //! to one process, and the container's readings then jump between 0 and 99. Without NVML there
 //! is nothing to steer by, and launches are not throttled (said once on stderr).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How often the watcher looks for a new utilization reading.
@@ -92,6 +94,39 @@ impl Bucket {
         self.rate = (self.rate * step.exp()).clamp(MIN_RATE, MAX_RATE);
         self.tokens = self.tokens.min(self.capacity());
     }
+}
+
+/// A launch's grid size: what it costs, in blocks.
+pub(crate) fn blocks(x: u32, y: u32, z: u32) -> u64 {
+    u64::from(x)
+        .saturating_mul(u64::from(y))
+        .saturating_mul(u64::from(z))
+}
+
+/// The core limiter's bucket, shared by the process's threads.
+pub(crate) static BUCKET: Mutex<Option<Bucket>> = Mutex::new(None);
+
+/// Hold the bucket's lock across a `fork` (see `state::register_fork_handlers`).
+pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    held.push(Box::new(crate::lock(&BUCKET)));
+}
+
+/// Microseconds this process's launches waited, not yet written to the ledger.
+static THROTTLED_US: AtomicU64 = AtomicU64::new(0);
+
+/// Count time a launch was held back; the watcher writes it to the ledger.
+pub(crate) fn note_throttled(wait: Duration) {
+    THROTTLED_US.fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
+}
+
+/// The time launches waited since the last call, in microseconds.
+pub(crate) fn take_throttled() -> u64 {
+    THROTTLED_US.swap(0, Ordering::Relaxed)
+}
+
+/// A forked child starts with none of its parent's unwritten time.
+pub(crate) fn forget_throttled() {
+    THROTTLED_US.store(0, Ordering::Relaxed);
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::cuda::{format_uuid, parse_uuid, CUuuid};
 use crate::limiter::{Bucket, PERIOD};
+use crate::lock;
 use crate::real::{Lib, Slot};
-use crate::state::{lock, mode, Limited, Mode};
+use crate::state::{mode, Limited, Mode};
 
 pub type NvmlReturn = i32;
 pub type NvmlDevice = *mut c_void;
@@ -273,10 +274,27 @@ pub(crate) fn processes(device: NvmlDevice) -> Option<Vec<(u32, Option<u64>)>> {
     )
 }
 
+/// (this process's pid << 32) | its host pid; 0 while not known. Tagged with the pid because a
+/// forked child is another process to the driver.
+static HOST_PID: AtomicU64 = AtomicU64::new(0);
+
+/// This process's pid as the driver names it, once a context has told (see `context`).
+pub fn host_pid() -> Option<u32> {
+    let v = HOST_PID.load(Ordering::Acquire);
+    let (me, host) = ((v >> 32) as u32, v as u32);
+    (me == std::process::id() && host != 0).then_some(host)
+}
+
+/// Remember `pid` as this process's host pid.
+pub(crate) fn set_host_pid(pid: u32) {
+    let me = u64::from(std::process::id());
+    HOST_PID.store(me << 32 | u64::from(pid), Ordering::Release);
+}
+
 /// The container's processes as NVML names them: every host pid its live processes recorded.
 fn own_pids(l: &Limited) -> Vec<u32> {
     let mut own = lock(&l.ledger).host_pids().unwrap_or_default();
-    own.extend(crate::context::host_pid());
+    own.extend(host_pid());
     own
 }
 
@@ -404,19 +422,6 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
 /// The pid whose watcher thread runs (a forked child starts its own).
 static WATCHER: AtomicU32 = AtomicU32::new(0);
 
-/// Microseconds this process's launches waited, not yet written to the ledger.
-static THROTTLED_US: AtomicU64 = AtomicU64::new(0);
-
-/// Count time a launch was held back; the watcher writes it to the ledger.
-pub(crate) fn note_throttled(wait: Duration) {
-    THROTTLED_US.fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
-}
-
-/// A forked child starts with none of its parent's unwritten time.
-pub(crate) fn forget_throttled() {
-    THROTTLED_US.store(0, Ordering::Relaxed);
-}
-
 /// Start the thread that steers the core limiter's bucket, once per process.
 ///
 /// It steers by the SM use of the container's own processes (NVML's per-process utilization,
@@ -465,7 +470,7 @@ pub(crate) fn ensure_watcher(
                     b.get_or_insert_with(|| Bucket::new(now))
                         .steer(percent, util, now);
                 }
-                let waited = THROTTLED_US.swap(0, Ordering::Relaxed);
+                let waited = crate::limiter::take_throttled();
                 if waited > 0 {
                     let _ = lock(&l.ledger).add_throttled(waited);
                 }

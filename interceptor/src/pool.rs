@@ -23,10 +23,13 @@
 
 use std::collections::HashMap;
 
+use crate::account::{device_uuid, reserve, On};
+use crate::charges::{Pool, Pools, Source};
+use crate::costs::Mapping;
 use crate::cuda::*;
-use crate::hooks::{device_uuid, On};
+use crate::lock;
 use crate::real::{Lib, Slot};
-use crate::state::{lock, mode, Limited, Mode};
+use crate::state::{mode, Limited, Mode};
 
 pub mod slots {
     use super::{Lib, Slot};
@@ -50,34 +53,6 @@ const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
 /// and those it holds from the driver.
 const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: i32 = 0;
 const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: i32 = 2;
-
-/// What a charge is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Source {
-    /// A memory pool, by handle.
-    Pool(usize),
-    /// A device's graph memory, by ordinal.
-    Graphs(CUdevice),
-}
-
-struct Pool {
-    /// Its GPU; `None` for a pool of host memory, which is not the GPU's to limit.
-    uuid: Option<CUuuid>,
-    /// Allocated from it and not freed.
-    live: u64,
-    /// What the ledger holds for it.
-    charged: u64,
-    /// Destroyed while allocations were live: the driver is not asked about it again.
-    destroyed: bool,
-}
-
-/// This process's pools and graph memory, and the allocations made from the pools.
-#[derive(Default)]
-pub struct Pools {
-    pools: HashMap<Source, Pool>,
-    /// Pointer → (pool, bytes).
-    allocations: HashMap<u64, (usize, u64)>,
-}
 
 /// What the ledger holds for this process's pools on `uuid`.
 pub(crate) fn charged_on(l: &Limited, uuid: &CUuuid) -> u64 {
@@ -233,10 +208,10 @@ fn grow(
             .map_or(size, |p| size.saturating_sub(unused(p)))
     };
     let mut need = growth(pools);
-    if need > 0 && crate::hooks::reserve(l, &uuid, need, limit).is_err() {
+    if need > 0 && reserve(l, &uuid, need, limit).is_err() {
         resync_all(l, pools);
         need = growth(pools);
-        crate::hooks::reserve(l, &uuid, need, limit)?;
+        reserve(l, &uuid, need, limit)?;
     }
     let p = pools.entry(source).or_insert_with(|| Pool::on(Some(uuid)));
     p.charged = p.charged.saturating_add(need);
@@ -248,7 +223,7 @@ fn grow(
 /// memory is first charged what it must grow by (the bytes not mapped to the graph already, less
 /// what it holds unused), and after the call what the driver reports.
 pub(crate) fn graph_memory(
-    memory: impl FnOnce() -> Vec<crate::graph::Mapping>,
+    memory: impl FnOnce() -> Vec<Mapping>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (l, limit) = match limited() {
@@ -311,17 +286,6 @@ pub(crate) fn free(l: &Limited, ptr: u64, call: impl FnOnce() -> CUresult) -> CU
         }
     }
     r
-}
-
-impl Pool {
-    fn on(uuid: Option<CUuuid>) -> Pool {
-        Pool {
-            uuid,
-            live: 0,
-            charged: 0,
-            destroyed: false,
-        }
-    }
 }
 
 /// Remember that `pool` is on `uuid` (or host memory), unless known already.
@@ -412,7 +376,7 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
     // SAFETY: forwarding the caller's argument.
     let r = unsafe { f(dev) };
     if r == CUDA_SUCCESS {
-        crate::graph::trimmed(dev);
+        crate::costs::trimmed(dev);
     }
     if let (CUDA_SUCCESS, Ok(Some((l, _)))) = (r, limited()) {
         let mut guard = lock(&l.pools);
@@ -460,7 +424,7 @@ pub(crate) fn current_pool() -> Option<usize> {
     // SAFETY: the cuda.h signatures.
     let (ctx_dev, get) = unsafe {
         (
-            crate::hooks::slots::CU_CTX_GET_DEVICE.get::<Dev>()?,
+            crate::account::slots::CU_CTX_GET_DEVICE.get::<Dev>()?,
             slots::CU_DEVICE_GET_MEM_POOL.get::<GetPool>()?,
         )
     };

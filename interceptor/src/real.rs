@@ -7,7 +7,8 @@
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+
+use crate::state::{mode, Mode, HANDLES};
 
 /// Which real library a hooked symbol comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,22 +91,6 @@ fn object_base(addr: *const c_void) -> Option<usize> {
     }
 }
 
-/// The loaded real libraries.
-struct Handles {
-    cuda: Option<usize>,
-    nvml: Option<usize>,
-}
-
-static HANDLES: Mutex<Handles> = Mutex::new(Handles {
-    cuda: None,
-    nvml: None,
-});
-
-/// Hold the library handles' lock across a `fork` (see `state::register_fork_handlers`).
-pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
-    held.push(Box::new(HANDLES.lock().unwrap_or_else(|e| e.into_inner())));
-}
-
 /// The library an application was seen looking hooked CUDA names up in (see `dlsym`): without a
 /// config, hooks forward to that same library, never to a second copy.
 static APP_CUDA: AtomicUsize = AtomicUsize::new(0);
@@ -113,6 +98,17 @@ static APP_CUDA: AtomicUsize = AtomicUsize::new(0);
 pub(crate) fn note_app_handle(lib: Lib, handle: *mut c_void) {
     if lib == Lib::Cuda {
         let _ = APP_CUDA.compare_exchange(0, handle as usize, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
+/// The real library's path from the config, if one is in force.
+fn library_path(lib: Lib) -> Option<PathBuf> {
+    match mode() {
+        Mode::Limited(l) => match lib {
+            Lib::Cuda => Some(l.config.libcuda.clone()),
+            Lib::Nvml => l.config.libnvidia_ml.clone(),
+        },
+        _ => None,
     }
 }
 
@@ -128,7 +124,7 @@ fn handle(lib: Lib) -> Option<*mut c_void> {
     if let Some(p) = *slot {
         return Some(p as *mut c_void);
     }
-    let configured = crate::state::library_path(lib);
+    let configured = library_path(lib);
     let found = match configured {
         Some(path) => {
             claim_soname(lib);

@@ -1,16 +1,18 @@
 //! The process-wide state: the mode the config puts us in (read once, on the first hooked call),
-//! the accounting ledger, and this process's live allocations.
+//! the accounting ledger, this process's live allocations and the real libraries' handles; and
+//! the fork handlers, which hold every lock of ours across a `fork`, so the modules that own one
+//! (`limiter`, `costs`) sit below this one.
 
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Mutex, Once, OnceLock};
 
+use crate::charges::{Contexts, Pools};
 use crate::config::{self, Config, Loaded};
 use crate::cuda::CUuuid;
 use crate::ledger::Ledger;
-use crate::real::Lib;
+use crate::lock;
 
 pub enum Mode {
     PassThrough,
@@ -26,9 +28,9 @@ pub struct Limited {
     /// Device ordinal → UUID, as this process numbers its devices.
     pub uuids: Mutex<HashMap<i32, CUuuid>>,
     /// What this process's contexts are charged. Taken before `pools`.
-    pub contexts: Mutex<crate::context::Contexts>,
+    pub contexts: Mutex<Contexts>,
     /// This process's memory pools. Taken before `allocations` and the ledger.
-    pub pools: Mutex<crate::pool::Pools>,
+    pub pools: Mutex<Pools>,
 }
 
 static MODE: OnceLock<Mode> = OnceLock::new();
@@ -61,16 +63,22 @@ pub fn from_loaded(loaded: Loaded) -> Mode {
     }
 }
 
-/// The real library's path from the config, if one is in force.
-pub fn library_path(lib: Lib) -> Option<PathBuf> {
-    match mode() {
-        Mode::Limited(l) => match lib {
-            Lib::Cuda => Some(l.config.libcuda.clone()),
-            Lib::Nvml => l.config.libnvidia_ml.clone(),
-        },
-        _ => None,
-    }
+/// The core limit in force for `l`, percent: none at 100.
+pub(crate) fn core_limit(l: &Limited) -> Option<u32> {
+    l.config.core_percent.filter(|p| *p < 100)
 }
+
+/// The loaded real libraries (see `real`). Here, not in `real`, so that the fork handlers below
+/// can hold the lock: `real` asks this module which library the config names.
+pub(crate) struct Handles {
+    pub cuda: Option<usize>,
+    pub nvml: Option<usize>,
+}
+
+pub(crate) static HANDLES: Mutex<Handles> = Mutex::new(Handles {
+    cuda: None,
+    nvml: None,
+});
 
 thread_local! {
     /// The locks the forking thread holds from `fork`'s prepare handler to its parent and child
@@ -102,24 +110,19 @@ extern "C" fn before_fork() {
         held.push(Box::new(lock(&l.ledger)));
         held.push(Box::new(lock(&l.uuids)));
     }
-    crate::hooks::hold_for_fork(&mut held);
-    crate::real::hold_for_fork(&mut held);
-    crate::graph::hold_for_fork(&mut held);
+    crate::limiter::hold_for_fork(&mut held);
+    held.push(Box::new(lock(&HANDLES)));
+    crate::costs::hold_for_fork(&mut held);
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = held);
 }
 
 extern "C" fn after_fork_child() {
     after_fork();
-    crate::nvml::forget_throttled();
+    crate::limiter::forget_throttled();
 }
 
 extern "C" fn after_fork() {
     // Dropping the guards unlocks them: in the parent, and in the child's copy.
     let held = HELD_ACROSS_FORK.with(|h| std::mem::take(&mut *h.borrow_mut()));
     drop(held);
-}
-
-/// `Mutex::lock` that survives a poisoned lock: a panic elsewhere must not wedge CUDA calls.
-pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

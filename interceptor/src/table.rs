@@ -1,16 +1,32 @@
 //! Every hooked name: its real function's slot and our hook. `dlsym` and `cuGetProcAddress` use
-//! it to hand out hooks in place of the driver's functions.
+//! it to hand out hooks in place of the driver's functions; the `cuGetProcAddress` hooks are here,
+//! as the table holds them too.
+//!
+//! The exported functions are the driver API's own: their safety contract is the one `cuda.h`
+//! documents, and they are meant to be called from C only.
 
-use std::ffi::{c_void, CStr};
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_void, CStr};
 use std::sync::OnceLock;
 
 use crate::context::{self, slots as ctx};
-use crate::cuda::{CUDA_VERSION_V2_API, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+use crate::cuda::{
+    CUresult, CUDA_SUCCESS, CUDA_VERSION_V2_API, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+};
 use crate::graph::{self, slots as gr};
 use crate::hooks::{self, slots as cu};
 use crate::nvml::{self, slots as nv};
 use crate::pool::{self, slots as pl};
 use crate::real::{Lib, Slot};
+
+/// The real functions behind the `cuGetProcAddress` hooks.
+pub mod slots {
+    use super::{Lib, Slot};
+
+    pub static CU_GET_PROC_ADDRESS: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress");
+    pub static CU_GET_PROC_ADDRESS_V2: Slot = Slot::new(Lib::Cuda, c"cuGetProcAddress_v2");
+}
 
 pub struct Entry {
     pub slot: &'static Slot,
@@ -126,12 +142,12 @@ pub fn entries() -> &'static [Entry] {
                 hooks::cuDeviceTotalMem_v2 as *const () as usize,
             ),
             e(
-                &cu::CU_GET_PROC_ADDRESS,
-                hooks::cuGetProcAddress as *const () as usize,
+                &slots::CU_GET_PROC_ADDRESS,
+                cuGetProcAddress as *const () as usize,
             ),
             e(
-                &cu::CU_GET_PROC_ADDRESS_V2,
-                hooks::cuGetProcAddress_v2 as *const () as usize,
+                &slots::CU_GET_PROC_ADDRESS_V2,
+                cuGetProcAddress_v2 as *const () as usize,
             ),
             e(
                 &cu::CU_LAUNCH_KERNEL,
@@ -409,6 +425,68 @@ pub fn redirect(
     })
 }
 
+/// Replace what the real `cuGetProcAddress` returned for `symbol` by our hook for it.
+///
+/// # Safety
+/// `symbol` is a C string (or null) and `pfn` the caller's output pointer (or null).
+unsafe fn hand_out_hook(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64) {
+    if symbol.is_null() || pfn.is_null() {
+        return;
+    }
+    // SAFETY: per this function's contract.
+    unsafe {
+        let name = CStr::from_ptr(symbol);
+        if let Some(hook) = redirect(name, *pfn, version, flags) {
+            *pfn = hook;
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> CUresult {
+    if let Some(r) = crate::hooks::refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult;
+    let f = real!(slots::CU_GET_PROC_ADDRESS, F);
+    // SAFETY: forwarding the caller's arguments; `pfn` was filled on success.
+    unsafe {
+        let r = f(symbol, pfn, cuda_version, flags);
+        if r == CUDA_SUCCESS {
+            hand_out_hook(symbol, pfn, cuda_version, flags);
+        }
+        r
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    symbol_status: *mut i32,
+) -> CUresult {
+    if let Some(r) = crate::hooks::refused() {
+        return r;
+    }
+    type F = unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult;
+    let f = real!(slots::CU_GET_PROC_ADDRESS_V2, F);
+    // SAFETY: as in cuGetProcAddress.
+    unsafe {
+        let r = f(symbol, pfn, cuda_version, flags, symbol_status);
+        if r == CUDA_SUCCESS {
+            hand_out_hook(symbol, pfn, cuda_version, flags);
+        }
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,13 +539,13 @@ mod tests {
                 c"cuGetProcAddress",
                 12000,
                 0,
-                hooks::cuGetProcAddress_v2 as *const () as usize,
+                cuGetProcAddress_v2 as *const () as usize,
             ),
             (
                 c"cuGetProcAddress",
                 11030,
                 0,
-                hooks::cuGetProcAddress as *const () as usize,
+                cuGetProcAddress as *const () as usize,
             ),
             (
                 c"cuCtxCreate",

@@ -12,11 +12,11 @@ use crishim_proto::cri::runtime_service_client::RuntimeServiceClient;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
+use super::error::WorkflowError;
 use super::manifest::{Plan, RestartPolicy, Role, Step, VolumeSource};
 use super::result::{self, ContainerResult, OutputResult, Phase, RunResult};
 use super::subpath;
 use super::translate;
-use super::WorkflowError;
 
 /// How often container states are polled while waiting for exits.
 const POLL: Duration = Duration::from_millis(50);

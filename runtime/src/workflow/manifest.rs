@@ -9,7 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 
-use super::WorkflowError;
+use super::error::WorkflowError;
 
 /// Annotation naming `containers` that are sidecars (comma-separated). Without it, when one
 /// container is named `main`, the others are its sidecars (Argo's convention); otherwise every
@@ -403,7 +403,7 @@ fn plan(pod: Pod) -> Result<Plan, WorkflowError> {
                 )));
             }
         }
-        super::translate::resources(c)?;
+        super::resources::resources(c)?;
     }
 
     let outputs = annotations

@@ -5,8 +5,10 @@
 
 mod attach;
 mod endpoint;
+mod error;
 mod lifecycle;
 pub mod manifest;
+mod resources;
 mod result;
 mod subpath;
 mod translate;
@@ -19,15 +21,7 @@ use clap::Args;
 
 use crate::config::Config;
 
-#[derive(Debug, thiserror::Error)]
-pub enum WorkflowError {
-    #[error("{0} is not supported by crishim run")]
-    Unsupported(String),
-    #[error("invalid manifest: {0}")]
-    Invalid(String),
-    #[error("{0}")]
-    Setup(String),
-}
+pub use error::WorkflowError;
 
 #[derive(Debug, Args)]
 pub struct RunArgs {

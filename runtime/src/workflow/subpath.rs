@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::WorkflowError;
+use super::error::WorkflowError;
 
 /// Directory modes of the bind targets: only root walks to them.
 const PRIVATE_DIR: u32 = 0o700;
