@@ -122,7 +122,7 @@ fn real_main(args: Args) -> Result<()> {
     };
     ensure!(
         crishim_bin.is_file(),
-        "{} not found: build it with `cargo build --release -p crishim-runtime -p crishim-shim` \
+        "{} not found: build it with `cargo build --release -p crishim -p crishim-shim` \
          or pass --crishim-bin",
         crishim_bin.display()
     );

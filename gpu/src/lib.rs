@@ -9,7 +9,7 @@
 //! - `inject`: the spec edits; `container`: the per-container host directory;
 //! - `config`: `[gpu]` in config.toml (`GpuConfig`, which the daemon's `Config` holds).
 //!
-//! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim_runtime::gpu_cli`); the
+//! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim::gpu_cli`); the
 //! daemon maps [`GpuError`] to gRPC statuses (`runtime/src/server/errors.rs`).
 //!
 //! A container that asks for nothing gets nothing: its spec is left exactly as it was.

@@ -3,7 +3,6 @@
 //!
 //! [`ImageStore`] is the entry point; the daemon's CRI `ImageService` is a thin layer over it.
 
-pub mod blocking;
 pub mod digest;
 pub mod error;
 #[doc(hidden)]

@@ -4,7 +4,7 @@
 //! Every test starts its own registry and daemon (tests run in parallel) and uses unique pod
 //! names. Every test that runs a pod ends with [`assert_no_leaks`] for it: no process, mount,
 //! cgroup, network namespace or state file of the pod is left. The daemon binary is
-//! `$CRISHIM_BIN` or `target/<profile>/crishim` (`cargo build -p crishim-runtime -p crishim-shim`).
+//! `$CRISHIM_BIN` or `target/<profile>/crishim` (`cargo build -p crishim -p crishim-shim`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

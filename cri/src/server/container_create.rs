@@ -1,0 +1,841 @@
+//! `CreateContainer`: mount the image's rootfs with a writable layer, build the OCI spec from the
+//! image and the CRI config, and have the pod's shim create the container (it does not run yet).
+
+use std::path::{Component, Path, PathBuf};
+
+use crishim_images::ImageRecord;
+use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
+use crishim_proto::shim::{Request, Response};
+use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
+use tonic::Status;
+use tracing::{info, warn};
+
+use super::errors::{
+    from_gpu_error, from_image_error, from_spec_error, from_store_error, new_id_status, unexpected,
+};
+use super::runtime_service::{Inner, RuntimeService};
+use crishim_spec::{self as spec, PodFiles, PodNamespaces, SpecInputs};
+
+pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+/// `"true"` or `"false"` on a pod or a container: run it under crishim's init.
+pub const ANNOTATION_INIT: &str = "crishim.io/init";
+/// Where the init binary appears inside the container.
+pub const INIT_PATH: &str = "/.crishim/init";
+
+impl RuntimeService {
+    pub(super) async fn do_create_container(
+        &self,
+        req: CreateContainerRequest,
+    ) -> Result<CreateContainerResponse, Status> {
+        let inner = &self.inner;
+        let config = req
+            .config
+            .ok_or_else(|| Status::invalid_argument("CreateContainer: config is required"))?;
+        let meta = config
+            .metadata
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("CreateContainer: metadata is required"))?;
+        if meta.name.is_empty() {
+            return Err(Status::invalid_argument(
+                "CreateContainer: metadata.name is empty",
+            ));
+        }
+        let image_name = config
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .unwrap_or_default();
+        if image_name.is_empty() {
+            return Err(Status::invalid_argument("CreateContainer: image is empty"));
+        }
+        crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
+        let pod = inner
+            .store
+            .pod(&req.pod_sandbox_id)
+            .map_err(from_store_error)?;
+        // The container's first process joins its cgroup in a few ms: keep that lock fast until then.
+        crishim_spec::cgroups::warm_migration(std::time::Duration::from_millis(300));
+        let log_path = log_path(&pod, &config.log_path)?;
+        let _pod_guard = inner.store.lock(&pod.id).await;
+        let pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
+        if pod.state != PodState::Ready {
+            return Err(Status::failed_precondition(format!(
+                "pod sandbox {} is not ready",
+                pod.id
+            )));
+        }
+        let image = inner
+            .images
+            .resolve(&image_name)
+            .map_err(from_image_error)?
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "image {:?} not found: pull it first",
+                    crishim_sys::shown::shown(&image_name)
+                ))
+            })?;
+
+        let id = new_id_status()?;
+        let name = container_name(
+            &meta,
+            pod.config.metadata.as_ref().unwrap_or(&Default::default()),
+        );
+        inner
+            .store
+            .reserve_container_name(&name, &id)
+            .map_err(from_store_error)?;
+        match inner
+            .create_container(&id, &pod, config, &image, image_name, log_path)
+            .await
+        {
+            Ok(()) => {
+                info!(container = %id, pod = %pod.id, name = %name, "container created");
+                Ok(CreateContainerResponse { container_id: id })
+            }
+            Err(e) => {
+                inner.undo_create(&pod.id, &id).await;
+                inner.store.release_name(&name, &id);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `log_path` is relative to the pod's `log_directory` and may not climb out of it.
+fn log_path(pod: &PodRecord, rel: &str) -> Result<PathBuf, Status> {
+    if rel.is_empty() {
+        return Ok(PathBuf::new());
+    }
+    let p = Path::new(rel);
+    if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: log_path {rel:?} must be relative to the pod's log_directory and stay inside it"
+        )));
+    }
+    if pod.config.log_directory.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: log_path {rel:?} given but the pod has no log_directory"
+        )));
+    }
+    Ok(Path::new(&pod.config.log_directory).join(p))
+}
+
+impl Inner {
+    async fn create_container(
+        &self,
+        id: &str,
+        pod: &PodRecord,
+        config: cri::ContainerConfig,
+        image: &ImageRecord,
+        image_name: String,
+        log_path: PathBuf,
+    ) -> Result<(), Status> {
+        // Refused before anything is recorded or mounted.
+        let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
+        let userns = crishim_spec::userns::from_pod(&pod.config)
+            .map_err(|m| Status::invalid_argument(format!("CreateContainer: {m}")))?;
+        if userns.is_some() {
+            if crishim_gpu::request::is_privileged(&config) {
+                return Err(Status::invalid_argument(
+                    "CreateContainer: a privileged container cannot run in a pod with its own \
+                     user namespace (hostUsers: false)",
+                ));
+            }
+            if handler.binary().is_some() {
+                return Err(Status::invalid_argument(format!(
+                    "CreateContainer: runtime handler {:?} does not support user namespaces \
+                     (Status reports it without the feature)",
+                    pod.runtime_handler
+                )));
+            }
+        }
+        if handler.binary().is_some() && config.mounts.iter().any(|m| m.recursive_read_only) {
+            return Err(Status::invalid_argument(format!(
+                "CreateContainer: runtime handler {:?} does not support recursive read-only \
+                 mounts (Status reports it without the feature)",
+                pod.runtime_handler
+            )));
+        }
+        // The infra process, proven to be the pod's while held: `ns/user` is read through it, and
+        // a pod whose infra is gone is refused before anything is made (the shim checks the
+        // namespace paths again against the child it has not reaped).
+        let infra = self.infra_process(pod, "CreateContainer")?;
+        let bundle = self.bundle_dir(id);
+        let rootfs = bundle.join("rootfs");
+        let image_config = self.images.config(image).map_err(from_image_error)?;
+        let image_signal = || {
+            image_config
+                .config()
+                .as_ref()
+                .and_then(|c| c.stop_signal().clone())
+                .and_then(|s| parse_signal(&s))
+        };
+        let stop_signal = super::stop_signal::from_cri(config.stop_signal)?
+            .or_else(image_signal)
+            .unwrap_or(libc::SIGTERM);
+        let image_ref = image
+            .repo_digests
+            .first()
+            .cloned()
+            .unwrap_or_else(|| image.id.to_string());
+        let mut record = ContainerRecord {
+            id: id.to_string(),
+            pod_id: pod.id.clone(),
+            image: image_name,
+            image_id: image.id.to_string(),
+            image_ref,
+            created_at: now_nanos(),
+            log_path: log_path.clone(),
+            bundle: bundle.clone(),
+            stop_signal,
+            last: None,
+            user: None,
+            config,
+        };
+        let mut phases = super::sandbox_stop::Phases::new("CreateContainer", id);
+        // Recorded before anything else happens: a record without a shim state (`last`) after a
+        // crash means "half created", and start-up recovery undoes it.
+        self.store
+            .save_container(&record)
+            .map_err(from_store_error)?;
+        phases.done("record");
+
+        // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
+        // root (the upper dir) has the mode the container sees.
+        crishim_sys::hostfs::create_private_dir(&rootfs)
+            .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
+        if let Some(maps) = &userns {
+            let containers = self.config.state_dir.join("containers");
+            crishim_spec::userns::open_path(
+                &[&self.config.state_dir, &containers],
+                &bundle,
+                maps.host_root().1,
+            )
+            .map_err(|e| {
+                Status::internal(format!(
+                    "opening {} to the pod's root: {e}",
+                    bundle.display()
+                ))
+            })?;
+        }
+        let idmap = match &userns {
+            Some(maps) => Some(crishim_images::rootfs::Idmap {
+                userns: infra.open_proc("ns/user").map_err(|e| {
+                    Status::failed_precondition(format!(
+                        "CreateContainer: the pod's user namespace: {e}"
+                    ))
+                })?,
+                root: maps.host_root(),
+            }),
+            None => None,
+        };
+        let selinux = selinux_labels(pod, &record.config, Lsm::of_host());
+        if let Some(labels) = &selinux {
+            // Volumes that ask for it get the container's file label, as `chcon -R` would.
+            for m in record.config.mounts.iter().filter(|m| m.selinux_relabel) {
+                if m.host_path.is_empty() {
+                    continue;
+                }
+                let path = PathBuf::from(&m.host_path);
+                let file = labels.file.clone();
+                tokio::task::spawn_blocking(move || {
+                    crishim_spec::selinux::relabel(
+                        &path,
+                        &file,
+                        crishim_spec::selinux::set_file_label,
+                    )
+                })
+                .await
+                .map_err(|e| Status::internal(format!("CreateContainer: relabelling: {e}")))?
+                .map_err(|m| Status::failed_precondition(format!("CreateContainer: {m}")))?;
+            }
+        }
+        self.images
+            .mount_rootfs(
+                image,
+                id,
+                &rootfs,
+                idmap.as_ref(),
+                selinux.as_ref().map(|l| l.file.as_str()),
+            )
+            .await
+            .map_err(from_image_error)?;
+
+        phases.done("rootfs");
+        let image_volumes = self
+            .mount_image_volumes(id, &record.config, &bundle)
+            .await?;
+        let pod_files = self.pod_files_dir(&pod.id);
+        let mut spec = spec::build(&SpecInputs {
+            container_id: id,
+            config: &record.config,
+            sandbox: &pod.config,
+            image: &image_config,
+            rootfs: rootfs.clone(),
+            namespaces: self.namespaces(pod, &record.config, userns.is_some())?,
+            files: PodFiles {
+                hostname: Some(pod_files.join("hostname")),
+                resolv_conf: Some(pod_files.join("resolv.conf")),
+                hosts: Some(pod_files.join("hosts")),
+                shm: pod.shm.clone(),
+            },
+            image_volumes: &image_volumes,
+            cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
+            min_oom_score_adj: own_oom_score_adj(),
+            privileged_host_devices: !handler.privileged_without_host_devices,
+        })
+        .map_err(|e| from_spec_error("CreateContainer", e))?;
+        let lsm = Lsm::of_host();
+        if let Some(profile) = check_lsm_options(&record.config, lsm)? {
+            if profile == crishim_spec::apparmor::DEFAULT_PROFILE {
+                crishim_spec::apparmor::ensure_default_loaded().map_err(|e| {
+                    Status::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
+                })?;
+            }
+            if let Some(process) = spec.process_mut() {
+                process.set_apparmor_profile(Some(profile));
+            }
+        }
+        if let Some(labels) = &selinux {
+            // libcontainer puts the mount label on its tmpfs mounts; the shim's executor
+            // applies the process label (libcontainer applies none).
+            if let Some(process) = spec.process_mut() {
+                process.set_selinux_label(Some(labels.process.clone()));
+            }
+            if let Some(linux) = spec.linux_mut() {
+                linux.set_mount_label(Some(labels.file.clone()));
+            }
+        }
+        // The pod's own binds, before crishim adds the node's: only these are idmapped.
+        let own_binds = crishim_spec::userns::PodBinds::of(&spec);
+        if self.wants_init(pod, &record.config) {
+            self.add_init(&mut spec)?;
+        }
+        let image_env = image_config
+            .config()
+            .as_ref()
+            .and_then(|c| c.env().clone())
+            .unwrap_or_default();
+        if handler.gpu {
+            self.gpu
+                .apply(
+                    &crishim_gpu::Target {
+                        container_id: id,
+                        config: &record.config,
+                        pod: &pod.config,
+                        image_env: &image_env,
+                        rootfs: &rootfs,
+                    },
+                    &mut spec,
+                )
+                .map_err(from_gpu_error)?;
+        }
+        let mut annotations = spec.annotations().clone().unwrap_or_default();
+        // The handler's `pod_annotations` (a sandboxed runtime's settings, say); never over the
+        // keys crishim sets itself.
+        for (key, value) in &pod.config.annotations {
+            if handler.passes_annotation(key) && !annotations.contains_key(key) {
+                annotations.insert(key.clone(), value.clone());
+            }
+        }
+        annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
+        spec.set_annotations(Some(annotations));
+        record.user = spec.process().as_ref().map(|p| {
+            let u = p.user();
+            crishim_state::records::ProcessUser {
+                uid: u.uid(),
+                gid: u.gid(),
+                groups: u.additional_gids().clone().unwrap_or_default(),
+            }
+        });
+        let devices = match &userns {
+            Some(maps) => Some(
+                crishim_spec::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
+                    .map_err(|e| Status::internal(format!("CreateContainer: {e}")))?,
+            ),
+            None => None,
+        };
+        // The bind mounts, staged until the shim has made the container, which keeps its own
+        // copies: the pod's idmapped for its user namespace, the node's (GPU driver,
+        // interceptor, init) host root's and locked read-only.
+        let staged = match &idmap {
+            Some(idmap) => Some(
+                crishim_spec::userns::stage_binds(
+                    &mut spec,
+                    &bundle.join("idmap"),
+                    &idmap.userns,
+                    idmap.root.1,
+                    &own_binds,
+                )
+                .map_err(|e| Status::failed_precondition(format!("CreateContainer: {e}")))?,
+            ),
+            None => None,
+        };
+        // It holds the container's environment: 0600 from the start.
+        let json = serde_json::to_vec(&spec)
+            .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
+        crishim_sys::hostfs::write_private(&bundle.join("config.json"), &json)
+            .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
+        phases.done("spec");
+
+        let req = Request::Create {
+            id: id.to_string(),
+            bundle,
+            log_path,
+            log_root: pod.config.log_directory.clone().into(),
+            stdin: record.config.stdin,
+            tty: record.config.tty,
+            start_error_at_start: true,
+        };
+        let created = self
+            .shim_call(&pod.id, &req, self.cgroup_request_timeout())
+            .await;
+        drop(staged);
+        drop(devices);
+        match created? {
+            Response::State(s) => {
+                phases.done("shim create");
+                record.created_at = s.created_at;
+                record.last = Some(s);
+                self.store
+                    .save_container(&record)
+                    .map_err(from_store_error)?;
+                phases.done("record created");
+                self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
+                    .await;
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The container's annotation wins over the pod's, which wins over the config default.
+    fn wants_init(&self, pod: &PodRecord, config: &cri::ContainerConfig) -> bool {
+        let flag = |m: &std::collections::HashMap<String, String>| {
+            m.get(ANNOTATION_INIT).map(|v| v == "true")
+        };
+        flag(&config.annotations)
+            .or_else(|| flag(&pod.config.annotations))
+            .unwrap_or(self.config.init)
+    }
+
+    /// Run the program under `crishim-init`, bind-mounted read-only at [`INIT_PATH`].
+    fn add_init(&self, spec: &mut oci_spec::runtime::Spec) -> Result<(), Status> {
+        let binary = self.init_binary.clone();
+        if !binary.is_file() {
+            return Err(Status::failed_precondition(format!(
+                "CreateContainer: init requested but {} does not exist",
+                binary.display()
+            )));
+        }
+        let mount = oci_spec::runtime::MountBuilder::default()
+            .destination(INIT_PATH)
+            .typ("bind")
+            .source(binary)
+            .options(vec![
+                "rbind".to_string(),
+                "ro".to_string(),
+                "nosuid".to_string(),
+                "nodev".to_string(),
+            ])
+            .build()
+            .map_err(|e| Status::internal(format!("init mount: {e}")))?;
+        let mut mounts = spec.mounts().clone().unwrap_or_default();
+        mounts.push(mount);
+        spec.set_mounts(Some(mounts));
+        if let Some(process) = spec.process_mut() {
+            let mut args = vec![INIT_PATH.to_string(), "--".to_string()];
+            args.extend(process.args().clone().unwrap_or_default());
+            process.set_args(Some(args));
+        }
+        Ok(())
+    }
+
+    /// The namespaces a container of `pod` joins (the pod's user namespace with `userns`).
+    fn namespaces(
+        &self,
+        pod: &PodRecord,
+        config: &cri::ContainerConfig,
+        userns: bool,
+    ) -> Result<PodNamespaces, Status> {
+        let ns = |kind: &str| Some(PathBuf::from(format!("/proc/{}/ns/{kind}", pod.infra_pid)));
+        let opts = config
+            .linux
+            .as_ref()
+            .and_then(|l| l.security_context.as_ref())
+            .and_then(|s| s.namespace_options.as_ref());
+        let pid_mode = opts.and_then(|o| NamespaceMode::try_from(o.pid).ok());
+        let pid = match pid_mode {
+            Some(NamespaceMode::Target) => {
+                let target = opts.map(|o| o.target_id.clone()).unwrap_or_default();
+                let t = self.store.container(&target).map_err(|_| {
+                    Status::invalid_argument(format!(
+                        "CreateContainer: pid namespace target {target:?} not found"
+                    ))
+                })?;
+                // The target's pid is checked by this pod's shim, whose child it must be.
+                if t.pod_id != pod.id {
+                    return Err(Status::invalid_argument(format!(
+                        "CreateContainer: pid namespace target {target} is not in pod sandbox {}",
+                        pod.id
+                    )));
+                }
+                let pid = t.last.as_ref().map_or(0, |s| s.pid);
+                if pid <= 0 {
+                    return Err(Status::failed_precondition(format!(
+                        "pid namespace target {target} is not running"
+                    )));
+                }
+                Some(PathBuf::from(format!("/proc/{pid}/ns/pid")))
+            }
+            Some(NamespaceMode::Pod) if !pod.host_pid => ns("pid"),
+            None if pod.shared_pid => ns("pid"),
+            _ => None,
+        };
+        Ok(PodNamespaces {
+            user: if userns { ns("user") } else { None },
+            net: if pod.host_network { None } else { ns("net") },
+            ipc: if pod.host_ipc { None } else { ns("ipc") },
+            uts: if pod.host_network { None } else { ns("uts") },
+            pid,
+            host_pid: pod.host_pid || pid_mode == Some(NamespaceMode::Node),
+        })
+    }
+
+    /// Undo a failed or abandoned create: the shim's container, the rootfs mount, the writable layer,
+    /// the bundle and the record. Idempotent.
+    pub(super) async fn undo_create(&self, pod_id: &str, id: &str) {
+        if let Err(e) = self.try_undo_create(pod_id, id).await {
+            warn!(container = %id, error = %e, "undoing a create");
+        }
+    }
+
+    /// [`undo_create`](Self::undo_create), refusing (`FailedPrecondition`, naming the mount) to
+    /// delete a bundle that still has a mount below it: the bundle and the record stay, for a
+    /// later removal to retry.
+    pub(super) async fn try_undo_create(&self, pod_id: &str, id: &str) -> Result<(), Status> {
+        let mut phases = super::sandbox_stop::Phases::new("RemoveContainer", id);
+        if let Err(e) = self
+            .shim_ok(pod_id, Request::Delete { id: id.to_string() })
+            .await
+        {
+            if e.code() != tonic::Code::Unavailable {
+                warn!(container = %id, error = %e, "shim delete failed");
+            }
+        }
+        phases.done("shim delete");
+        let bundle = self.bundle_dir(id);
+        crishim_spec::userns::release_staged(&bundle.join("idmap"));
+        crishim_spec::userns::release_staged_devices(&bundle.join("devs"));
+        self.release_image_volumes(id, &bundle).await;
+        if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
+            // Its writable layer still has a mount below it: kept, and so is the container.
+            if e.kind() == crishim_images::ErrorKind::FailedPrecondition {
+                return Err(super::errors::from_image_error(e));
+            }
+            warn!(container = %id, error = %e, "removing the rootfs");
+        }
+        phases.done("rootfs");
+        crate::container_images::remove_unmounted(&bundle)
+            .map_err(|m| Status::failed_precondition(format!("RemoveContainer {id}: {m}")))?;
+        self.gpu.release(id);
+        self.store.delete_container(id);
+        phases.done("bundle and record");
+        Ok(())
+    }
+}
+
+/// The Linux security modules this node's kernel has enabled.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lsm {
+    pub apparmor: bool,
+    pub selinux: bool,
+}
+
+impl Lsm {
+    /// Read once: which modules are enabled is fixed at boot.
+    pub(super) fn of_host() -> Self {
+        static HOST: std::sync::OnceLock<Lsm> = std::sync::OnceLock::new();
+        *HOST.get_or_init(|| {
+            let apparmor = std::fs::read_to_string("/sys/module/apparmor/parameters/enabled")
+                .is_ok_and(|v| v.trim() == "Y");
+            let selinux = std::path::Path::new("/sys/fs/selinux/enforce").exists();
+            Lsm { apparmor, selinux }
+        })
+    }
+}
+
+/// AppArmor and SELinux options: never silently dropped. Where AppArmor is enabled, a
+/// `Localhost` profile is applied by name (it must be loaded), and `RuntimeDefault` (or nothing
+/// asked, as containerd does) gets `crishim-default` unless the container is privileged or asks
+/// for `Unconfined`. Where AppArmor is off, `Localhost` is refused and the rest needs nothing. An
+/// SELinux label is refused where SELinux is off. Returns the AppArmor profile to apply.
+pub(super) fn check_lsm_options(
+    config: &cri::ContainerConfig,
+    lsm: Lsm,
+) -> Result<Option<String>, Status> {
+    use cri::security_profile::ProfileType;
+    let Some(sc) = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+    else {
+        return Ok(lsm
+            .apparmor
+            .then(|| crishim_spec::apparmor::DEFAULT_PROFILE.to_string()));
+    };
+    // The typed field, else the deprecated string (`runtime/default`, `localhost/<name>`).
+    #[allow(deprecated)]
+    let localhost = match &sc.apparmor {
+        Some(p) if p.profile_type == ProfileType::Localhost as i32 => Some(p.localhost_ref.clone()),
+        Some(_) => None,
+        None => sc
+            .apparmor_profile
+            .strip_prefix("localhost/")
+            .map(str::to_string),
+    };
+    check_selinux("CreateContainer", sc.selinux_options.as_ref(), lsm)?;
+    let Some(name) = localhost else {
+        #[allow(deprecated)]
+        let unconfined = match &sc.apparmor {
+            Some(p) => p.profile_type == ProfileType::Unconfined as i32,
+            None => sc.apparmor_profile == "unconfined",
+        };
+        let default = lsm.apparmor && !unconfined && !sc.privileged;
+        return Ok(default.then(|| crishim_spec::apparmor::DEFAULT_PROFILE.to_string()));
+    };
+    if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
+        return Err(Status::invalid_argument(format!(
+            "CreateContainer: AppArmor localhost profile {:?} is not a profile name",
+            crishim_sys::shown::shown(&name)
+        )));
+    }
+    if !lsm.apparmor {
+        return Err(Status::failed_precondition(format!(
+            "CreateContainer: AppArmor profile localhost/{name} asked for, but this node's kernel \
+             has no AppArmor enabled (/sys/module/apparmor/parameters/enabled is not Y)"
+        )));
+    }
+    Ok(Some(name))
+}
+
+/// An SELinux label is taken where SELinux is enabled (its fields checked), and refused, never
+/// ignored, where it is not: there is nothing to apply it with.
+pub(super) fn check_selinux(
+    rpc: &str,
+    options: Option<&cri::SeLinuxOption>,
+    lsm: Lsm,
+) -> Result<(), Status> {
+    if !crishim_spec::selinux::asked(options) {
+        return Ok(());
+    }
+    if lsm.selinux {
+        return options
+            .map_or(Ok(()), crishim_spec::selinux::check)
+            .map_err(|m| Status::invalid_argument(format!("{rpc}: {m}")));
+    }
+    Err(Status::failed_precondition(format!(
+        "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
+         (no /sys/fs/selinux)"
+    )))
+}
+
+/// The SELinux labels of a container of `pod`, where the node has SELinux enabled and the
+/// container is not privileged (privileged containers run unconfined, as with containerd).
+pub(super) fn selinux_labels(
+    pod: &PodRecord,
+    config: &cri::ContainerConfig,
+    lsm: Lsm,
+) -> Option<crishim_spec::selinux::Labels> {
+    if !lsm.selinux || crishim_gpu::request::is_privileged(config) {
+        return None;
+    }
+    static DEFAULTS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let defaults = DEFAULTS.get_or_init(|| crishim_spec::selinux::policy_defaults(Path::new("/")));
+    let pod_opt = pod
+        .config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.selinux_options.as_ref());
+    let own = config
+        .linux
+        .as_ref()
+        .and_then(|l| l.security_context.as_ref())
+        .and_then(|s| s.selinux_options.as_ref());
+    Some(crishim_spec::selinux::labels(
+        defaults,
+        pod_opt,
+        own,
+        &crishim_spec::selinux::pod_level(&pod.id),
+    ))
+}
+
+/// `SIGQUIT`, `QUIT` or `3`.
+pub(super) fn parse_signal(s: &str) -> Option<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Some(n);
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
+fn own_oom_score_adj() -> Option<i32> {
+    std::fs::read_to_string("/proc/self/oom_score_adj")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(parse_signal("SIGQUIT"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("quit"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("9"), Some(9));
+        assert_eq!(parse_signal("SIGNOPE"), None);
+    }
+
+    fn with_security(
+        f: impl FnOnce(&mut cri::LinuxContainerSecurityContext),
+    ) -> cri::ContainerConfig {
+        let mut sc = cri::LinuxContainerSecurityContext::default();
+        f(&mut sc);
+        cri::ContainerConfig {
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(sc),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn lsm_options_are_applied_or_refused_never_dropped() {
+        use cri::security_profile::ProfileType;
+        let none = Lsm {
+            apparmor: false,
+            selinux: false,
+        };
+        let apparmor = Lsm {
+            apparmor: true,
+            selinux: false,
+        };
+        let localhost = with_security(|sc| {
+            sc.apparmor = Some(cri::SecurityProfile {
+                profile_type: ProfileType::Localhost as i32,
+                localhost_ref: "my-profile".into(),
+            })
+        });
+        let e = check_lsm_options(&localhost, none).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("localhost/my-profile"), "{e:?}");
+        assert_eq!(
+            check_lsm_options(&localhost, apparmor).unwrap(),
+            Some("my-profile".to_string())
+        );
+        // The deprecated string field says the same.
+        let old = with_security(|sc| sc.apparmor_profile = "localhost/other".into());
+        assert_eq!(
+            check_lsm_options(&old, none).unwrap_err().code(),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            check_lsm_options(&old, apparmor).unwrap(),
+            Some("other".to_string())
+        );
+        // RuntimeDefault and unconfined need nothing where there is no AppArmor.
+        let default = with_security(|sc| {
+            sc.apparmor = Some(cri::SecurityProfile {
+                profile_type: ProfileType::RuntimeDefault as i32,
+                ..Default::default()
+            })
+        });
+        assert_eq!(check_lsm_options(&default, none).unwrap(), None);
+        let unconfined = with_security(|sc| sc.apparmor_profile = "unconfined".into());
+        assert_eq!(check_lsm_options(&unconfined, none).unwrap(), None);
+        // Where AppArmor is on: RuntimeDefault, and nothing asked, get crishim-default;
+        // Unconfined and privileged containers get none.
+        let ours = Some(crishim_spec::apparmor::DEFAULT_PROFILE.to_string());
+        assert_eq!(check_lsm_options(&default, apparmor).unwrap(), ours);
+        assert_eq!(
+            check_lsm_options(&with_security(|_| {}), apparmor).unwrap(),
+            ours
+        );
+        assert_eq!(check_lsm_options(&unconfined, apparmor).unwrap(), None);
+        let privileged = with_security(|sc| sc.privileged = true);
+        assert_eq!(check_lsm_options(&privileged, apparmor).unwrap(), None);
+        // A name that is not one.
+        let bad = with_security(|sc| sc.apparmor_profile = "localhost/".into());
+        assert_eq!(
+            check_lsm_options(&bad, apparmor).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        // An attacker-sized name is refused, and not echoed whole.
+        let huge =
+            with_security(|sc| sc.apparmor_profile = format!("localhost/{}", "p".repeat(1 << 20)));
+        let e = check_lsm_options(&huge, apparmor).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().len() < 512, "{} bytes", e.message().len());
+        // An SELinux label is refused with SELinux off, taken with it on (its fields checked);
+        // an empty one is none.
+        let label = with_security(|sc| {
+            sc.selinux_options = Some(cri::SeLinuxOption {
+                r#type: "container_t".into(),
+                ..Default::default()
+            })
+        });
+        let selinux = Lsm {
+            apparmor: false,
+            selinux: true,
+        };
+        let e = check_lsm_options(&label, none).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert_eq!(check_lsm_options(&label, selinux).unwrap(), None);
+        let bad = with_security(|sc| {
+            sc.selinux_options = Some(cri::SeLinuxOption {
+                r#type: "container_t:s0".into(),
+                ..Default::default()
+            })
+        });
+        let e = check_lsm_options(&bad, selinux).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        let empty = with_security(|sc| sc.selinux_options = Some(cri::SeLinuxOption::default()));
+        assert_eq!(check_lsm_options(&empty, none).unwrap(), None);
+    }
+
+    // No SELinux here: the decision is taken with a host that has it, and one that has not.
+    #[test]
+    fn selinux_labels_are_the_pods_own_level_and_none_when_privileged_or_off() {
+        let pod = super::super::fakes::pod_record("pod-1");
+        let plain = cri::ContainerConfig::default();
+        let on = Lsm {
+            apparmor: false,
+            selinux: true,
+        };
+        let l = selinux_labels(&pod, &plain, on).unwrap();
+        let level = crishim_spec::selinux::pod_level("pod-1");
+        assert_eq!(l.process, format!("system_u:system_r:container_t:{level}"));
+        assert_eq!(
+            l.file,
+            format!("system_u:object_r:container_file_t:{level}")
+        );
+        let privileged = with_security(|sc| sc.privileged = true);
+        assert_eq!(selinux_labels(&pod, &privileged, on), None);
+        let off = Lsm {
+            apparmor: false,
+            selinux: false,
+        };
+        assert_eq!(selinux_labels(&pod, &plain, off), None);
+    }
+}
