@@ -12,18 +12,25 @@ pub const MAX_REQUEST_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// cap a few clients could push `ListPodSandbox` past the kubelet's 16 MiB message limit.
 pub const MAX_METADATA_BYTES: usize = 256 << 10;
 
+/// Labels or annotations over [`MAX_METADATA_BYTES`]; the request is `InvalidArgument`.
+#[derive(Debug, thiserror::Error)]
+#[error("{rpc}: {what} take {bytes} bytes, over the limit of {MAX_METADATA_BYTES}")]
+pub struct OverLimit {
+    pub rpc: &'static str,
+    pub what: &'static str,
+    pub bytes: usize,
+}
+
 /// Refuse labels or annotations over [`MAX_METADATA_BYTES`] (keys and values together).
 pub fn check_metadata(
-    rpc: &str,
+    rpc: &'static str,
     labels: &std::collections::HashMap<String, String>,
     annotations: &std::collections::HashMap<String, String>,
-) -> Result<(), tonic::Status> {
+) -> Result<(), OverLimit> {
     for (what, map) in [("labels", labels), ("annotations", annotations)] {
         let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
         if bytes > MAX_METADATA_BYTES {
-            return Err(tonic::Status::invalid_argument(format!(
-                "{rpc}: {what} take {bytes} bytes, over the limit of {MAX_METADATA_BYTES}"
-            )));
+            return Err(OverLimit { rpc, what, bytes });
         }
     }
     Ok(())
@@ -57,7 +64,7 @@ mod tests {
             .map(|i| (format!("k{i}"), "v".repeat(1024)))
             .collect();
         let e = check_metadata("RunPodSandbox", &small, &big).unwrap_err();
-        assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(e.message().contains("annotations"), "{e:?}");
+        assert_eq!(e.what, "annotations");
+        assert!(e.to_string().contains("over the limit"), "{e}");
     }
 }

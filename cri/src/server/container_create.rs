@@ -3,11 +3,11 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use super::errors::Error;
 use crishim_images::ImageRecord;
 use crishim_proto::cri::{self, CreateContainerRequest, CreateContainerResponse, NamespaceMode};
 use crishim_proto::shim::{Request, Response};
 use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
-use tonic::Status;
 use tracing::{info, warn};
 
 use super::errors::{
@@ -26,17 +26,17 @@ impl RuntimeService {
     pub(super) async fn do_create_container(
         &self,
         req: CreateContainerRequest,
-    ) -> Result<CreateContainerResponse, Status> {
+    ) -> Result<CreateContainerResponse, Error> {
         let inner = &self.inner;
         let config = req
             .config
-            .ok_or_else(|| Status::invalid_argument("CreateContainer: config is required"))?;
+            .ok_or_else(|| Error::invalid_argument("CreateContainer: config is required"))?;
         let meta = config
             .metadata
             .clone()
-            .ok_or_else(|| Status::invalid_argument("CreateContainer: metadata is required"))?;
+            .ok_or_else(|| Error::invalid_argument("CreateContainer: metadata is required"))?;
         if meta.name.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(Error::invalid_argument(
                 "CreateContainer: metadata.name is empty",
             ));
         }
@@ -46,7 +46,7 @@ impl RuntimeService {
             .map(|i| i.image.clone())
             .unwrap_or_default();
         if image_name.is_empty() {
-            return Err(Status::invalid_argument("CreateContainer: image is empty"));
+            return Err(Error::invalid_argument("CreateContainer: image is empty"));
         }
         crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
         let pod = inner
@@ -59,7 +59,7 @@ impl RuntimeService {
         let _pod_guard = inner.store.lock(&pod.id).await;
         let pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
         if pod.state != PodState::Ready {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "pod sandbox {} is not ready",
                 pod.id
             )));
@@ -69,7 +69,7 @@ impl RuntimeService {
             .resolve(&image_name)
             .map_err(from_image_error)?
             .ok_or_else(|| {
-                Status::not_found(format!(
+                Error::not_found(format!(
                     "image {:?} not found: pull it first",
                     crishim_sys::shown::shown(&image_name)
                 ))
@@ -102,18 +102,18 @@ impl RuntimeService {
 }
 
 /// `log_path` is relative to the pod's `log_directory` and may not climb out of it.
-fn log_path(pod: &PodRecord, rel: &str) -> Result<PathBuf, Status> {
+fn log_path(pod: &PodRecord, rel: &str) -> Result<PathBuf, Error> {
     if rel.is_empty() {
         return Ok(PathBuf::new());
     }
     let p = Path::new(rel);
     if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "CreateContainer: log_path {rel:?} must be relative to the pod's log_directory and stay inside it"
         )));
     }
     if pod.config.log_directory.is_empty() {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "CreateContainer: log_path {rel:?} given but the pod has no log_directory"
         )));
     }
@@ -129,30 +129,30 @@ impl Inner {
         image: &ImageRecord,
         image_name: String,
         log_path: PathBuf,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Error> {
         // Refused before anything is recorded or mounted.
         let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
         let userns = crishim_spec::userns::from_pod(&pod.config)
-            .map_err(|m| Status::invalid_argument(format!("CreateContainer: {m}")))?;
+            .map_err(|m| Error::invalid_argument(format!("CreateContainer: {m}")))?;
         if userns.is_some() {
             if crishim_gpu::request::is_privileged(&config) {
-                return Err(Status::invalid_argument(
+                return Err(Error::invalid_argument(
                     "CreateContainer: a privileged container cannot run in a pod with its own \
                      user namespace (hostUsers: false)",
                 ));
             }
             if handler.binary().is_some() {
-                return Err(Status::invalid_argument(format!(
+                return Err(Error::invalid_argument(format!(
                     "CreateContainer: runtime handler {:?} does not support user namespaces \
-                     (Status reports it without the feature)",
+                     (Error reports it without the feature)",
                     pod.runtime_handler
                 )));
             }
         }
         if handler.binary().is_some() && config.mounts.iter().any(|m| m.recursive_read_only) {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid_argument(format!(
                 "CreateContainer: runtime handler {:?} does not support recursive read-only \
-                 mounts (Status reports it without the feature)",
+                 mounts (Error reports it without the feature)",
                 pod.runtime_handler
             )));
         }
@@ -203,7 +203,7 @@ impl Inner {
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
         // root (the upper dir) has the mode the container sees.
         crishim_sys::hostfs::create_private_dir(&rootfs)
-            .map_err(|e| Status::internal(format!("creating {}: {e}", rootfs.display())))?;
+            .map_err(|e| Error::internal(format!("creating {}: {e}", rootfs.display())))?;
         if let Some(maps) = &userns {
             let containers = self.config.state_dir.join("containers");
             crishim_spec::userns::open_path(
@@ -212,7 +212,7 @@ impl Inner {
                 maps.host_root().1,
             )
             .map_err(|e| {
-                Status::internal(format!(
+                Error::internal(format!(
                     "opening {} to the pod's root: {e}",
                     bundle.display()
                 ))
@@ -221,7 +221,7 @@ impl Inner {
         let idmap = match &userns {
             Some(maps) => Some(crishim_images::rootfs::Idmap {
                 userns: infra.open_proc("ns/user").map_err(|e| {
-                    Status::failed_precondition(format!(
+                    Error::failed_precondition(format!(
                         "CreateContainer: the pod's user namespace: {e}"
                     ))
                 })?,
@@ -246,8 +246,8 @@ impl Inner {
                     )
                 })
                 .await
-                .map_err(|e| Status::internal(format!("CreateContainer: relabelling: {e}")))?
-                .map_err(|m| Status::failed_precondition(format!("CreateContainer: {m}")))?;
+                .map_err(|e| Error::internal(format!("CreateContainer: relabelling: {e}")))?
+                .map_err(|m| Error::failed_precondition(format!("CreateContainer: {m}")))?;
             }
         }
         self.images
@@ -289,7 +289,7 @@ impl Inner {
         if let Some(profile) = check_lsm_options(&record.config, lsm)? {
             if profile == crishim_spec::apparmor::DEFAULT_PROFILE {
                 crishim_spec::apparmor::ensure_default_loaded().map_err(|e| {
-                    Status::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
+                    Error::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
                 })?;
             }
             if let Some(process) = spec.process_mut() {
@@ -351,7 +351,7 @@ impl Inner {
         let devices = match &userns {
             Some(maps) => Some(
                 crishim_spec::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
-                    .map_err(|e| Status::internal(format!("CreateContainer: {e}")))?,
+                    .map_err(|e| Error::internal(format!("CreateContainer: {e}")))?,
             ),
             None => None,
         };
@@ -367,15 +367,15 @@ impl Inner {
                     idmap.root.1,
                     &own_binds,
                 )
-                .map_err(|e| Status::failed_precondition(format!("CreateContainer: {e}")))?,
+                .map_err(|e| Error::failed_precondition(format!("CreateContainer: {e}")))?,
             ),
             None => None,
         };
         // It holds the container's environment: 0600 from the start.
         let json = serde_json::to_vec(&spec)
-            .map_err(|e| Status::internal(format!("encoding config.json: {e}")))?;
+            .map_err(|e| Error::internal(format!("encoding config.json: {e}")))?;
         crishim_sys::hostfs::write_private(&bundle.join("config.json"), &json)
-            .map_err(|e| Status::internal(format!("writing config.json: {e}")))?;
+            .map_err(|e| Error::internal(format!("writing config.json: {e}")))?;
         phases.done("spec");
 
         let req = Request::Create {
@@ -420,10 +420,10 @@ impl Inner {
     }
 
     /// Run the program under `crishim-init`, bind-mounted read-only at [`INIT_PATH`].
-    fn add_init(&self, spec: &mut oci_spec::runtime::Spec) -> Result<(), Status> {
+    fn add_init(&self, spec: &mut oci_spec::runtime::Spec) -> Result<(), Error> {
         let binary = self.init_binary.clone();
         if !binary.is_file() {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "CreateContainer: init requested but {} does not exist",
                 binary.display()
             )));
@@ -439,7 +439,7 @@ impl Inner {
                 "nodev".to_string(),
             ])
             .build()
-            .map_err(|e| Status::internal(format!("init mount: {e}")))?;
+            .map_err(|e| Error::internal(format!("init mount: {e}")))?;
         let mut mounts = spec.mounts().clone().unwrap_or_default();
         mounts.push(mount);
         spec.set_mounts(Some(mounts));
@@ -457,7 +457,7 @@ impl Inner {
         pod: &PodRecord,
         config: &cri::ContainerConfig,
         userns: bool,
-    ) -> Result<PodNamespaces, Status> {
+    ) -> Result<PodNamespaces, Error> {
         let ns = |kind: &str| Some(PathBuf::from(format!("/proc/{}/ns/{kind}", pod.infra_pid)));
         let opts = config
             .linux
@@ -469,20 +469,20 @@ impl Inner {
             Some(NamespaceMode::Target) => {
                 let target = opts.map(|o| o.target_id.clone()).unwrap_or_default();
                 let t = self.store.container(&target).map_err(|_| {
-                    Status::invalid_argument(format!(
+                    Error::invalid_argument(format!(
                         "CreateContainer: pid namespace target {target:?} not found"
                     ))
                 })?;
                 // The target's pid is checked by this pod's shim, whose child it must be.
                 if t.pod_id != pod.id {
-                    return Err(Status::invalid_argument(format!(
+                    return Err(Error::invalid_argument(format!(
                         "CreateContainer: pid namespace target {target} is not in pod sandbox {}",
                         pod.id
                     )));
                 }
                 let pid = t.last.as_ref().map_or(0, |s| s.pid);
                 if pid <= 0 {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(Error::failed_precondition(format!(
                         "pid namespace target {target} is not running"
                     )));
                 }
@@ -513,7 +513,7 @@ impl Inner {
     /// [`undo_create`](Self::undo_create), refusing (`FailedPrecondition`, naming the mount) to
     /// delete a bundle that still has a mount below it: the bundle and the record stay, for a
     /// later removal to retry.
-    pub(super) async fn try_undo_create(&self, pod_id: &str, id: &str) -> Result<(), Status> {
+    pub(super) async fn try_undo_create(&self, pod_id: &str, id: &str) -> Result<(), Error> {
         let mut phases = super::sandbox_stop::Phases::new("RemoveContainer", id);
         if let Err(e) = self
             .shim_ok(pod_id, Request::Delete { id: id.to_string() })
@@ -537,7 +537,7 @@ impl Inner {
         }
         phases.done("rootfs");
         crate::container_images::remove_unmounted(&bundle)
-            .map_err(|m| Status::failed_precondition(format!("RemoveContainer {id}: {m}")))?;
+            .map_err(|m| Error::failed_precondition(format!("RemoveContainer {id}: {m}")))?;
         self.gpu.release(id);
         self.store.delete_container(id);
         phases.done("bundle and record");
@@ -573,7 +573,7 @@ impl Lsm {
 pub(super) fn check_lsm_options(
     config: &cri::ContainerConfig,
     lsm: Lsm,
-) -> Result<Option<String>, Status> {
+) -> Result<Option<String>, Error> {
     use cri::security_profile::ProfileType;
     let Some(sc) = config
         .linux
@@ -605,13 +605,13 @@ pub(super) fn check_lsm_options(
         return Ok(default.then(|| crishim_spec::apparmor::DEFAULT_PROFILE.to_string()));
     };
     if name.is_empty() || name.len() > 256 || name.contains(['\0', '\n']) {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "CreateContainer: AppArmor localhost profile {:?} is not a profile name",
             crishim_sys::shown::shown(&name)
         )));
     }
     if !lsm.apparmor {
-        return Err(Status::failed_precondition(format!(
+        return Err(Error::failed_precondition(format!(
             "CreateContainer: AppArmor profile localhost/{name} asked for, but this node's kernel \
              has no AppArmor enabled (/sys/module/apparmor/parameters/enabled is not Y)"
         )));
@@ -625,16 +625,16 @@ pub(super) fn check_selinux(
     rpc: &str,
     options: Option<&cri::SeLinuxOption>,
     lsm: Lsm,
-) -> Result<(), Status> {
+) -> Result<(), Error> {
     if !crishim_spec::selinux::asked(options) {
         return Ok(());
     }
     if lsm.selinux {
         return options
             .map_or(Ok(()), crishim_spec::selinux::check)
-            .map_err(|m| Status::invalid_argument(format!("{rpc}: {m}")));
+            .map_err(|m| Error::invalid_argument(format!("{rpc}: {m}")));
     }
-    Err(Status::failed_precondition(format!(
+    Err(Error::failed_precondition(format!(
         "{rpc}: an SELinux label is asked for, but SELinux is not enabled on this node \
          (no /sys/fs/selinux)"
     )))

@@ -1,19 +1,19 @@
 //! `Exec`: a one-time URL where the client runs a command in a running container with its stdio
 //! streamed (SPDY or WebSocket; see the streaming crate).
 
+use super::errors::Error;
 use crishim_proto::cri::{ExecRequest, ExecResponse};
 use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::ContainerRecord;
-use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 
 impl RuntimeService {
-    pub(super) async fn do_exec(&self, req: ExecRequest) -> Result<ExecResponse, Status> {
+    pub(super) async fn do_exec(&self, req: ExecRequest) -> Result<ExecResponse, Error> {
         let inner = &self.inner;
         if req.cmd.is_empty() {
-            return Err(Status::invalid_argument("Exec: cmd is empty"));
+            return Err(Error::invalid_argument("Exec: cmd is empty"));
         }
         check_stdio("Exec", req.stdin, req.stdout, req.stderr, req.tty)?;
         inner.running_container(&req.container_id).await?;
@@ -32,14 +32,14 @@ pub(super) fn check_stdio(
     stdout: bool,
     stderr: bool,
     tty: bool,
-) -> Result<(), Status> {
+) -> Result<(), Error> {
     if !(stdin || stdout || stderr) {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "{rpc}: one of stdin, stdout and stderr must be requested"
         )));
     }
     if tty && stderr {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "{rpc}: tty and stderr cannot both be requested (a tty merges stderr into stdout)"
         )));
     }
@@ -48,12 +48,12 @@ pub(super) fn check_stdio(
 
 impl Inner {
     /// The record of `id`, which must be running.
-    pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Status> {
+    pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Error> {
         let c = self.store.container(id).map_err(from_store_error)?;
         self.pod_ready(&c.pod_id, &format!("container {id}"))?;
         let state = self.refresh(&c).await;
         if state.status != ShimStatus::Running {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "container {id} is not running ({:?})",
                 state.status
             )));

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use super::errors::Error;
 use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
 use crishim_proto::shim::{truncate_exec_output, Request, Response};
-use tonic::Status;
 
 use super::errors::{from_store_error, unexpected};
 use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
@@ -15,14 +15,14 @@ impl RuntimeService {
     pub(super) async fn do_exec_sync(
         &self,
         req: ExecSyncRequest,
-    ) -> Result<ExecSyncResponse, Status> {
+    ) -> Result<ExecSyncResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
             .container(&req.container_id)
             .map_err(from_store_error)?;
         if req.cmd.is_empty() {
-            return Err(Status::invalid_argument("ExecSync: cmd is empty"));
+            return Err(Error::invalid_argument("ExecSync: cmd is empty"));
         }
         inner.pod_ready(&c.pod_id, "ExecSync")?;
         // The exec'd process joins the container's cgroup in a few ms: keep that lock fast until then.
@@ -42,7 +42,7 @@ impl RuntimeService {
         match inner.shim_call(&c.pod_id, &exec, guard).await? {
             Response::Exec {
                 timed_out: true, ..
-            } => Err(Status::deadline_exceeded(format!(
+            } => Err(Error::deadline_exceeded(format!(
                 "ExecSync {:?} in container {} timed out after {timeout}s; the process was killed",
                 req.cmd, c.id
             ))),

@@ -1,8 +1,8 @@
 //! `ListContainers`, with its id, pod, state and label filters.
 
+use super::errors::Error;
 use crishim_proto::cri::{self, ListContainersRequest, ListContainersResponse};
 use crishim_state::records::ContainerRecord;
-use tonic::Status;
 
 use super::container_status::cri_state;
 use super::runtime_service::RuntimeService;
@@ -11,7 +11,7 @@ impl RuntimeService {
     pub(super) async fn do_list_containers(
         &self,
         req: ListContainersRequest,
-    ) -> Result<ListContainersResponse, Status> {
+    ) -> Result<ListContainersResponse, Error> {
         let inner = &self.inner;
         let f = req.filter.unwrap_or_default();
         let keep = |c: &ContainerRecord| {

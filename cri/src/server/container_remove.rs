@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use super::errors::Error;
 use crishim_proto::cri::{RemoveContainerRequest, RemoveContainerResponse};
 use crishim_state::records::ContainerRecord;
-use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
@@ -16,7 +16,7 @@ impl RuntimeService {
     pub(super) async fn do_remove_container(
         &self,
         req: RemoveContainerRequest,
-    ) -> Result<RemoveContainerResponse, Status> {
+    ) -> Result<RemoveContainerResponse, Error> {
         let inner = &self.inner;
         let c = match inner.store.container(&req.container_id) {
             Ok(c) => c,
@@ -30,7 +30,7 @@ impl RuntimeService {
 }
 
 impl Inner {
-    pub(super) async fn remove_container(&self, c: &ContainerRecord) -> Result<(), Status> {
+    pub(super) async fn remove_container(&self, c: &ContainerRecord) -> Result<(), Error> {
         // A dead shim cannot stop anything, and its container is already gone with it.
         if self.shim_alive(&c.pod_id).await {
             self.stop_container(c, Duration::ZERO).await?;

@@ -1,8 +1,8 @@
 //! `ReopenContainerLog`: after the kubelet rotated the log file, the shim starts a new one.
 
+use super::errors::Error;
 use crishim_proto::cri::{ReopenContainerLogRequest, ReopenContainerLogResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
-use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
@@ -11,14 +11,14 @@ impl RuntimeService {
     pub(super) async fn do_reopen_container_log(
         &self,
         req: ReopenContainerLogRequest,
-    ) -> Result<ReopenContainerLogResponse, Status> {
+    ) -> Result<ReopenContainerLogResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
             .container(&req.container_id)
             .map_err(from_store_error)?;
         if inner.refresh(&c).await.status != ShimStatus::Running {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "container {} is not running",
                 c.id
             )));

@@ -1,8 +1,8 @@
 //! `StartContainer`.
 
+use super::errors::Error;
 use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
 use crishim_proto::shim::{Request, Response, START_ERROR};
-use tonic::Status;
 
 use super::errors::{from_store_error, unexpected};
 use super::runtime_service::RuntimeService;
@@ -28,7 +28,7 @@ impl RuntimeService {
     pub(super) async fn do_start_container(
         &self,
         req: StartContainerRequest,
-    ) -> Result<StartContainerResponse, Status> {
+    ) -> Result<StartContainerResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
@@ -49,7 +49,7 @@ impl RuntimeService {
             Response::State(s) if s.reason == START_ERROR => {
                 let message = format!("starting container {}: {}", c.id, s.message);
                 inner.update_state(&c.id, s).await;
-                Err(Status::failed_precondition(message))
+                Err(Error::failed_precondition(message))
             }
             Response::State(s) => {
                 inner.count_pod_start(&c);

@@ -3,13 +3,13 @@
 //! container, and the disk use of its writable layer. As in containerd, only running containers
 //! are listed.
 
+use super::errors::Error;
 use crishim_proto::cri::{
     self, ContainerStatsRequest, ContainerStatsResponse, ListContainerStatsRequest,
     ListContainerStatsResponse, UInt64Value,
 };
 use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::{now_nanos, ContainerRecord};
-use tonic::Status;
 use tracing::debug;
 
 use super::errors::from_store_error;
@@ -85,7 +85,7 @@ impl RuntimeService {
     pub(super) async fn do_container_stats(
         &self,
         req: ContainerStatsRequest,
-    ) -> Result<ContainerStatsResponse, Status> {
+    ) -> Result<ContainerStatsResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
@@ -101,7 +101,7 @@ impl RuntimeService {
     pub(super) async fn do_list_container_stats(
         &self,
         req: ListContainerStatsRequest,
-    ) -> Result<ListContainerStatsResponse, Status> {
+    ) -> Result<ListContainerStatsResponse, Error> {
         let inner = &self.inner;
         let f = req.filter.unwrap_or_default();
         let mut candidates: Vec<ContainerRecord> = inner.store.containers_where(|c| {

@@ -2,10 +2,10 @@
 
 use std::collections::HashMap;
 
+use super::errors::Error;
 use crishim_proto::cri::{self, ContainerStatusRequest, ContainerStatusResponse};
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
 use crishim_state::records::ContainerRecord;
-use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
@@ -14,7 +14,7 @@ impl RuntimeService {
     pub(super) async fn do_container_status(
         &self,
         req: ContainerStatusRequest,
-    ) -> Result<ContainerStatusResponse, Status> {
+    ) -> Result<ContainerStatusResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use super::errors::Error;
 use crishim_proto::cri::{StopContainerRequest, StopContainerResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
 use crishim_state::records::ContainerRecord;
-use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
@@ -17,7 +17,7 @@ impl RuntimeService {
     pub(super) async fn do_stop_container(
         &self,
         req: StopContainerRequest,
-    ) -> Result<StopContainerResponse, Status> {
+    ) -> Result<StopContainerResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
@@ -34,7 +34,7 @@ impl Inner {
         &self,
         c: &ContainerRecord,
         grace: Duration,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Error> {
         if self.refresh(c).await.status == ShimStatus::Exited {
             return Ok(());
         }
@@ -63,7 +63,7 @@ impl Inner {
         )
         .await?;
         if !self.wait_exit(c, Duration::from_secs(10)).await {
-            return Err(Status::deadline_exceeded(format!(
+            return Err(Error::deadline_exceeded(format!(
                 "container {} did not exit after SIGKILL",
                 c.id
             )));

@@ -1,9 +1,9 @@
 //! `UpdateContainerResources`: new cgroup limits for a running container, applied by its shim and
 //! kept in the container's record.
 
+use super::errors::Error;
 use crishim_proto::cri::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
 use crishim_proto::shim::Request;
-use tonic::Status;
 
 use super::errors::{from_spec_error, from_store_error};
 use super::runtime_service::RuntimeService;
@@ -13,14 +13,14 @@ impl RuntimeService {
     pub(super) async fn do_update_container_resources(
         &self,
         req: UpdateContainerResourcesRequest,
-    ) -> Result<UpdateContainerResourcesResponse, Status> {
+    ) -> Result<UpdateContainerResourcesResponse, Error> {
         let inner = &self.inner;
         let c = inner
             .store
             .container(&req.container_id)
             .map_err(from_store_error)?;
         let linux = req.linux.ok_or_else(|| {
-            Status::invalid_argument("UpdateContainerResources: linux resources are required")
+            Error::invalid_argument("UpdateContainerResources: linux resources are required")
         })?;
         let resources =
             spec::resources(&linux).map_err(|e| from_spec_error("UpdateContainerResources", e))?;

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::errors::Error;
 use crishim_images::{Digest, ImageError, ImageRecord};
 use crishim_proto::shim::{
     ContainerState, ErrorKind, InfraSpec, OciRuntimeSpec, Request, Response, Status as ShimStatus,
@@ -16,7 +17,6 @@ use crishim_proto::shim::{
 use crishim_state::records::{now_nanos, PodRecord, PodState};
 use oci_spec::image::ImageConfiguration;
 use tokio::net::UnixStream;
-use tonic::Status;
 
 use super::pod_host::{PodFiles, PodNetwork, PodShims};
 use crate::container_images::ContainerImages;
@@ -310,11 +310,11 @@ impl PodShims for FakeShims {
         dir: &Path,
         infra: &InfraSpec,
         _oci: Option<&OciRuntimeSpec>,
-    ) -> Result<i32, Status> {
+    ) -> Result<i32, Error> {
         self.calls.push(format!("shim start {pod_id}"));
         let mut s = self.state.lock().unwrap();
         if let Some(why) = s.fail_start.take() {
-            return Err(Status::internal(format!(
+            return Err(Error::internal(format!(
                 "starting the pod's shim failed: {why}"
             )));
         }
@@ -542,11 +542,11 @@ impl FakeFiles {
 }
 
 impl PodFiles for FakeFiles {
-    fn mount_shm(&self, dir: &Path) -> Result<(), Status> {
+    fn mount_shm(&self, dir: &Path) -> Result<(), Error> {
         self.calls.push("mount shm".into());
         let mut s = self.state.lock().unwrap();
         if let Some(why) = s.fail_shm.take() {
-            return Err(Status::internal(format!(
+            return Err(Error::internal(format!(
                 "mounting the pod's /dev/shm: {why}"
             )));
         }
@@ -562,10 +562,10 @@ impl PodFiles for FakeFiles {
         Ok(())
     }
 
-    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status> {
+    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Error> {
         self.calls.push("write pod files".into());
         if let Some(why) = self.state.lock().unwrap().fail_write.take() {
-            return Err(Status::internal(format!(
+            return Err(Error::internal(format!(
                 "mounting the pod files' tmpfs: {why}"
             )));
         }

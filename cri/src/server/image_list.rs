@@ -1,7 +1,7 @@
 //! `ListImages`, with the optional image filter resolved like any image reference.
 
+use super::errors::Error;
 use crishim_proto::cri::{ListImagesRequest, ListImagesResponse};
-use tonic::Status;
 
 use super::{errors::from_image_error, ImageService};
 
@@ -9,7 +9,7 @@ impl ImageService {
     pub(super) async fn do_list_images(
         &self,
         req: ListImagesRequest,
-    ) -> Result<ListImagesResponse, Status> {
+    ) -> Result<ListImagesResponse, Error> {
         let filter = req
             .filter
             .and_then(|f| f.image)

@@ -1,8 +1,8 @@
 //! `PullImage`: normalise the reference, pick credentials, pull through the image store.
 
+use super::errors::Error;
 use crishim_images::Credentials;
 use crishim_proto::cri::{PullImageRequest, PullImageResponse};
-use tonic::Status;
 
 use super::{errors::from_image_error, ImageService};
 
@@ -10,13 +10,13 @@ impl ImageService {
     pub(super) async fn do_pull_image(
         &self,
         req: PullImageRequest,
-    ) -> Result<PullImageResponse, Status> {
+    ) -> Result<PullImageResponse, Error> {
         let spec = req.image.unwrap_or_default();
         // One image store serves every handler (KEP-4216), so a known one changes nothing.
         super::sandbox_run::known_handler(&self.handlers, "PullImage", &spec.runtime_handler)?;
         let image = spec.image;
         if image.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(Error::invalid_argument(
                 "PullImage: image reference is empty",
             ));
         }
@@ -28,7 +28,7 @@ impl ImageService {
                 &a.identity_token,
                 &a.registry_token,
             )
-            .map_err(|e| Status::invalid_argument(format!("PullImage: auth: {e}")))?,
+            .map_err(|e| Error::invalid_argument(format!("PullImage: auth: {e}")))?,
             None => None,
         };
         let t0 = std::time::Instant::now();

@@ -2,8 +2,8 @@
 
 use std::collections::HashMap;
 
+use super::errors::Error;
 use crishim_proto::cri::{ImageStatusRequest, ImageStatusResponse};
-use tonic::Status;
 
 use super::{errors::from_image_error, ImageService};
 
@@ -11,10 +11,10 @@ impl ImageService {
     pub(super) async fn do_image_status(
         &self,
         req: ImageStatusRequest,
-    ) -> Result<ImageStatusResponse, Status> {
+    ) -> Result<ImageStatusResponse, Error> {
         let name = req.image.map(|i| i.image).unwrap_or_default();
         if name.is_empty() {
-            return Err(Status::invalid_argument("ImageStatus: image is empty"));
+            return Err(Error::invalid_argument("ImageStatus: image is empty"));
         }
         let Some(rec) = self.store.resolve(&name).map_err(from_image_error)? else {
             return Ok(ImageStatusResponse::default());
@@ -23,7 +23,7 @@ impl ImageService {
         if req.verbose {
             let (raw, _) = self.store.config(&rec).map_err(from_image_error)?;
             let config: serde_json::Value = serde_json::from_slice(&raw)
-                .map_err(|e| Status::internal(format!("stored image config: {e}")))?;
+                .map_err(|e| Error::internal(format!("stored image config: {e}")))?;
             let verbose = serde_json::json!({
                 "imageSpec": config,
                 "manifestDigest": rec.manifest,

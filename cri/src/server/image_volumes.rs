@@ -7,9 +7,9 @@
 use std::os::fd::AsRawFd;
 use std::path::{Component, Path, PathBuf};
 
+use super::errors::Error;
 use crishim_proto::cri;
 use crishim_sys::shown::shown;
-use tonic::Status;
 
 use super::errors::from_image_error;
 use super::runtime_service::Inner;
@@ -26,14 +26,14 @@ impl Inner {
         id: &str,
         config: &cri::ContainerConfig,
         bundle: &Path,
-    ) -> Result<Vec<ImageVolume>, Status> {
+    ) -> Result<Vec<ImageVolume>, Error> {
         let wanted: Vec<&cri::Mount> = config
             .mounts
             .iter()
             .filter(|m| is_image_volume(m))
             .collect();
         if wanted.len() > MAX_IMAGE_VOLUMES {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid_argument(format!(
                 "CreateContainer: {} image volumes, over the limit of {MAX_IMAGE_VOLUMES}",
                 wanted.len()
             )));
@@ -46,7 +46,7 @@ impl Inner {
                 .resolve(name)
                 .map_err(from_image_error)?
                 .ok_or_else(|| {
-                    Status::not_found(format!(
+                    Error::not_found(format!(
                         "CreateContainer: image {:?} of the volume at {} not found: pull it first",
                         shown(name),
                         shown(&m.container_path)
@@ -54,13 +54,13 @@ impl Inner {
                 })?;
             let target = bundle.join("volumes").join(n.to_string());
             crishim_sys::hostfs::create_private_dir(&target)
-                .map_err(|e| Status::internal(format!("creating {}: {e}", target.display())))?;
+                .map_err(|e| Error::internal(format!("creating {}: {e}", target.display())))?;
             self.images
                 .mount_volume(&image, &volume_id(id, n), &target)
                 .await
                 .map_err(from_image_error)?;
             let source = resolve_in_root(&target, &m.image_sub_path).map_err(|why| {
-                Status::invalid_argument(format!(
+                Error::invalid_argument(format!(
                     "CreateContainer: image_sub_path {:?} of the volume at {}: {why}",
                     shown(&m.image_sub_path),
                     shown(&m.container_path)

@@ -2,10 +2,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::errors::Error;
 use crishim_proto::cri::{
     FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse, UInt64Value,
 };
-use tonic::Status;
 
 use super::{errors::from_image_error, ImageService};
 
@@ -13,11 +13,11 @@ impl ImageService {
     pub(super) async fn do_image_fs_info(
         &self,
         _req: ImageFsInfoRequest,
-    ) -> Result<ImageFsInfoResponse, Status> {
+    ) -> Result<ImageFsInfoResponse, Error> {
         let store = self.store.clone();
         let usage = tokio::task::spawn_blocking(move || store.usage())
             .await
-            .map_err(|e| Status::internal(format!("ImageFsInfo: {e}")))?
+            .map_err(|e| Error::internal(format!("ImageFsInfo: {e}")))?
             .map_err(from_image_error)?;
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)

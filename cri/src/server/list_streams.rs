@@ -9,6 +9,8 @@ use futures::Stream;
 use prost::Message;
 use tonic::Status;
 
+use super::errors::Error;
+
 use super::runtime_service::RuntimeService;
 use super::ImageService;
 
@@ -45,7 +47,7 @@ impl RuntimeService {
     pub(super) async fn do_stream_pod_sandboxes(
         &self,
         req: cri::StreamPodSandboxesRequest,
-    ) -> Result<Chunks<cri::StreamPodSandboxesResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamPodSandboxesResponse>, Error> {
         let list = cri::ListPodSandboxRequest { filter: req.filter };
         let items = self.do_list_pod_sandbox(list).await?.items;
         Ok(chunked(items, |pod_sandboxes| {
@@ -56,7 +58,7 @@ impl RuntimeService {
     pub(super) async fn do_stream_containers(
         &self,
         req: cri::StreamContainersRequest,
-    ) -> Result<Chunks<cri::StreamContainersResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamContainersResponse>, Error> {
         let list = cri::ListContainersRequest { filter: req.filter };
         let items = self.do_list_containers(list).await?.containers;
         Ok(chunked(items, |containers| cri::StreamContainersResponse {
@@ -67,7 +69,7 @@ impl RuntimeService {
     pub(super) async fn do_stream_container_stats(
         &self,
         req: cri::StreamContainerStatsRequest,
-    ) -> Result<Chunks<cri::StreamContainerStatsResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamContainerStatsResponse>, Error> {
         let list = cri::ListContainerStatsRequest { filter: req.filter };
         let items = self.do_list_container_stats(list).await?.stats;
         Ok(chunked(items, |container_stats| {
@@ -78,7 +80,7 @@ impl RuntimeService {
     pub(super) async fn do_stream_pod_sandbox_stats(
         &self,
         req: cri::StreamPodSandboxStatsRequest,
-    ) -> Result<Chunks<cri::StreamPodSandboxStatsResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamPodSandboxStatsResponse>, Error> {
         let list = cri::ListPodSandboxStatsRequest { filter: req.filter };
         let items = self.do_list_pod_sandbox_stats(list).await?.stats;
         Ok(chunked(items, |pod_sandbox_stats| {
@@ -89,7 +91,7 @@ impl RuntimeService {
     pub(super) async fn do_stream_pod_sandbox_metrics(
         &self,
         _req: cri::StreamPodSandboxMetricsRequest,
-    ) -> Result<Chunks<cri::StreamPodSandboxMetricsResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamPodSandboxMetricsResponse>, Error> {
         let list = cri::ListPodSandboxMetricsRequest {};
         let items = self.do_list_pod_sandbox_metrics(list).await?.pod_metrics;
         Ok(chunked(items, |pod_sandbox_metrics| {
@@ -104,7 +106,7 @@ impl ImageService {
     pub(super) async fn do_stream_images(
         &self,
         req: cri::StreamImagesRequest,
-    ) -> Result<Chunks<cri::StreamImagesResponse>, Status> {
+    ) -> Result<Chunks<cri::StreamImagesResponse>, Error> {
         let list = cri::ListImagesRequest { filter: req.filter };
         let items = self.do_list_images(list).await?.images;
         Ok(chunked(items, |images| cri::StreamImagesResponse {

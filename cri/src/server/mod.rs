@@ -59,6 +59,8 @@ use std::sync::Arc;
 use crishim_images::ImageStore;
 use crishim_proto::cri;
 use tonic::{Request, Response, Status};
+
+use errors::Error;
 use tracing::{debug, warn};
 
 /// The CRI `ImageService`.
@@ -119,23 +121,24 @@ impl runtime_service::Inner {
     }
 }
 
-/// Run one call, then log its outcome once, at the edge, and count it in the metrics.
+/// The edge: run one call, log its outcome once, count it in the metrics, and turn its error
+/// into the gRPC status the client gets (the only place one is made, `From<Error> for Status`).
 async fn logged<T>(
     rpc: &'static str,
-    call: impl std::future::Future<Output = Result<T, Status>>,
+    call: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<Response<T>, Status> {
     let t0 = std::time::Instant::now();
     let r = call.await;
-    let code = r.as_ref().map_or_else(|s| s.code(), |_| tonic::Code::Ok);
+    let code = r.as_ref().map_or_else(|e| e.code(), |_| tonic::Code::Ok);
     crate::metrics::global().request(rpc, code, t0.elapsed());
     match r {
         Ok(v) => {
             debug!(rpc, "ok");
             Ok(Response::new(v))
         }
-        Err(s) => {
-            warn!(rpc, code = ?s.code(), message = s.message(), "failed");
-            Err(s)
+        Err(e) => {
+            warn!(rpc, code = ?e.code(), message = %e, "failed");
+            Err(e.into())
         }
     }
 }

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 
+use super::errors::Error;
 use crishim_proto::shim::{InfraSpec, OciRuntimeSpec};
-use tonic::Status;
 
 use super::runtime_service::SHIM_TIMEOUT;
 use crishim_cni::{netns, Cni, CniError, NetworkResult};
@@ -30,7 +30,7 @@ pub trait PodShims: Send + Sync {
         dir: &Path,
         infra: &InfraSpec,
         oci: Option<&OciRuntimeSpec>,
-    ) -> Result<i32, Status>;
+    ) -> Result<i32, Error>;
 
     /// Kill and delete the containers a dead shim left in `dir`.
     async fn cleanup_dead(&self, dir: &Path);
@@ -84,13 +84,13 @@ pub trait PodNetwork: Send + Sync {
 /// The pod's files on the host that its containers bind-mount.
 pub trait PodFiles: Send + Sync {
     /// Mount the pod's /dev/shm (a bounded tmpfs) at `dir`, made first.
-    fn mount_shm(&self, dir: &Path) -> Result<(), Status>;
+    fn mount_shm(&self, dir: &Path) -> Result<(), Error>;
 
     /// Unmount the pod's /dev/shm at `dir`, where it is mounted.
     fn unmount_shm(&self, dir: &Path) -> std::io::Result<()>;
 
     /// Mount the pod files' own tmpfs at `dir` and write each `(name, content)` there, 0644.
-    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status>;
+    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Error>;
 
     /// Remove one of the pod's directories, detaching a mount at it first; a missing one is
     /// fine.
@@ -121,9 +121,9 @@ impl PodShims for ProcessPodShims {
         dir: &Path,
         infra: &InfraSpec,
         oci: Option<&OciRuntimeSpec>,
-    ) -> Result<i32, Status> {
+    ) -> Result<i32, Error> {
         let infra_json =
-            serde_json::to_string(infra).map_err(|e| Status::internal(e.to_string()))?;
+            serde_json::to_string(infra).map_err(|e| Error::internal(e.to_string()))?;
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.arg("start")
             .arg("--dir")
@@ -133,7 +133,7 @@ impl PodShims for ProcessPodShims {
             .arg("--seccomp-cache")
             .arg(&self.seccomp_cache);
         if let Some(oci) = oci {
-            let json = serde_json::to_string(oci).map_err(|e| Status::internal(e.to_string()))?;
+            let json = serde_json::to_string(oci).map_err(|e| Error::internal(e.to_string()))?;
             cmd.arg("--oci-runtime").arg(json);
         }
         // `crishim-shim start` exits once the shim it forked is ready, printing `ok <infra pid>`
@@ -145,9 +145,7 @@ impl PodShims for ProcessPodShims {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| {
-                Status::internal(format!("running shim {}: {e}", self.binary.display()))
-            })?;
+            .map_err(|e| Error::internal(format!("running shim {}: {e}", self.binary.display())))?;
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let run = async {
@@ -159,23 +157,23 @@ impl PodShims for ProcessPodShims {
         };
         let (status, stdout, stderr) = match tokio::time::timeout(SHIM_TIMEOUT, run).await {
             Ok(out) => out.map_err(|e| {
-                Status::internal(format!("waiting for shim {}: {e}", self.binary.display()))
+                Error::internal(format!("waiting for shim {}: {e}", self.binary.display()))
             })?,
             Err(_) => {
-                return Err(Status::internal(format!(
+                return Err(Error::internal(format!(
                     "the pod's shim did not report ready in {}s",
                     SHIM_TIMEOUT.as_secs()
                 )))
             }
         };
         if !status.success() {
-            return Err(Status::internal(format!(
+            return Err(Error::internal(format!(
                 "starting the pod's shim failed: {}",
                 String::from_utf8_lossy(&stderr).trim()
             )));
         }
         crishim_proto::shim::parse_ready(&stdout)
-            .map_err(|why| Status::internal(format!("starting the pod's shim failed: {why}")))
+            .map_err(|why| Error::internal(format!("starting the pod's shim failed: {why}")))
     }
 
     async fn cleanup_dead(&self, dir: &Path) {
@@ -260,7 +258,7 @@ impl PodNetwork for CniPodNetwork {
 pub struct HostPodFiles;
 
 impl PodFiles for HostPodFiles {
-    fn mount_shm(&self, dir: &Path) -> Result<(), Status> {
+    fn mount_shm(&self, dir: &Path) -> Result<(), Error> {
         super::sandbox_run::mount_shm(dir)
     }
 
@@ -271,7 +269,7 @@ impl PodFiles for HostPodFiles {
         Ok(())
     }
 
-    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status> {
+    fn write(&self, dir: &Path, files: &[(&str, String); 3]) -> Result<(), Error> {
         super::sandbox_run::write_pod_files(dir, files)
     }
 

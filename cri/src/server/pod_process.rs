@@ -13,7 +13,7 @@
 
 use std::os::unix::fs::MetadataExt as _;
 
-use tonic::Status;
+use super::errors::Error;
 
 use crishim_proto::shim::{Request, Response};
 use crishim_state::records::{PodRecord, PodState};
@@ -26,10 +26,10 @@ impl Inner {
     /// `pod`'s infra process, held by pidfd: the pod is ready, the process holds the recorded
     /// pid, and (unless the pod is on the host's network) its network namespace is the pod's
     /// pinned one. `FailedPrecondition` otherwise, naming what is missing.
-    pub(super) fn infra_process(&self, pod: &PodRecord, rpc: &str) -> Result<ProcessFd, Status> {
+    pub(super) fn infra_process(&self, pod: &PodRecord, rpc: &str) -> Result<ProcessFd, Error> {
         ready(pod, rpc)?;
         let exited = || {
-            Status::failed_precondition(format!(
+            Error::failed_precondition(format!(
                 "{rpc}: the infra process of pod sandbox {} has exited",
                 pod.id
             ))
@@ -48,7 +48,7 @@ impl Inner {
             .and_then(|f| f.metadata())
             .map_err(|_| exited())?;
         if (pinned.dev(), pinned.ino()) != (live.dev(), live.ino()) {
-            return Err(Status::failed_precondition(format!(
+            return Err(Error::failed_precondition(format!(
                 "{rpc}: pid {} is no longer the infra process of pod sandbox {}",
                 pod.infra_pid, pod.id
             )));
@@ -94,14 +94,14 @@ impl Inner {
 
     /// `FailedPrecondition` unless the pod of container `pod_id` is ready: a stopped pod's
     /// containers take no exec or attach.
-    pub(super) fn pod_ready(&self, pod_id: &str, rpc: &str) -> Result<(), Status> {
+    pub(super) fn pod_ready(&self, pod_id: &str, rpc: &str) -> Result<(), Error> {
         ready(&self.store.pod(pod_id).map_err(from_store_error)?, rpc)
     }
 }
 
-fn ready(pod: &PodRecord, rpc: &str) -> Result<(), Status> {
+fn ready(pod: &PodRecord, rpc: &str) -> Result<(), Error> {
     if pod.state != PodState::Ready {
-        return Err(Status::failed_precondition(format!(
+        return Err(Error::failed_precondition(format!(
             "{rpc}: pod sandbox {} is not ready (stopped)",
             pod.id
         )));

@@ -11,7 +11,7 @@ use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatu
 use crishim_state::records::ContainerRecord;
 use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
-use super::errors::unexpected;
+use super::errors::{unexpected, Error};
 use super::list_streams::Chunks;
 use super::logged;
 use super::pod_host::{
@@ -398,7 +398,7 @@ impl Inner {
 
     /// Send a shim request that answers `Ok` (updates, kills, deletes: cgroup work under the
     /// systemd driver).
-    pub(super) async fn shim_ok(&self, pod_id: &str, req: Request) -> Result<(), Status> {
+    pub(super) async fn shim_ok(&self, pod_id: &str, req: Request) -> Result<(), Error> {
         let timeout = self.cgroup_request_timeout();
         match self.shim_call(pod_id, &req, timeout).await? {
             Response::Ok | Response::State(_) => Ok(()),
@@ -592,10 +592,13 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         &self,
         _r: GrpcRequest<cri::CheckpointContainerRequest>,
     ) -> Result<GrpcResponse<cri::CheckpointContainerResponse>, Status> {
-        Err(Status::unimplemented(
-            "CheckpointContainer is not supported: checkpointing a container (KEP-2008) needs \
-             CRIU, which crishim does not drive",
-        ))
+        logged("CheckpointContainer", async {
+            Err(Error::unimplemented(
+                "CheckpointContainer is not supported: checkpointing a container (KEP-2008) \
+                 needs CRIU, which crishim does not drive",
+            ))
+        })
+        .await
     }
     async fn list_metric_descriptors(
         &self,

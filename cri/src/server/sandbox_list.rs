@@ -1,7 +1,7 @@
 //! `ListPodSandbox`, with its id, state and label filters.
 
+use super::errors::Error;
 use crishim_proto::cri::{self, ListPodSandboxRequest, ListPodSandboxResponse};
-use tonic::Status;
 
 use super::runtime_service::RuntimeService;
 use super::sandbox_status::cri_state;
@@ -10,7 +10,7 @@ impl RuntimeService {
     pub(super) async fn do_list_pod_sandbox(
         &self,
         req: ListPodSandboxRequest,
-    ) -> Result<ListPodSandboxResponse, Status> {
+    ) -> Result<ListPodSandboxResponse, Error> {
         let f = req.filter.unwrap_or_default();
         let items = self.inner.pods_viewed(&f.id, &f.label_selector, |p| {
             let state = cri_state(p.state);

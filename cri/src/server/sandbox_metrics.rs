@@ -7,12 +7,12 @@
 //! metrics add `interface` and belong to the pod (cAdvisor's `POD` container). CRI values are
 //! integers, so the seconds counters count whole seconds, as CRI-O's do.
 
+use super::errors::Error;
 use crishim_proto::cri::{
     self, ListMetricDescriptorsRequest, ListMetricDescriptorsResponse,
     ListPodSandboxMetricsRequest, ListPodSandboxMetricsResponse, MetricType,
 };
 use crishim_state::records::{ContainerRecord, PodRecord, PodState};
-use tonic::Status;
 
 use super::runtime_service::RuntimeService;
 
@@ -212,7 +212,7 @@ impl RuntimeService {
     pub(super) async fn do_list_metric_descriptors(
         &self,
         _req: ListMetricDescriptorsRequest,
-    ) -> Result<ListMetricDescriptorsResponse, Status> {
+    ) -> Result<ListMetricDescriptorsResponse, Error> {
         Ok(ListMetricDescriptorsResponse {
             descriptors: FAMILIES
                 .iter()
@@ -228,7 +228,7 @@ impl RuntimeService {
     pub(super) async fn do_list_pod_sandbox_metrics(
         &self,
         _req: ListPodSandboxMetricsRequest,
-    ) -> Result<ListPodSandboxMetricsResponse, Status> {
+    ) -> Result<ListPodSandboxMetricsResponse, Error> {
         let inner = &self.inner;
         let mut pods = inner.pods_viewed("", &Default::default(), |p| {
             (p.state == PodState::Ready).then(|| p.clone())

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
+use super::errors::Error;
 use crishim_state::records::PodRecord;
-use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::Inner;
@@ -53,12 +53,15 @@ impl Inner {
     /// CNI ADD for a pod with its own network namespace: the daemon's, made and pinned at
     /// [`Self::netns_path`] before the shim started (without a CNI config, RunPodSandbox makes
     /// none and the pod keeps only the infra's loopback). Returns the pod's IPs, primary first.
-    pub(super) async fn setup_network(&self, pod: &PodRecord) -> Result<Vec<String>, Status> {
+    pub(super) async fn setup_network(&self, pod: &PodRecord) -> Result<Vec<String>, Error> {
         let result = self
             .network
             .add(&self.cni_request(pod))
             .await
-            .map_err(|e| Status::unknown(format!("setting up the pod network: {e}")))?;
+            .map_err(|source| Error::Cni {
+                what: "setting up",
+                source,
+            })?;
         let mut ips: Vec<String> = result.ips.iter().map(|ip| ip.to_string()).collect();
         if let Some(primary) = result.pod_ip() {
             // Primary first, as PodSandboxStatus reports it.
@@ -79,7 +82,7 @@ impl Inner {
 
     /// CNI DEL and unpinning; idempotent. On failure the pin and the CNI cache stay, so a later
     /// stop or remove retries it.
-    pub(super) async fn teardown_network(&self, pod: &PodRecord) -> Result<(), Status> {
+    pub(super) async fn teardown_network(&self, pod: &PodRecord) -> Result<(), Error> {
         if pod.host_network {
             return Ok(());
         }
@@ -88,15 +91,16 @@ impl Inner {
         if cached || path.exists() {
             match self.network.del(&self.cni_request(pod)).await {
                 Ok(()) | Err(CniError::NoConfig(_)) => {}
-                Err(e) => {
-                    return Err(Status::unknown(format!(
-                        "tearing down the pod network: {e}"
-                    )))
+                Err(source) => {
+                    return Err(Error::Cni {
+                        what: "tearing down",
+                        source,
+                    })
                 }
             }
         }
         self.network
             .remove_netns(&path)
-            .map_err(|e| Status::internal(format!("unpinning {}: {e}", path.display())))
+            .map_err(|e| Error::internal(format!("unpinning {}: {e}", path.display())))
     }
 }

@@ -1,9 +1,9 @@
 //! `RemovePodSandbox`: stop the pod if needed, remove its containers, files and record. Removing a
 //! pod that does not exist succeeds, as the CRI asks.
 
+use super::errors::Error;
 use crishim_proto::cri::{ContainerEventType, RemovePodSandboxRequest, RemovePodSandboxResponse};
 use crishim_state::records::PodRecord;
-use tonic::Status;
 use tracing::info;
 
 use super::errors::from_store_error;
@@ -14,7 +14,7 @@ impl RuntimeService {
     pub(super) async fn do_remove_pod_sandbox(
         &self,
         req: RemovePodSandboxRequest,
-    ) -> Result<RemovePodSandboxResponse, Status> {
+    ) -> Result<RemovePodSandboxResponse, Error> {
         let inner = &self.inner;
         let pod = match inner.store.pod(&req.pod_sandbox_id) {
             Ok(p) => p,
@@ -29,7 +29,7 @@ impl RuntimeService {
 
 impl Inner {
     /// Stop the pod if needed, then remove its containers, files, record and name.
-    pub(super) async fn remove_pod(&self, pod: &PodRecord) -> Result<(), Status> {
+    pub(super) async fn remove_pod(&self, pod: &PodRecord) -> Result<(), Error> {
         self.stop_pod(&pod.id).await?;
         let mut phases = super::sandbox_stop::Phases::new("RemovePodSandbox", &pod.id);
         for c in self.store.pod_containers(&pod.id) {
@@ -40,7 +40,7 @@ impl Inner {
         for dir in self.pod_dirs(&pod.id) {
             self.pod_files
                 .remove_dir(&dir)
-                .map_err(|e| Status::internal(format!("removing {}: {e}", dir.display())))?;
+                .map_err(|e| Error::internal(format!("removing {}: {e}", dir.display())))?;
         }
         phases.done("directories");
         // Announced while the pod is still known: the event carries its status.

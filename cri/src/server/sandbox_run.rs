@@ -4,11 +4,11 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
+use super::errors::Error;
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
 use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use nix::mount::MsFlags;
-use tonic::Status;
 use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
@@ -29,22 +29,22 @@ impl RuntimeService {
     pub(super) async fn do_run_pod_sandbox(
         &self,
         req: RunPodSandboxRequest,
-    ) -> Result<RunPodSandboxResponse, Status> {
+    ) -> Result<RunPodSandboxResponse, Error> {
         let inner = &self.inner;
         let config = req
             .config
-            .ok_or_else(|| Status::invalid_argument("RunPodSandbox: config is required"))?;
+            .ok_or_else(|| Error::invalid_argument("RunPodSandbox: config is required"))?;
         let meta = config
             .metadata
             .clone()
-            .ok_or_else(|| Status::invalid_argument("RunPodSandbox: metadata is required"))?;
+            .ok_or_else(|| Error::invalid_argument("RunPodSandbox: metadata is required"))?;
         if meta.name.is_empty() || meta.namespace.is_empty() || meta.uid.is_empty() {
-            return Err(Status::invalid_argument(
+            return Err(Error::invalid_argument(
                 "RunPodSandbox: metadata needs name, namespace and uid",
             ));
         }
         if !config.log_directory.is_empty() && !Path::new(&config.log_directory).is_absolute() {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid_argument(format!(
                 "RunPodSandbox: log_directory {:?} must be an absolute path",
                 config.log_directory
             )));
@@ -61,7 +61,7 @@ impl RuntimeService {
         check_selinux("RunPodSandbox", pod_selinux, Lsm::of_host())?;
         check_sysctls(&config)?;
         let userns = crishim_spec::userns::from_pod(&config)
-            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
+            .map_err(|m| Error::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let id = new_id_status()?;
         let name = pod_name(&meta);
         inner
@@ -123,7 +123,7 @@ fn sysctl_namespace(key: &str) -> Option<&'static str> {
 
 /// The hostname goes to `sethostname` (64 bytes at most) and into the pod's `/etc/hostname` and
 /// `/etc/hosts`, where a newline would add entries: a DNS name, as Kubernetes validates it.
-fn check_hostname(hostname: &str) -> Result<(), Status> {
+fn check_hostname(hostname: &str) -> Result<(), Error> {
     let ok = hostname.len() <= 64
         && hostname
             .bytes()
@@ -132,7 +132,7 @@ fn check_hostname(hostname: &str) -> Result<(), Status> {
         return Ok(());
     }
     let shown: String = hostname.chars().take(80).collect();
-    Err(Status::invalid_argument(format!(
+    Err(Error::invalid_argument(format!(
         "RunPodSandbox: hostname {shown:?} must be at most 64 characters of [A-Za-z0-9._-]"
     )))
 }
@@ -145,7 +145,7 @@ impl Inner {
         &self,
         rpc: &str,
         name: &str,
-    ) -> Result<&crate::runtimes::RuntimeHandlerConfig, Status> {
+    ) -> Result<&crate::runtimes::RuntimeHandlerConfig, Error> {
         known_handler(&self.handlers, rpc, name)
     }
 }
@@ -155,9 +155,9 @@ pub(super) fn known_handler<'a>(
     handlers: &'a crate::runtimes::Handlers,
     rpc: &str,
     name: &str,
-) -> Result<&'a crate::runtimes::RuntimeHandlerConfig, Status> {
+) -> Result<&'a crate::runtimes::RuntimeHandlerConfig, Error> {
     handlers.get(name).ok_or_else(|| {
-        Status::invalid_argument(format!(
+        Error::invalid_argument(format!(
             "{rpc}: runtime handler {:?} is not configured on this node; its handlers are {}",
             shown(name),
             handlers.names()
@@ -168,14 +168,14 @@ pub(super) fn known_handler<'a>(
 /// A pod in the node's network namespace is in its UTS namespace too, so it cannot have a name
 /// of its own: refused, as containerd does, rather than a `HOSTNAME=` that differs from
 /// `hostname`.
-fn check_host_network_hostname(config: &cri::PodSandboxConfig) -> Result<(), Status> {
+fn check_host_network_hostname(config: &cri::PodSandboxConfig) -> Result<(), Error> {
     let ns = config
         .linux
         .as_ref()
         .and_then(|l| l.security_context.as_ref())
         .and_then(|s| s.namespace_options.as_ref());
     if mode(ns, |o| o.network) == NamespaceMode::Node && !config.hostname.is_empty() {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "RunPodSandbox: a pod on the host network cannot set hostname {:?}: it shares the \
              node's name; leave hostname empty",
             config.hostname
@@ -191,7 +191,7 @@ const MAX_SYSCTL_VALUE: usize = 4096;
 /// A sysctl name becomes a path under `/proc/sys`: only `[A-Za-z0-9_-]` components, split by `.`
 /// or `/`, none empty (so no `..`, no leading `/`). A value is text without control characters
 /// but tabs (`net.ipv4.ip_local_port_range = "1024\t65000"`).
-fn check_sysctl_text(key: &str, value: &str) -> Result<(), Status> {
+fn check_sysctl_text(key: &str, value: &str) -> Result<(), Error> {
     let shown = |s: &str| s.chars().take(80).collect::<String>();
     let key_ok = key.len() <= MAX_SYSCTL_KEY
         && key.split(['.', '/']).all(|c| {
@@ -200,14 +200,14 @@ fn check_sysctl_text(key: &str, value: &str) -> Result<(), Status> {
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
         });
     if !key_ok {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "RunPodSandbox: sysctl name {:?} must be at most {MAX_SYSCTL_KEY} characters of \
              [A-Za-z0-9_-] components split by '.' or '/'",
             shown(key)
         )));
     }
     if value.len() > MAX_SYSCTL_VALUE || value.chars().any(|c| c.is_control() && c != '\t') {
-        return Err(Status::invalid_argument(format!(
+        return Err(Error::invalid_argument(format!(
             "RunPodSandbox: the value of sysctl {key:?} must be at most {MAX_SYSCTL_VALUE} bytes \
              without control characters, got {:?}",
             shown(value)
@@ -217,7 +217,7 @@ fn check_sysctl_text(key: &str, value: &str) -> Result<(), Status> {
 }
 
 /// A pod may set only sysctls of namespaces it owns: never one of the node's.
-fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Status> {
+fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Error> {
     let linux = config.linux.clone().unwrap_or_default();
     let ns = linux
         .security_context
@@ -236,7 +236,7 @@ fn check_sysctls(config: &cri::PodSandboxConfig) -> Result<(), Status> {
             Some(_) => None,
         };
         if let Some(why) = refuse {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid_argument(format!(
                 "RunPodSandbox: sysctl {key:?} is refused: {why}"
             )));
         }
@@ -261,7 +261,7 @@ impl Inner {
         config: cri::PodSandboxConfig,
         userns: Option<crishim_spec::userns::IdMaps>,
         runtime_handler: String,
-    ) -> Result<(), Status> {
+    ) -> Result<(), Error> {
         let linux = config.linux.clone().unwrap_or_default();
         let ns = linux
             .security_context
@@ -275,7 +275,7 @@ impl Inner {
         let cgroup_driver = self.config.cgroup_driver;
         let cgroup_parent = cgroup_driver
             .pod_parent(&linux.cgroup_parent, id, DEFAULT_CGROUP_PARENT)
-            .map_err(|m| Status::invalid_argument(format!("RunPodSandbox: {m}")))?;
+            .map_err(|m| Error::invalid_argument(format!("RunPodSandbox: {m}")))?;
         let mut record = PodRecord {
             id: id.to_string(),
             runtime_handler,
@@ -309,7 +309,7 @@ impl Inner {
 
         for d in [&files, &state] {
             crishim_sys::hostfs::create_private_dir(d)
-                .map_err(|e| Status::internal(format!("creating {}: {e}", d.display())))?;
+                .map_err(|e| Error::internal(format!("creating {}: {e}", d.display())))?;
         }
         phases.done("directories");
         let hostname = if host_network {
@@ -337,7 +337,7 @@ impl Inner {
         };
         if let Some(path) = &netns {
             self.network.take_netns(path).map_err(|e| {
-                Status::internal(format!(
+                Error::internal(format!(
                     "making the pod's network namespace at {}: {e}",
                     path.display()
                 ))
@@ -389,7 +389,7 @@ impl Inner {
             if !host_ipc {
                 self.pod_files.mount_shm(&state.join("shm"))?;
             }
-            Ok::<(), Status>(())
+            Ok::<(), Error>(())
         };
         // The CNI ADD is the longest: its first plugin is spawned first (a spawn blocks the
         // thread until the child has exec'd), the shim next.
@@ -407,7 +407,7 @@ impl Inner {
             self.network
                 .pin_netns(record.infra_pid as u32, &path)
                 .map_err(|e| {
-                    Status::internal(format!(
+                    Error::internal(format!(
                         "pinning the pod's network namespace at {}: {e}",
                         path.display()
                     ))
@@ -423,7 +423,7 @@ impl Inner {
     }
 
     /// Start the pod's shim (which starts the infra process); returns the infra pid.
-    async fn start_shim(&self, id: &str, infra: &InfraSpec, handler: &str) -> Result<i32, Status> {
+    async fn start_shim(&self, id: &str, infra: &InfraSpec, handler: &str) -> Result<i32, Error> {
         let dir = self.pod_state_dir(id);
         let oci = self
             .handler("RunPodSandbox", handler)?
@@ -438,9 +438,9 @@ impl Inner {
 }
 
 /// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
-pub(super) fn mount_shm(dir: &Path) -> Result<(), Status> {
+pub(super) fn mount_shm(dir: &Path) -> Result<(), Error> {
     crishim_sys::hostfs::create_private_dir(dir)
-        .map_err(|e| Status::internal(format!("creating {}: {e}", dir.display())))?;
+        .map_err(|e| Error::internal(format!("creating {}: {e}", dir.display())))?;
     nix::mount::mount(
         Some("shm"),
         dir,
@@ -449,7 +449,7 @@ pub(super) fn mount_shm(dir: &Path) -> Result<(), Status> {
         Some(format!("mode=1777,{SHM_SIZE}").as_str()),
     )
     .map_err(|e| {
-        Status::internal(format!(
+        Error::internal(format!(
             "mounting the pod's /dev/shm at {}: {e}",
             dir.display()
         ))
@@ -457,7 +457,7 @@ pub(super) fn mount_shm(dir: &Path) -> Result<(), Status> {
 }
 
 /// The pod files' own bounded tmpfs (see [`POD_FILES_TMPFS`]), at their directory.
-fn mount_pod_files(dir: &Path) -> Result<(), Status> {
+fn mount_pod_files(dir: &Path) -> Result<(), Error> {
     nix::mount::mount(
         Some("crishim-pod-files"),
         dir,
@@ -466,7 +466,7 @@ fn mount_pod_files(dir: &Path) -> Result<(), Status> {
         Some(POD_FILES_TMPFS),
     )
     .map_err(|e| {
-        Status::internal(format!(
+        Error::internal(format!(
             "mounting the pod files' tmpfs at {}: {e}",
             dir.display()
         ))
@@ -505,7 +505,7 @@ fn pod_file_contents(
 }
 
 /// The pod's files on their own tmpfs at `dir`.
-pub(super) fn write_pod_files(dir: &Path, files: &[(&str, String); 3]) -> Result<(), Status> {
+pub(super) fn write_pod_files(dir: &Path, files: &[(&str, String); 3]) -> Result<(), Error> {
     // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
     // (the directory holding them is root's alone).
     mount_pod_files(dir)?;
@@ -513,7 +513,7 @@ pub(super) fn write_pod_files(dir: &Path, files: &[(&str, String); 3]) -> Result
         let path = dir.join(name);
         std::fs::write(&path, data)
             .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
-            .map_err(|e| Status::internal(format!("writing pod {name}: {e}")))?;
+            .map_err(|e| Error::internal(format!("writing pod {name}: {e}")))?;
     }
     Ok(())
 }

@@ -4,13 +4,13 @@
 //! containers') and its containers' stats. A pod that is not ready gets its attributes only, as
 //! in containerd.
 
+use super::errors::Error;
 use crishim_proto::cri::{
     self, ListPodSandboxStatsRequest, ListPodSandboxStatsResponse, PodSandboxStatsRequest,
     PodSandboxStatsResponse,
 };
 use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::{now_nanos, PodRecord, PodState};
-use tonic::Status;
 
 use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
 use super::errors::from_store_error;
@@ -25,7 +25,7 @@ impl RuntimeService {
     pub(super) async fn do_pod_sandbox_stats(
         &self,
         req: PodSandboxStatsRequest,
-    ) -> Result<PodSandboxStatsResponse, Status> {
+    ) -> Result<PodSandboxStatsResponse, Error> {
         let pod = self
             .inner
             .store
@@ -39,7 +39,7 @@ impl RuntimeService {
     pub(super) async fn do_list_pod_sandbox_stats(
         &self,
         req: ListPodSandboxStatsRequest,
-    ) -> Result<ListPodSandboxStatsResponse, Status> {
+    ) -> Result<ListPodSandboxStatsResponse, Error> {
         let f = req.filter.unwrap_or_default();
         let mut pods = self
             .inner

@@ -2,9 +2,9 @@
 
 use std::collections::HashMap;
 
+use super::errors::Error;
 use crishim_proto::cri::{self, PodSandboxStatusRequest, PodSandboxStatusResponse};
 use crishim_state::records::{PodRecord, PodState};
-use tonic::Status;
 
 use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
@@ -13,7 +13,7 @@ impl RuntimeService {
     pub(super) async fn do_pod_sandbox_status(
         &self,
         req: PodSandboxStatusRequest,
-    ) -> Result<PodSandboxStatusResponse, Status> {
+    ) -> Result<PodSandboxStatusResponse, Error> {
         let pod = self
             .inner
             .store

@@ -1,10 +1,10 @@
 //! `StopPodSandbox`: force-stop every container, then shut the shim and infra process down and
 //! unmount the pod's /dev/shm. Idempotent; container records stay until the pod is removed.
 
+use super::errors::Error;
 use crishim_proto::cri::{ContainerEventType, StopPodSandboxRequest, StopPodSandboxResponse};
 use crishim_proto::shim::{paths, Request};
 use crishim_state::records::PodState;
-use tonic::Status;
 use tracing::{info, warn};
 
 use super::errors::from_store_error;
@@ -15,7 +15,7 @@ impl RuntimeService {
     pub(super) async fn do_stop_pod_sandbox(
         &self,
         req: StopPodSandboxRequest,
-    ) -> Result<StopPodSandboxResponse, Status> {
+    ) -> Result<StopPodSandboxResponse, Error> {
         let inner = &self.inner;
         let pod = inner
             .store
@@ -28,7 +28,7 @@ impl RuntimeService {
 }
 
 impl Inner {
-    pub(super) async fn stop_pod(&self, pod_id: &str) -> Result<(), Status> {
+    pub(super) async fn stop_pod(&self, pod_id: &str) -> Result<(), Error> {
         let mut phases = Phases::new("StopPodSandbox", pod_id);
         // Refresh first so each container's final state is recorded before the shim goes.
         for c in self.store.pod_containers(pod_id) {
@@ -49,7 +49,7 @@ impl Inner {
     /// Stop the pod's processes ([`teardown_pod`](Self::teardown_pod)), then record its
     /// containers' final states and the pod as not ready: it is, whatever becomes of its
     /// network (a failed DEL is retried by the next stop or the remove).
-    async fn stop_processes(&self, pod_id: &str) -> Result<(), Status> {
+    async fn stop_processes(&self, pod_id: &str) -> Result<(), Error> {
         self.teardown_pod(pod_id).await;
         // The shim is gone, and so is what its Watch stream told: the final states are read
         // from the exit records it left (the stream's task may not have seen its end yet).

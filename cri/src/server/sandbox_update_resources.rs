@@ -4,10 +4,10 @@
 //! (`kubepods/…/pod<uid>`, or any slice) the kubelet has already set them, and the call only
 //! checks them, as containerd does.
 
+use super::errors::Error;
 use crishim_proto::cri::{UpdatePodSandboxResourcesRequest, UpdatePodSandboxResourcesResponse};
 use crishim_state::records::PodRecord;
 use oci_spec::runtime::LinuxResources;
-use tonic::Status;
 use tracing::info;
 
 use super::errors::{from_spec_error, from_store_error};
@@ -22,14 +22,14 @@ impl RuntimeService {
     pub(super) async fn do_update_pod_sandbox_resources(
         &self,
         req: UpdatePodSandboxResourcesRequest,
-    ) -> Result<UpdatePodSandboxResourcesResponse, Status> {
+    ) -> Result<UpdatePodSandboxResourcesResponse, Error> {
         let inner = &self.inner;
         let pod = inner
             .store
             .pod(&req.pod_sandbox_id)
             .map_err(from_store_error)?;
         let Some(resources) = req.resources else {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::invalid_argument(format!(
                 "{RPC}: resources are required"
             )));
         };
@@ -39,7 +39,7 @@ impl RuntimeService {
             return Ok(UpdatePodSandboxResourcesResponse {});
         };
         write_limits(&Cgroups::host(), &cgroup, &limits)
-            .map_err(|e| Status::internal(format!("{RPC}: writing to cgroup {cgroup}: {e}")))?;
+            .map_err(|e| Error::internal(format!("{RPC}: writing to cgroup {cgroup}: {e}")))?;
         info!(pod = %pod.id, cgroup = %cgroup, "pod resources updated");
         Ok(UpdatePodSandboxResourcesResponse {})
     }

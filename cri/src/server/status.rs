@@ -1,17 +1,17 @@
-//! `Status`: the runtime is ready once serving; the network only when a CNI config exists.
+//! `Error`: the runtime is ready once serving; the network only when a CNI config exists.
 
 use std::collections::HashMap;
 
+use super::errors::Error;
 use crishim_proto::cri::{
     RuntimeCondition, RuntimeFeatures, RuntimeHandler, RuntimeHandlerFeatures, RuntimeStatus,
     StatusRequest, StatusResponse,
 };
-use tonic::Status;
 
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
-    pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Status> {
+    pub(super) async fn do_status(&self, req: StatusRequest) -> Result<StatusResponse, Error> {
         // Read afresh on every call: a config that appears later turns the network ready.
         let ready = self.inner.network.ready();
         let network = RuntimeCondition {

@@ -1,13 +1,13 @@
 //! The stop signal: the container's own (`ContainerConfig.stop_signal`, Kubernetes 1.33 and
 //! later), else the image's `STOPSIGNAL`, else SIGTERM; reported back in `ContainerStatus`.
 
+use super::errors::Error;
 use crishim_proto::cri::Signal;
-use tonic::Status;
 
 /// The signal number a CRI `Signal` names; `None` for `RUNTIME_DEFAULT`.
-pub(super) fn from_cri(value: i32) -> Result<Option<i32>, Status> {
+pub(super) fn from_cri(value: i32) -> Result<Option<i32>, Error> {
     let signal = Signal::try_from(value).map_err(|_| {
-        Status::invalid_argument(format!(
+        Error::invalid_argument(format!(
             "CreateContainer: stop_signal {value} is not a signal"
         ))
     })?;
@@ -31,7 +31,7 @@ pub(super) fn from_cri(value: i32) -> Result<Option<i32>, Status> {
         }
     };
     number.map(Some).ok_or_else(|| {
-        Status::invalid_argument(format!(
+        Error::invalid_argument(format!(
             "CreateContainer: stop_signal {name} does not exist on Linux"
         ))
     })

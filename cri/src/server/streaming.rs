@@ -2,6 +2,7 @@
 //! pod's shim (which owns the containers' stdio), port forwards connect from inside the pod's
 //! network namespace.
 
+use super::errors::Error;
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
@@ -39,10 +40,10 @@ impl RuntimeService {
 }
 
 impl Inner {
-    pub(super) fn streaming(&self) -> Result<&crishim_streaming::Server, tonic::Status> {
+    pub(super) fn streaming(&self) -> Result<&crishim_streaming::Server, Error> {
         self.streaming
             .get()
-            .ok_or_else(|| tonic::Status::unavailable("the streaming server is not running"))
+            .ok_or_else(|| Error::unavailable("the streaming server is not running"))
     }
 }
 
@@ -299,12 +300,12 @@ async fn connect_in_netns(
 }
 
 /// Why a one-time URL could not be made, as a status: too many outstanding is retryable.
-pub(super) fn url_status(e: crishim_streaming::StreamingError) -> tonic::Status {
+pub(super) fn url_status(e: crishim_streaming::StreamingError) -> Error {
     match e {
         crishim_streaming::StreamingError::TooManyInFlight => {
-            tonic::Status::resource_exhausted(e.to_string())
+            Error::resource_exhausted(e.to_string())
         }
-        other => tonic::Status::internal(other.to_string()),
+        other => Error::internal(other.to_string()),
     }
 }
 

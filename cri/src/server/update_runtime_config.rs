@@ -1,7 +1,7 @@
 //! `UpdateRuntimeConfig`: the kubelet tells us the node's pod CIDR.
 
+use super::errors::Error;
 use crishim_proto::cri::{UpdateRuntimeConfigRequest, UpdateRuntimeConfigResponse};
-use tonic::Status;
 use tracing::info;
 
 use super::runtime_service::RuntimeService;
@@ -10,7 +10,7 @@ impl RuntimeService {
     pub(super) async fn do_update_runtime_config(
         &self,
         req: UpdateRuntimeConfigRequest,
-    ) -> Result<UpdateRuntimeConfigResponse, Status> {
+    ) -> Result<UpdateRuntimeConfigResponse, Error> {
         let cidr = req
             .runtime_config
             .and_then(|c| c.network_config)

@@ -1,12 +1,12 @@
 //! `Version`.
 
+use super::errors::Error;
 use crishim_proto::cri::{VersionRequest, VersionResponse};
-use tonic::Status;
 
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
-    pub(super) async fn do_version(&self, _req: VersionRequest) -> Result<VersionResponse, Status> {
+    pub(super) async fn do_version(&self, _req: VersionRequest) -> Result<VersionResponse, Error> {
         Ok(VersionResponse {
             version: "0.1.0".into(),
             runtime_name: "crishim".into(),
