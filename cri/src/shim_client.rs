@@ -8,6 +8,9 @@ use crishim_proto::shim::{paths, Request, Response, MAX_LINE};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
+/// How long a plain shim request may take.
+pub const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ShimError {
     #[error("shim at {0} is not reachable: {1}")]

@@ -8,8 +8,9 @@ use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
 use crishim_proto::shim::{truncate_exec_output, Request, Response};
 
 use super::errors::{from_store_error, unexpected};
-use super::runtime_service::{RuntimeService, SHIM_TIMEOUT};
+use super::runtime_service::RuntimeService;
 use crate::bounds::request_secs;
+use crate::shim_client::SHIM_TIMEOUT;
 
 impl RuntimeService {
     pub(super) async fn do_exec_sync(

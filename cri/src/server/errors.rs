@@ -6,7 +6,7 @@
 //! `From<Error> for Status`, the only place a status is built. The code says what the client can
 //! do about it; the message is the error's own, with its context.
 //!
-//! [`logged`]: super::logged
+//! [`logged`]: super::instrumented::logged
 
 use crishim_images::{ErrorKind as ImageErrorKind, ImageError};
 use crishim_proto::shim::{ErrorKind as ShimErrorKind, Response};

@@ -3,6 +3,7 @@
 
 mod container_attach;
 mod container_create;
+mod container_events;
 mod container_exec;
 mod container_exec_sync;
 mod container_list;
@@ -24,6 +25,7 @@ mod image_remove;
 mod image_status;
 mod image_volumes;
 mod imagefs_info;
+mod instrumented;
 #[cfg(test)]
 mod lifecycle_tests;
 mod list_streams;
@@ -57,11 +59,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crishim_images::ImageStore;
-use crishim_proto::cri;
-use tonic::{Request, Response, Status};
-
-use errors::Error;
-use tracing::{debug, warn};
 
 /// The CRI `ImageService`.
 #[derive(Clone)]
@@ -118,74 +115,5 @@ impl runtime_service::Inner {
                 .then(|| view(p))
                 .flatten()
         })
-    }
-}
-
-/// The edge: run one call, log its outcome once, count it in the metrics, and turn its error
-/// into the gRPC status the client gets (the only place one is made, `From<Error> for Status`).
-async fn logged<T>(
-    rpc: &'static str,
-    call: impl std::future::Future<Output = Result<T, Error>>,
-) -> Result<Response<T>, Status> {
-    let t0 = std::time::Instant::now();
-    let r = call.await;
-    let code = r.as_ref().map_or_else(|e| e.code(), |_| tonic::Code::Ok);
-    crate::metrics::global().request(rpc, code, t0.elapsed());
-    match r {
-        Ok(v) => {
-            debug!(rpc, "ok");
-            Ok(Response::new(v))
-        }
-        Err(e) => {
-            warn!(rpc, code = ?e.code(), message = %e, "failed");
-            Err(e.into())
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl cri::image_service_server::ImageService for ImageService {
-    async fn list_images(
-        &self,
-        r: Request<cri::ListImagesRequest>,
-    ) -> Result<Response<cri::ListImagesResponse>, Status> {
-        logged("ListImages", self.do_list_images(r.into_inner())).await
-    }
-
-    async fn image_status(
-        &self,
-        r: Request<cri::ImageStatusRequest>,
-    ) -> Result<Response<cri::ImageStatusResponse>, Status> {
-        logged("ImageStatus", self.do_image_status(r.into_inner())).await
-    }
-
-    async fn pull_image(
-        &self,
-        r: Request<cri::PullImageRequest>,
-    ) -> Result<Response<cri::PullImageResponse>, Status> {
-        logged("PullImage", self.do_pull_image(r.into_inner())).await
-    }
-
-    async fn remove_image(
-        &self,
-        r: Request<cri::RemoveImageRequest>,
-    ) -> Result<Response<cri::RemoveImageResponse>, Status> {
-        logged("RemoveImage", self.do_remove_image(r.into_inner())).await
-    }
-
-    type StreamImagesStream = list_streams::Chunks<cri::StreamImagesResponse>;
-
-    async fn stream_images(
-        &self,
-        r: Request<cri::StreamImagesRequest>,
-    ) -> Result<Response<Self::StreamImagesStream>, Status> {
-        logged("StreamImages", self.do_stream_images(r.into_inner())).await
-    }
-
-    async fn image_fs_info(
-        &self,
-        r: Request<cri::ImageFsInfoRequest>,
-    ) -> Result<Response<cri::ImageFsInfoResponse>, Status> {
-        logged("ImageFsInfo", self.do_image_fs_info(r.into_inner())).await
     }
 }

@@ -19,7 +19,8 @@ use crishim_proto::shim::{Request, Response};
 use crishim_state::records::{PodRecord, PodState};
 
 use super::errors::from_store_error;
-use super::runtime_service::{Inner, SHIM_TIMEOUT};
+use super::runtime_service::Inner;
+use crate::shim_client::SHIM_TIMEOUT;
 use crishim_cni::pidfd::ProcessFd;
 
 impl Inner {

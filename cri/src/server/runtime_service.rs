@@ -1,29 +1,23 @@
 //! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
 //! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crishim_images::ImageStore;
-use crishim_proto::cri;
 use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatus};
 use crishim_state::records::ContainerRecord;
-use tonic::{Request as GrpcRequest, Response as GrpcResponse, Status};
 
 use super::errors::{unexpected, Error};
-use super::list_streams::Chunks;
-use super::logged;
 use super::pod_host::{
     CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims,
 };
 use crate::config::Config;
 use crate::container_images::ContainerImages;
-use crate::shim_client::{Shims, SocketShims};
+use crate::shim_client::{Shims, SocketShims, SHIM_TIMEOUT};
 use crishim_state::store::Store;
 
-/// How long a plain shim request may take.
-pub(super) const SHIM_TIMEOUT: Duration = Duration::from_secs(30);
 /// Under the systemd driver, requests that change cgroups go through systemd over D-Bus, where
 /// libcgroups (youki 0.7) can wait out a 10 s receive timeout more than once (the known stall in
 /// docs/kubelet.md, "Cgroup drivers"). They get up to just under the kubelet's 2-minute runtime
@@ -81,10 +75,6 @@ pub struct Inner {
     /// The empty mount namespace infra processes join (`empty_mnt.rs`), once made.
     pub(super) empty_mnt: std::sync::OnceLock<PathBuf>,
 }
-
-pub(super) type EventStream = std::pin::Pin<
-    Box<dyn futures::Stream<Item = Result<cri::ContainerEventResponse, Status>> + Send + 'static>,
->;
 
 impl RuntimeService {
     /// The empty mount namespace each pod's infra process joins (`empty_mnt.rs`).
@@ -241,18 +231,6 @@ fn sibling_binary(name: &str) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/local/bin").join(name))
 }
 
-/// Remove one of a pod's directories; one that is a mount (the pod files' tmpfs) is detached
-/// first. A missing directory is not an error.
-pub(super) fn remove_pod_dir(dir: &Path) -> std::io::Result<()> {
-    if crate::container_images::is_mountpoint(dir) {
-        nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH).map_err(std::io::Error::from)?;
-    }
-    match std::fs::remove_dir_all(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
-}
-
 impl Inner {
     pub(super) fn pod_state_dir(&self, pod_id: &str) -> PathBuf {
         self.config.state_dir.join("pods").join(pod_id)
@@ -404,307 +382,5 @@ impl Inner {
             Response::Ok | Response::State(_) => Ok(()),
             other => Err(unexpected(other)),
         }
-    }
-}
-
-#[tonic::async_trait]
-impl cri::runtime_service_server::RuntimeService for RuntimeService {
-    async fn version(
-        &self,
-        r: GrpcRequest<cri::VersionRequest>,
-    ) -> Result<GrpcResponse<cri::VersionResponse>, Status> {
-        logged("Version", self.do_version(r.into_inner())).await
-    }
-    async fn run_pod_sandbox(
-        &self,
-        r: GrpcRequest<cri::RunPodSandboxRequest>,
-    ) -> Result<GrpcResponse<cri::RunPodSandboxResponse>, Status> {
-        logged("RunPodSandbox", self.do_run_pod_sandbox(r.into_inner())).await
-    }
-    async fn stop_pod_sandbox(
-        &self,
-        r: GrpcRequest<cri::StopPodSandboxRequest>,
-    ) -> Result<GrpcResponse<cri::StopPodSandboxResponse>, Status> {
-        logged("StopPodSandbox", self.do_stop_pod_sandbox(r.into_inner())).await
-    }
-    async fn remove_pod_sandbox(
-        &self,
-        r: GrpcRequest<cri::RemovePodSandboxRequest>,
-    ) -> Result<GrpcResponse<cri::RemovePodSandboxResponse>, Status> {
-        logged(
-            "RemovePodSandbox",
-            self.do_remove_pod_sandbox(r.into_inner()),
-        )
-        .await
-    }
-    async fn pod_sandbox_status(
-        &self,
-        r: GrpcRequest<cri::PodSandboxStatusRequest>,
-    ) -> Result<GrpcResponse<cri::PodSandboxStatusResponse>, Status> {
-        logged(
-            "PodSandboxStatus",
-            self.do_pod_sandbox_status(r.into_inner()),
-        )
-        .await
-    }
-    async fn list_pod_sandbox(
-        &self,
-        r: GrpcRequest<cri::ListPodSandboxRequest>,
-    ) -> Result<GrpcResponse<cri::ListPodSandboxResponse>, Status> {
-        logged("ListPodSandbox", self.do_list_pod_sandbox(r.into_inner())).await
-    }
-    async fn create_container(
-        &self,
-        r: GrpcRequest<cri::CreateContainerRequest>,
-    ) -> Result<GrpcResponse<cri::CreateContainerResponse>, Status> {
-        logged("CreateContainer", self.do_create_container(r.into_inner())).await
-    }
-    async fn start_container(
-        &self,
-        r: GrpcRequest<cri::StartContainerRequest>,
-    ) -> Result<GrpcResponse<cri::StartContainerResponse>, Status> {
-        logged("StartContainer", self.do_start_container(r.into_inner())).await
-    }
-    async fn stop_container(
-        &self,
-        r: GrpcRequest<cri::StopContainerRequest>,
-    ) -> Result<GrpcResponse<cri::StopContainerResponse>, Status> {
-        logged("StopContainer", self.do_stop_container(r.into_inner())).await
-    }
-    async fn remove_container(
-        &self,
-        r: GrpcRequest<cri::RemoveContainerRequest>,
-    ) -> Result<GrpcResponse<cri::RemoveContainerResponse>, Status> {
-        logged("RemoveContainer", self.do_remove_container(r.into_inner())).await
-    }
-    async fn list_containers(
-        &self,
-        r: GrpcRequest<cri::ListContainersRequest>,
-    ) -> Result<GrpcResponse<cri::ListContainersResponse>, Status> {
-        logged("ListContainers", self.do_list_containers(r.into_inner())).await
-    }
-    async fn container_status(
-        &self,
-        r: GrpcRequest<cri::ContainerStatusRequest>,
-    ) -> Result<GrpcResponse<cri::ContainerStatusResponse>, Status> {
-        logged("ContainerStatus", self.do_container_status(r.into_inner())).await
-    }
-    async fn reopen_container_log(
-        &self,
-        r: GrpcRequest<cri::ReopenContainerLogRequest>,
-    ) -> Result<GrpcResponse<cri::ReopenContainerLogResponse>, Status> {
-        logged(
-            "ReopenContainerLog",
-            self.do_reopen_container_log(r.into_inner()),
-        )
-        .await
-    }
-    async fn exec_sync(
-        &self,
-        r: GrpcRequest<cri::ExecSyncRequest>,
-    ) -> Result<GrpcResponse<cri::ExecSyncResponse>, Status> {
-        logged("ExecSync", self.do_exec_sync(r.into_inner())).await
-    }
-    async fn update_runtime_config(
-        &self,
-        r: GrpcRequest<cri::UpdateRuntimeConfigRequest>,
-    ) -> Result<GrpcResponse<cri::UpdateRuntimeConfigResponse>, Status> {
-        logged(
-            "UpdateRuntimeConfig",
-            self.do_update_runtime_config(r.into_inner()),
-        )
-        .await
-    }
-    async fn status(
-        &self,
-        r: GrpcRequest<cri::StatusRequest>,
-    ) -> Result<GrpcResponse<cri::StatusResponse>, Status> {
-        logged("Status", self.do_status(r.into_inner())).await
-    }
-    async fn runtime_config(
-        &self,
-        r: GrpcRequest<cri::RuntimeConfigRequest>,
-    ) -> Result<GrpcResponse<cri::RuntimeConfigResponse>, Status> {
-        logged("RuntimeConfig", self.do_runtime_config(r.into_inner())).await
-    }
-
-    async fn update_container_resources(
-        &self,
-        r: GrpcRequest<cri::UpdateContainerResourcesRequest>,
-    ) -> Result<GrpcResponse<cri::UpdateContainerResourcesResponse>, Status> {
-        logged(
-            "UpdateContainerResources",
-            self.do_update_container_resources(r.into_inner()),
-        )
-        .await
-    }
-    async fn exec(
-        &self,
-        r: GrpcRequest<cri::ExecRequest>,
-    ) -> Result<GrpcResponse<cri::ExecResponse>, Status> {
-        logged("Exec", self.do_exec(r.into_inner())).await
-    }
-    async fn attach(
-        &self,
-        r: GrpcRequest<cri::AttachRequest>,
-    ) -> Result<GrpcResponse<cri::AttachResponse>, Status> {
-        logged("Attach", self.do_attach(r.into_inner())).await
-    }
-    async fn port_forward(
-        &self,
-        r: GrpcRequest<cri::PortForwardRequest>,
-    ) -> Result<GrpcResponse<cri::PortForwardResponse>, Status> {
-        logged("PortForward", self.do_port_forward(r.into_inner())).await
-    }
-    async fn container_stats(
-        &self,
-        r: GrpcRequest<cri::ContainerStatsRequest>,
-    ) -> Result<GrpcResponse<cri::ContainerStatsResponse>, Status> {
-        logged("ContainerStats", self.do_container_stats(r.into_inner())).await
-    }
-    async fn list_container_stats(
-        &self,
-        r: GrpcRequest<cri::ListContainerStatsRequest>,
-    ) -> Result<GrpcResponse<cri::ListContainerStatsResponse>, Status> {
-        logged(
-            "ListContainerStats",
-            self.do_list_container_stats(r.into_inner()),
-        )
-        .await
-    }
-    async fn pod_sandbox_stats(
-        &self,
-        r: GrpcRequest<cri::PodSandboxStatsRequest>,
-    ) -> Result<GrpcResponse<cri::PodSandboxStatsResponse>, Status> {
-        logged("PodSandboxStats", self.do_pod_sandbox_stats(r.into_inner())).await
-    }
-    async fn list_pod_sandbox_stats(
-        &self,
-        r: GrpcRequest<cri::ListPodSandboxStatsRequest>,
-    ) -> Result<GrpcResponse<cri::ListPodSandboxStatsResponse>, Status> {
-        logged(
-            "ListPodSandboxStats",
-            self.do_list_pod_sandbox_stats(r.into_inner()),
-        )
-        .await
-    }
-    async fn checkpoint_container(
-        &self,
-        _r: GrpcRequest<cri::CheckpointContainerRequest>,
-    ) -> Result<GrpcResponse<cri::CheckpointContainerResponse>, Status> {
-        logged("CheckpointContainer", async {
-            Err(Error::unimplemented(
-                "CheckpointContainer is not supported: checkpointing a container (KEP-2008) \
-                 needs CRIU, which crishim does not drive",
-            ))
-        })
-        .await
-    }
-    async fn list_metric_descriptors(
-        &self,
-        r: GrpcRequest<cri::ListMetricDescriptorsRequest>,
-    ) -> Result<GrpcResponse<cri::ListMetricDescriptorsResponse>, Status> {
-        logged(
-            "ListMetricDescriptors",
-            self.do_list_metric_descriptors(r.into_inner()),
-        )
-        .await
-    }
-    async fn list_pod_sandbox_metrics(
-        &self,
-        r: GrpcRequest<cri::ListPodSandboxMetricsRequest>,
-    ) -> Result<GrpcResponse<cri::ListPodSandboxMetricsResponse>, Status> {
-        logged(
-            "ListPodSandboxMetrics",
-            self.do_list_pod_sandbox_metrics(r.into_inner()),
-        )
-        .await
-    }
-
-    async fn update_pod_sandbox_resources(
-        &self,
-        r: GrpcRequest<cri::UpdatePodSandboxResourcesRequest>,
-    ) -> Result<GrpcResponse<cri::UpdatePodSandboxResourcesResponse>, Status> {
-        logged(
-            "UpdatePodSandboxResources",
-            self.do_update_pod_sandbox_resources(r.into_inner()),
-        )
-        .await
-    }
-
-    type StreamPodSandboxesStream = Chunks<cri::StreamPodSandboxesResponse>;
-
-    async fn stream_pod_sandboxes(
-        &self,
-        r: GrpcRequest<cri::StreamPodSandboxesRequest>,
-    ) -> Result<GrpcResponse<Self::StreamPodSandboxesStream>, Status> {
-        logged(
-            "StreamPodSandboxes",
-            self.do_stream_pod_sandboxes(r.into_inner()),
-        )
-        .await
-    }
-
-    type StreamContainersStream = Chunks<cri::StreamContainersResponse>;
-
-    async fn stream_containers(
-        &self,
-        r: GrpcRequest<cri::StreamContainersRequest>,
-    ) -> Result<GrpcResponse<Self::StreamContainersStream>, Status> {
-        logged(
-            "StreamContainers",
-            self.do_stream_containers(r.into_inner()),
-        )
-        .await
-    }
-
-    type StreamContainerStatsStream = Chunks<cri::StreamContainerStatsResponse>;
-
-    async fn stream_container_stats(
-        &self,
-        r: GrpcRequest<cri::StreamContainerStatsRequest>,
-    ) -> Result<GrpcResponse<Self::StreamContainerStatsStream>, Status> {
-        logged(
-            "StreamContainerStats",
-            self.do_stream_container_stats(r.into_inner()),
-        )
-        .await
-    }
-
-    type StreamPodSandboxStatsStream = Chunks<cri::StreamPodSandboxStatsResponse>;
-
-    async fn stream_pod_sandbox_stats(
-        &self,
-        r: GrpcRequest<cri::StreamPodSandboxStatsRequest>,
-    ) -> Result<GrpcResponse<Self::StreamPodSandboxStatsStream>, Status> {
-        logged(
-            "StreamPodSandboxStats",
-            self.do_stream_pod_sandbox_stats(r.into_inner()),
-        )
-        .await
-    }
-
-    type StreamPodSandboxMetricsStream = Chunks<cri::StreamPodSandboxMetricsResponse>;
-
-    async fn stream_pod_sandbox_metrics(
-        &self,
-        r: GrpcRequest<cri::StreamPodSandboxMetricsRequest>,
-    ) -> Result<GrpcResponse<Self::StreamPodSandboxMetricsStream>, Status> {
-        logged(
-            "StreamPodSandboxMetrics",
-            self.do_stream_pod_sandbox_metrics(r.into_inner()),
-        )
-        .await
-    }
-
-    type GetContainerEventsStream = EventStream;
-
-    async fn get_container_events(
-        &self,
-        r: GrpcRequest<cri::GetEventsRequest>,
-    ) -> Result<GrpcResponse<Self::GetContainerEventsStream>, Status> {
-        Ok(GrpcResponse::new(
-            self.do_get_container_events(r.into_inner()),
-        ))
     }
 }

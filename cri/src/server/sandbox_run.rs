@@ -1,14 +1,12 @@
 //! `RunPodSandbox`: reserve the name, write the pod's files (hostname, resolv.conf, hosts), mount its
 //! /dev/shm, start its shim and infra process, record it. Any failure undoes what was done.
 
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
 use super::errors::Error;
 use crishim_proto::cri::{self, NamespaceMode, RunPodSandboxRequest, RunPodSandboxResponse};
 use crishim_proto::shim::InfraSpec;
 use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
-use nix::mount::MsFlags;
 use tracing::{info, warn};
 
 use super::container_create::{check_selinux, Lsm};
@@ -17,12 +15,6 @@ use super::runtime_service::{Inner, RuntimeService};
 use crishim_spec::cgroups::CgroupDriver;
 use crishim_sys::shown::shown;
 
-/// Kubernetes' default pod /dev/shm size.
-const SHM_SIZE: &str = "size=65536k";
-/// The pod's hostname, hosts and resolv.conf are writable by its containers and live on the
-/// node's `/run`: they get a tmpfs of their own, so a container writing them fills this, not the
-/// node's `/run`.
-pub(super) const POD_FILES_TMPFS: &str = "mode=0700,size=1m,nr_inodes=16";
 pub(super) const DEFAULT_CGROUP_PARENT: &str = "/crishim";
 
 impl RuntimeService {
@@ -437,42 +429,6 @@ impl Inner {
     }
 }
 
-/// The pod-wide /dev/shm: a tmpfs bind-mounted into each container.
-pub(super) fn mount_shm(dir: &Path) -> Result<(), Error> {
-    crishim_sys::hostfs::create_private_dir(dir)
-        .map_err(|e| Error::internal(format!("creating {}: {e}", dir.display())))?;
-    nix::mount::mount(
-        Some("shm"),
-        dir,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(format!("mode=1777,{SHM_SIZE}").as_str()),
-    )
-    .map_err(|e| {
-        Error::internal(format!(
-            "mounting the pod's /dev/shm at {}: {e}",
-            dir.display()
-        ))
-    })
-}
-
-/// The pod files' own bounded tmpfs (see [`POD_FILES_TMPFS`]), at their directory.
-fn mount_pod_files(dir: &Path) -> Result<(), Error> {
-    nix::mount::mount(
-        Some("crishim-pod-files"),
-        dir,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(POD_FILES_TMPFS),
-    )
-    .map_err(|e| {
-        Error::internal(format!(
-            "mounting the pod files' tmpfs at {}: {e}",
-            dir.display()
-        ))
-    })
-}
-
 pub(super) fn node_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -502,20 +458,6 @@ fn pod_file_contents(
         ("resolv.conf", resolv),
         ("hosts", hosts),
     ]
-}
-
-/// The pod's files on their own tmpfs at `dir`.
-pub(super) fn write_pod_files(dir: &Path, files: &[(&str, String); 3]) -> Result<(), Error> {
-    // Bind-mounted into every container, whose non-root users read them: 0644 whatever the umask
-    // (the directory holding them is root's alone).
-    mount_pod_files(dir)?;
-    for (name, data) in files {
-        let path = dir.join(name);
-        std::fs::write(&path, data)
-            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)))
-            .map_err(|e| Error::internal(format!("writing pod {name}: {e}")))?;
-    }
-    Ok(())
 }
 
 fn resolv_conf(d: &cri::DnsConfig) -> String {
