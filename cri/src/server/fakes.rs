@@ -19,9 +19,14 @@ use oci_spec::image::ImageConfiguration;
 use tokio::net::UnixStream;
 
 use super::pod_host::{PodFiles, PodNetwork, PodShims};
+use super::{Parts, RuntimeService};
+use crate::config::Config;
 use crate::container_images::ContainerImages;
 use crate::shim_client::{ShimError, Shims, Watch};
 use crishim_cni::{CniError, NetworkResult};
+use crishim_proto::cri::{self, runtime_service_server::RuntimeService as _};
+use crishim_state::store::Store;
+use tonic::{Request as GrpcRequest, Status};
 
 /// A ready host-network pod's record with default config, for handler tests.
 pub fn pod_record(id: &str) -> PodRecord {
@@ -112,12 +117,9 @@ pub struct FakeShims {
 }
 
 impl FakeShims {
-    /// Shims logging their pods' starts and kills to `calls`.
-    pub fn with_calls(calls: Calls) -> Self {
-        FakeShims {
-            calls,
-            ..Default::default()
-        }
+    /// The log of pod steps these shims write to.
+    pub fn calls(&self) -> Calls {
+        self.calls.clone()
     }
 
     /// The next pod shim start fails with `why`.
@@ -678,5 +680,201 @@ impl ContainerImages for FakeHost {
 
     fn root(&self) -> &Path {
         &self.root
+    }
+}
+
+/// The runtime service over fakes in a temporary directory, as containerd's
+/// `newTestCRIService`, with the CRI calls the handler tests make. The test files add their
+/// own helpers in `impl TestNode` blocks.
+pub struct TestNode {
+    pub svc: RuntimeService,
+    pub shims: FakeShims,
+    pub network: FakeNetwork,
+    pub files: FakeFiles,
+    pub host: Arc<FakeHost>,
+    /// The pod fakes' steps, in order.
+    pub calls: Calls,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestNode {
+    pub fn new() -> TestNode {
+        Self::open(tempfile::tempdir().unwrap(), FakeShims::default())
+    }
+
+    /// A daemon over `dir`'s records with `shims`, as after a restart.
+    pub fn open(dir: tempfile::TempDir, shims: FakeShims) -> TestNode {
+        let config = Config {
+            root_dir: dir.path().join("root"),
+            state_dir: dir.path().join("state"),
+            ..Config::default()
+        };
+        let store = Store::open(&config.root_dir.join("records")).unwrap();
+        let calls = shims.calls();
+        let network = FakeNetwork::new(calls.clone());
+        let files = FakeFiles::new(calls.clone());
+        let host = Arc::new(FakeHost::new(&dir.path().join("images")));
+        let parts = Parts {
+            shims: Arc::new(shims.clone()),
+            images: host.clone(),
+            pod_shims: Arc::new(shims.clone()),
+            network: Arc::new(network.clone()),
+            pod_files: Arc::new(files.clone()),
+        };
+        TestNode {
+            svc: RuntimeService::with_parts(config, store, parts),
+            shims,
+            network,
+            files,
+            host,
+            calls,
+            dir,
+        }
+    }
+
+    /// RunPodSandbox of pod `name`, with a DNS config.
+    pub async fn run_pod(&self, name: &str) -> Result<String, Status> {
+        let req = cri::RunPodSandboxRequest {
+            config: Some(cri::PodSandboxConfig {
+                metadata: Some(cri::PodSandboxMetadata {
+                    name: name.into(),
+                    uid: format!("uid-{name}"),
+                    namespace: "default".into(),
+                    attempt: 0,
+                }),
+                hostname: name.into(),
+                dns_config: Some(cri::DnsConfig {
+                    servers: vec!["10.0.0.10".into()],
+                    searches: vec!["default.svc.cluster.local".into()],
+                    options: vec!["ndots:5".into()],
+                }),
+                ..Default::default()
+            }),
+            runtime_handler: String::new(),
+        };
+        let r = self.svc.run_pod_sandbox(GrpcRequest::new(req)).await?;
+        Ok(r.into_inner().pod_sandbox_id)
+    }
+
+    pub async fn stop_pod(&self, id: &str) -> Result<(), Status> {
+        let req = cri::StopPodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.svc
+            .stop_pod_sandbox(GrpcRequest::new(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove_pod(&self, id: &str) -> Result<(), Status> {
+        let req = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.svc
+            .remove_pod_sandbox(GrpcRequest::new(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn pod_status(&self, id: &str) -> Result<cri::PodSandboxStatus, Status> {
+        let req = cri::PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: false,
+        };
+        let r = self.svc.pod_sandbox_status(GrpcRequest::new(req)).await?;
+        Ok(r.into_inner().status.expect("a status"))
+    }
+
+    pub async fn pods(&self) -> Vec<cri::PodSandbox> {
+        let req = cri::ListPodSandboxRequest { filter: None };
+        let r = self
+            .svc
+            .list_pod_sandbox(GrpcRequest::new(req))
+            .await
+            .unwrap();
+        r.into_inner().items
+    }
+
+    /// CreateContainer of `name` in pod `pod`, from [`IMAGE`], with a secret in its
+    /// environment.
+    pub async fn create(&self, pod: &str, name: &str) -> Result<String, Status> {
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: name.into(),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: IMAGE.into(),
+                    ..Default::default()
+                }),
+                envs: vec![cri::KeyValue {
+                    key: "SECRET".into(),
+                    value: "s3cr3t".into(),
+                }],
+                ..Default::default()
+            }),
+            sandbox_config: None,
+        };
+        let r = self.svc.create_container(GrpcRequest::new(req)).await?;
+        Ok(r.into_inner().container_id)
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), Status> {
+        let req = cri::StartContainerRequest {
+            container_id: id.into(),
+        };
+        self.svc
+            .start_container(GrpcRequest::new(req))
+            .await
+            .map(drop)
+    }
+
+    /// A running container `name` in pod `pod`.
+    pub async fn running(&self, pod: &str, name: &str) -> String {
+        let id = self.create(pod, name).await.unwrap();
+        self.start(&id).await.unwrap();
+        id
+    }
+
+    pub async fn stop(&self, id: &str, timeout: i64) -> Result<(), Status> {
+        let req = cri::StopContainerRequest {
+            container_id: id.into(),
+            timeout,
+        };
+        self.svc
+            .stop_container(GrpcRequest::new(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn remove(&self, id: &str) -> Result<(), Status> {
+        let req = cri::RemoveContainerRequest {
+            container_id: id.into(),
+        };
+        self.svc
+            .remove_container(GrpcRequest::new(req))
+            .await
+            .map(drop)
+    }
+
+    pub async fn status(&self, id: &str) -> Result<cri::ContainerStatus, Status> {
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        let r = self.svc.container_status(GrpcRequest::new(req)).await?;
+        Ok(r.into_inner().status.expect("a status"))
+    }
+
+    pub async fn containers(&self) -> Vec<cri::Container> {
+        let req = cri::ListContainersRequest { filter: None };
+        let r = self
+            .svc
+            .list_containers(GrpcRequest::new(req))
+            .await
+            .unwrap();
+        r.into_inner().containers
     }
 }

@@ -2,57 +2,17 @@
 //! against a fake shim and a fake host: the handlers' own logic, each case in milliseconds. The
 //! integration tests in `tests/` run the same paths with real shims, mounts and processes.
 
-use std::sync::Arc;
-
 use crishim_proto::cri::runtime_service_server::RuntimeService as _;
 use crishim_proto::cri::{self, ContainerState as CriState};
 use crishim_proto::shim::{ErrorKind, Response, Status as ShimStatus};
 use crishim_state::records::{now_nanos, ContainerRecord, PodRecord, PodState};
 use tonic::{Code, Request};
 
-use super::fakes::{pod_record, FakeHost, FakeShims, IMAGE};
-use super::RuntimeService;
-use crate::config::Config;
-use crishim_state::store::Store;
+use super::fakes::{pod_record, TestNode, IMAGE};
 
-struct Node {
-    svc: RuntimeService,
-    shims: FakeShims,
-    host: Arc<FakeHost>,
-    dir: tempfile::TempDir,
-}
+type Node = TestNode;
 
-impl Node {
-    fn new() -> Node {
-        Self::open(tempfile::tempdir().unwrap(), FakeShims::default())
-    }
-
-    /// A daemon over `dir`'s records, as after a restart.
-    fn open(dir: tempfile::TempDir, shims: FakeShims) -> Node {
-        let config = Config {
-            root_dir: dir.path().join("root"),
-            state_dir: dir.path().join("state"),
-            ..Config::default()
-        };
-        let store = Store::open(&config.root_dir.join("records")).unwrap();
-        let host = Arc::new(FakeHost::new(&dir.path().join("images")));
-        let calls = super::fakes::Calls::default();
-        let parts = super::Parts {
-            shims: Arc::new(shims.clone()),
-            images: host.clone(),
-            pod_shims: Arc::new(shims.clone()),
-            network: Arc::new(super::fakes::FakeNetwork::new(calls.clone())),
-            pod_files: Arc::new(super::fakes::FakeFiles::new(calls)),
-        };
-        let svc = RuntimeService::with_parts(config, store, parts);
-        Node {
-            svc,
-            shims,
-            host,
-            dir,
-        }
-    }
-
+impl TestNode {
     /// A ready pod (host network, so no CNI) whose shim runs.
     fn pod(&self, name: &str) -> String {
         let id = crishim_state::records::new_id().unwrap();
@@ -78,67 +38,6 @@ impl Node {
         self.svc.inner.store.save_pod(&record).unwrap();
         self.shims.add_pod(&id);
         id
-    }
-
-    async fn create(&self, pod: &str, name: &str) -> Result<String, tonic::Status> {
-        let req = cri::CreateContainerRequest {
-            pod_sandbox_id: pod.into(),
-            config: Some(cri::ContainerConfig {
-                metadata: Some(cri::ContainerMetadata {
-                    name: name.into(),
-                    attempt: 0,
-                }),
-                image: Some(cri::ImageSpec {
-                    image: IMAGE.into(),
-                    ..Default::default()
-                }),
-                envs: vec![cri::KeyValue {
-                    key: "SECRET".into(),
-                    value: "s3cr3t".into(),
-                }],
-                ..Default::default()
-            }),
-            sandbox_config: None,
-        };
-        let r = self.svc.create_container(Request::new(req)).await?;
-        Ok(r.into_inner().container_id)
-    }
-
-    async fn start(&self, id: &str) -> Result<(), tonic::Status> {
-        let req = cri::StartContainerRequest {
-            container_id: id.into(),
-        };
-        self.svc.start_container(Request::new(req)).await.map(drop)
-    }
-
-    async fn stop(&self, id: &str, timeout: i64) -> Result<(), tonic::Status> {
-        let req = cri::StopContainerRequest {
-            container_id: id.into(),
-            timeout,
-        };
-        self.svc.stop_container(Request::new(req)).await.map(drop)
-    }
-
-    async fn remove(&self, id: &str) -> Result<(), tonic::Status> {
-        let req = cri::RemoveContainerRequest {
-            container_id: id.into(),
-        };
-        self.svc.remove_container(Request::new(req)).await.map(drop)
-    }
-
-    async fn status(&self, id: &str) -> Result<cri::ContainerStatus, tonic::Status> {
-        let req = cri::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose: false,
-        };
-        let r = self.svc.container_status(Request::new(req)).await?;
-        Ok(r.into_inner().status.expect("a status"))
-    }
-
-    async fn list(&self) -> Vec<cri::Container> {
-        let req = cri::ListContainersRequest { filter: None };
-        let r = self.svc.list_containers(Request::new(req)).await.unwrap();
-        r.into_inner().containers
     }
 
     /// Whether the container's record is on disk, as a restarted daemon would find it.
@@ -211,7 +110,7 @@ async fn a_container_is_created_started_stopped_and_removed_through_its_shim() {
     );
     assert!(!node.host.mounted().contains(&id), "the rootfs is released");
     assert!(!node.recorded(&id), "the record is gone");
-    assert!(node.list().await.is_empty());
+    assert!(node.containers().await.is_empty());
     assert_eq!(node.status(&id).await.unwrap_err().code(), Code::NotFound);
     node.remove(&id).await.expect("removing twice succeeds");
     // Its name is free again.
@@ -266,7 +165,7 @@ async fn create_refuses_a_taken_name_a_missing_image_and_a_pod_that_is_not_ready
     node.svc.inner.store.save_pod(&record).unwrap();
     let stopped = node.create(&pod, "late").await.unwrap_err();
     assert_eq!(stopped.code(), Code::FailedPrecondition);
-    assert_eq!(node.list().await.len(), 1);
+    assert_eq!(node.containers().await.len(), 1);
 }
 
 #[tokio::test]
@@ -280,7 +179,7 @@ async fn a_create_the_shim_refuses_is_undone_everywhere() {
     let e = node.create(&pod, "app").await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert!(node.host.mounted().is_empty(), "the rootfs is released");
-    assert!(node.list().await.is_empty(), "no record is left");
+    assert!(node.containers().await.is_empty(), "no record is left");
     let bundles = node.dir.path().join("state/containers");
     assert_eq!(std::fs::read_dir(&bundles).map_or(0, |d| d.count()), 0);
     node.create(&pod, "app")
@@ -353,7 +252,7 @@ async fn list_and_status_read_the_store_once_the_pods_shim_is_watched() {
 
     let before = node.shims.requests().len();
     for _ in 0..10 {
-        assert_eq!(node.list().await.len(), 1);
+        assert_eq!(node.containers().await.len(), 1);
         assert_eq!(
             state_of(&node.status(&id).await.unwrap()),
             CriState::ContainerRunning

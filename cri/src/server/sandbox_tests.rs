@@ -4,140 +4,16 @@
 //! in `tests/` run the same paths on the host.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use crishim_proto::cri::runtime_service_server::RuntimeService as _;
 use crishim_proto::cri::{self, ContainerState as CriState};
-use crishim_state::store::Store;
 use tonic::{Code, Request};
 
-use super::fakes::{self, Calls, FakeFiles, FakeHost, FakeNetwork, FakeShims, IMAGE, POD_IPS};
-use super::{Parts, RuntimeService};
-use crate::config::Config;
+use super::fakes::{self, Calls, TestNode, POD_IPS};
 
-struct Node {
-    svc: RuntimeService,
-    shims: FakeShims,
-    network: FakeNetwork,
-    files: FakeFiles,
-    host: Arc<FakeHost>,
-    calls: Calls,
-    _dir: tempfile::TempDir,
-}
+type Node = TestNode;
 
-impl Node {
-    fn new() -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let config = Config {
-            root_dir: dir.path().join("root"),
-            state_dir: dir.path().join("state"),
-            ..Config::default()
-        };
-        let store = Store::open(&config.root_dir.join("records")).unwrap();
-        let calls = Calls::default();
-        let shims = FakeShims::with_calls(calls.clone());
-        let network = FakeNetwork::new(calls.clone());
-        let files = FakeFiles::new(calls.clone());
-        let host = Arc::new(FakeHost::new(&dir.path().join("images")));
-        let parts = Parts {
-            shims: Arc::new(shims.clone()),
-            images: host.clone(),
-            pod_shims: Arc::new(shims.clone()),
-            network: Arc::new(network.clone()),
-            pod_files: Arc::new(files.clone()),
-        };
-        Node {
-            svc: RuntimeService::with_parts(config, store, parts),
-            shims,
-            network,
-            files,
-            host,
-            calls,
-            _dir: dir,
-        }
-    }
-
-    async fn run(&self, name: &str) -> Result<String, tonic::Status> {
-        let req = cri::RunPodSandboxRequest {
-            config: Some(cri::PodSandboxConfig {
-                metadata: Some(cri::PodSandboxMetadata {
-                    name: name.into(),
-                    uid: format!("uid-{name}"),
-                    namespace: "default".into(),
-                    attempt: 0,
-                }),
-                hostname: name.into(),
-                dns_config: Some(cri::DnsConfig {
-                    servers: vec!["10.0.0.10".into()],
-                    searches: vec!["default.svc.cluster.local".into()],
-                    options: vec!["ndots:5".into()],
-                }),
-                ..Default::default()
-            }),
-            runtime_handler: String::new(),
-        };
-        let r = self.svc.run_pod_sandbox(Request::new(req)).await?;
-        Ok(r.into_inner().pod_sandbox_id)
-    }
-
-    async fn stop(&self, id: &str) -> Result<(), tonic::Status> {
-        let req = cri::StopPodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.svc.stop_pod_sandbox(Request::new(req)).await.map(drop)
-    }
-
-    async fn remove(&self, id: &str) -> Result<(), tonic::Status> {
-        let req = cri::RemovePodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.svc
-            .remove_pod_sandbox(Request::new(req))
-            .await
-            .map(drop)
-    }
-
-    async fn status(&self, id: &str) -> Result<cri::PodSandboxStatus, tonic::Status> {
-        let req = cri::PodSandboxStatusRequest {
-            pod_sandbox_id: id.into(),
-            verbose: false,
-        };
-        let r = self.svc.pod_sandbox_status(Request::new(req)).await?;
-        Ok(r.into_inner().status.expect("a status"))
-    }
-
-    async fn pods(&self) -> Vec<cri::PodSandbox> {
-        let req = cri::ListPodSandboxRequest { filter: None };
-        let r = self.svc.list_pod_sandbox(Request::new(req)).await.unwrap();
-        r.into_inner().items
-    }
-
-    /// A running container `name` in pod `pod`.
-    async fn container(&self, pod: &str, name: &str) -> String {
-        let req = cri::CreateContainerRequest {
-            pod_sandbox_id: pod.into(),
-            config: Some(cri::ContainerConfig {
-                metadata: Some(cri::ContainerMetadata {
-                    name: name.into(),
-                    attempt: 0,
-                }),
-                image: Some(cri::ImageSpec {
-                    image: IMAGE.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            sandbox_config: None,
-        };
-        let r = self.svc.create_container(Request::new(req)).await.unwrap();
-        let id = r.into_inner().container_id;
-        let req = cri::StartContainerRequest {
-            container_id: id.clone(),
-        };
-        self.svc.start_container(Request::new(req)).await.unwrap();
-        id
-    }
-
+impl TestNode {
     async fn container_state(&self, id: &str) -> Result<(CriState, i32), tonic::Status> {
         let req = cri::ContainerStatusRequest {
             container_id: id.into(),
@@ -196,9 +72,9 @@ fn position(calls: &Calls, call: &str) -> usize {
 #[tokio::test]
 async fn run_pod_sandbox_sets_up_network_files_and_shim_and_records_the_pod_ready() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
+    let id = node.run_pod("web").await.unwrap();
 
-    let status = node.status(&id).await.unwrap();
+    let status = node.pod_status(&id).await.unwrap();
     assert_eq!(status.state, cri::PodSandboxState::SandboxReady as i32);
     let net = status.network.unwrap();
     assert_eq!(net.ip, POD_IPS[1], "the IPv4 address is the pod IP");
@@ -257,8 +133,8 @@ async fn run_pod_sandbox_sets_up_network_files_and_shim_and_records_the_pod_read
 async fn without_a_cni_config_a_pod_gets_loopback_only() {
     let node = Node::new();
     node.network.remove_config();
-    let id = node.run("web").await.unwrap();
-    let status = node.status(&id).await.unwrap();
+    let id = node.run_pod("web").await.unwrap();
+    let status = node.pod_status(&id).await.unwrap();
     assert_eq!(status.network.unwrap().ip, "");
     assert!(node.network.pinned().is_empty());
     assert_eq!(node.calls.count(&format!("cni ADD {id}")), 0);
@@ -267,7 +143,7 @@ async fn without_a_cni_config_a_pod_gets_loopback_only() {
         infra.net && infra.netns.is_none(),
         "the infra makes its own"
     );
-    node.remove(&id).await.unwrap();
+    node.remove_pod(&id).await.unwrap();
     node.assert_gone(&id).await;
 }
 
@@ -302,7 +178,7 @@ async fn a_failed_run_pod_sandbox_is_rolled_back_and_its_retry_succeeds() {
     for (step, fail, code) in cases {
         let node = Node::new();
         fail(&node);
-        let e = node.run("web").await.unwrap_err();
+        let e = node.run_pod("web").await.unwrap_err();
         assert_eq!(e.code(), code, "{step}: {e:?}");
         let id = node.last_started();
 
@@ -326,11 +202,11 @@ async fn a_failed_run_pod_sandbox_is_rolled_back_and_its_retry_succeeds() {
 
         // The kubelet retries under the same name.
         let retry = node
-            .run("web")
+            .run_pod("web")
             .await
             .unwrap_or_else(|e| panic!("{step}: {e:?}"));
         assert_ne!(retry, id);
-        let status = node.status(&retry).await.unwrap();
+        let status = node.pod_status(&retry).await.unwrap();
         assert_eq!(status.state, cri::PodSandboxState::SandboxReady as i32);
     }
 }
@@ -339,9 +215,9 @@ async fn a_failed_run_pod_sandbox_is_rolled_back_and_its_retry_succeeds() {
 #[tokio::test]
 async fn a_taken_pod_name_is_refused_before_anything_is_made() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
+    let id = node.run_pod("web").await.unwrap();
     node.calls.clear();
-    let e = node.run("web").await.unwrap_err();
+    let e = node.run_pod("web").await.unwrap_err();
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");
     assert!(node.calls.all().is_empty(), "{:?}", node.calls.all());
     assert!(node.shims.running(&id));
@@ -354,15 +230,15 @@ async fn a_taken_pod_name_is_refused_before_anything_is_made() {
 #[tokio::test]
 async fn stop_pod_sandbox_stops_containers_shim_and_network_and_is_idempotent() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
-    let c = node.container(&id, "app").await;
+    let id = node.run_pod("web").await.unwrap();
+    let c = node.running(&id, "app").await;
     assert_eq!(
         node.container_state(&c).await.unwrap().0,
         CriState::ContainerRunning
     );
     node.calls.clear();
 
-    node.stop(&id).await.unwrap();
+    node.stop_pod(&id).await.unwrap();
     let shutdown = position(&node.calls, &format!("shim Shutdown {id}"));
     let reaped = position(&node.calls, &format!("reap shim and infra {id}"));
     assert!(shutdown < reaped, "{:?}", node.calls.all());
@@ -373,7 +249,7 @@ async fn stop_pod_sandbox_stops_containers_shim_and_network_and_is_idempotent() 
     assert!(node.network.pinned().is_empty() && node.network.attached().is_empty());
     assert!(node.files.shm_mounted().is_empty());
 
-    let status = node.status(&id).await.unwrap();
+    let status = node.pod_status(&id).await.unwrap();
     assert_eq!(status.state, cri::PodSandboxState::SandboxNotready as i32);
     // The container's exit, as the shim left it when it killed it.
     assert_eq!(
@@ -383,7 +259,7 @@ async fn stop_pod_sandbox_stops_containers_shim_and_network_and_is_idempotent() 
     assert!(node.svc.inner.pod_files_dir(&id).join("hostname").exists());
 
     node.calls.clear();
-    node.stop(&id).await.unwrap();
+    node.stop_pod(&id).await.unwrap();
     let calls = node.calls.all();
     assert!(
         !calls
@@ -392,10 +268,10 @@ async fn stop_pod_sandbox_stops_containers_shim_and_network_and_is_idempotent() 
         "a second stop has no network to tear down: {calls:?}"
     );
     assert_eq!(
-        node.status(&id).await.unwrap().state,
+        node.pod_status(&id).await.unwrap().state,
         cri::PodSandboxState::SandboxNotready as i32
     );
-    let e = node.stop("no-such-pod").await.unwrap_err();
+    let e = node.stop_pod("no-such-pod").await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
 }
 
@@ -404,21 +280,21 @@ async fn stop_pod_sandbox_stops_containers_shim_and_network_and_is_idempotent() 
 #[tokio::test]
 async fn a_failed_cni_del_is_reported_and_the_next_stop_finishes_it() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
+    let id = node.run_pod("web").await.unwrap();
     node.network.fail_dels(1);
 
-    let e = node.stop(&id).await.unwrap_err();
+    let e = node.stop_pod(&id).await.unwrap_err();
     assert_eq!(e.code(), Code::Unknown, "{e:?}");
     assert!(e.message().contains("the IPAM store is locked"), "{e:?}");
     assert!(!node.shims.running(&id), "the shim is stopped anyway");
     assert_eq!(
-        node.status(&id).await.unwrap().state,
+        node.pod_status(&id).await.unwrap().state,
         cri::PodSandboxState::SandboxNotready as i32
     );
     assert!(node.network.attached().contains(&id), "kept for the retry");
     assert!(node.network.pinned().contains(&node.netns(&id)));
 
-    node.stop(&id).await.unwrap();
+    node.stop_pod(&id).await.unwrap();
     assert_eq!(node.calls.count(&format!("cni DEL {id}")), 2);
     assert!(node.network.attached().is_empty());
     assert!(node.network.pinned().is_empty());
@@ -430,12 +306,12 @@ async fn a_failed_cni_del_is_reported_and_the_next_stop_finishes_it() {
 #[tokio::test]
 async fn remove_pod_sandbox_stops_a_running_pod_then_removes_everything_and_is_idempotent() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
-    let c = node.container(&id, "app").await;
+    let id = node.run_pod("web").await.unwrap();
+    let c = node.running(&id, "app").await;
     assert!(node.host.mounted().contains(&c));
     node.calls.clear();
 
-    node.remove(&id).await.unwrap();
+    node.remove_pod(&id).await.unwrap();
     let shutdown = position(&node.calls, &format!("shim Shutdown {id}"));
     let del = position(&node.calls, &format!("cni DEL {id}"));
     let state_dir = node.svc.inner.pod_state_dir(&id);
@@ -455,13 +331,16 @@ async fn remove_pod_sandbox_stops_a_running_pod_then_removes_everything_and_is_i
         Code::NotFound
     );
     assert!(!node.svc.inner.bundle_dir(&c).exists());
-    assert_eq!(node.status(&id).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        node.pod_status(&id).await.unwrap_err().code(),
+        Code::NotFound
+    );
 
-    node.remove(&id).await.unwrap();
-    node.remove("no-such-pod").await.unwrap();
+    node.remove_pod(&id).await.unwrap();
+    node.remove_pod("no-such-pod").await.unwrap();
 
     // The name is free again.
-    let again = node.run("web").await.unwrap();
+    let again = node.run_pod("web").await.unwrap();
     assert_ne!(again, id);
 }
 
@@ -469,10 +348,10 @@ async fn remove_pod_sandbox_stops_a_running_pod_then_removes_everything_and_is_i
 #[tokio::test]
 async fn remove_after_stop_does_not_delete_the_network_again() {
     let node = Node::new();
-    let id = node.run("web").await.unwrap();
-    node.stop(&id).await.unwrap();
+    let id = node.run_pod("web").await.unwrap();
+    node.stop_pod(&id).await.unwrap();
     node.calls.clear();
-    node.remove(&id).await.unwrap();
+    node.remove_pod(&id).await.unwrap();
     assert_eq!(
         node.calls.count(&format!("cni DEL {id}")),
         0,
