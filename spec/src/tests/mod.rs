@@ -2,7 +2,7 @@
 //! a temporary rootfs and node facts pinned by `Fixture`, changes one input and checks the
 //! outcome the test is named after. The fixture and the helpers that read a spec are here.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{Config as ImageConfig, ImageConfiguration};
@@ -13,7 +13,10 @@ use super::security::caps_from_mask;
 use super::*;
 
 mod devices;
+mod gpu;
 mod host_facts;
+mod init;
+mod lsm;
 mod mounts;
 mod namespaces;
 mod process;
@@ -52,6 +55,12 @@ struct Fixture {
     cgroups_path: String,
     min_oom_score_adj: Option<i32>,
     privileged_host_devices: bool,
+    apparmor_profile: Option<String>,
+    selinux: Option<selinux::Labels>,
+    init: Option<PathBuf>,
+    gpu: Option<crishim_gpu::Plan>,
+    passed_annotations: HashMap<String, String>,
+    sandbox_id: Option<String>,
     host: HostFacts,
 }
 
@@ -101,6 +110,12 @@ impl Fixture {
             cgroups_path: "/kubepods/besteffort/poduid-1/c1".to_string(),
             min_oom_score_adj: None,
             privileged_host_devices: true,
+            apparmor_profile: None,
+            selinux: None,
+            init: None,
+            gpu: None,
+            passed_annotations: HashMap::new(),
+            sandbox_id: None,
             host: HostFacts {
                 cgroup_v2: false,
                 swap_controller: true,
@@ -118,6 +133,10 @@ impl Fixture {
     }
 
     fn build(&self) -> Result<Spec, SpecError> {
+        self.built().map(|b| b.spec)
+    }
+
+    fn built(&self) -> Result<Built, SpecError> {
         let mut image = ImageConfiguration::default();
         image.set_config(Some(self.image.clone()));
         let inputs = SpecInputs {
@@ -132,6 +151,12 @@ impl Fixture {
             cgroups_path: self.cgroups_path.clone(),
             min_oom_score_adj: self.min_oom_score_adj,
             privileged_host_devices: self.privileged_host_devices,
+            apparmor_profile: self.apparmor_profile.clone(),
+            selinux: self.selinux.as_ref(),
+            init: self.init.clone(),
+            gpu: self.gpu.as_ref(),
+            passed_annotations: self.passed_annotations.clone(),
+            sandbox_id: self.sandbox_id.as_deref(),
         };
         build_with(&inputs, &self.host)
     }

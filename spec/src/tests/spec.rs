@@ -46,3 +46,27 @@ fn spec_carries_no_library_defaults_and_round_trips_through_json() {
     let back: Spec = serde_json::from_value(json).unwrap();
     assert_eq!(back, spec);
 }
+
+#[test]
+fn passed_annotations_never_replace_crishims_and_the_sandbox_id_is_set_last() {
+    let mut f = Fixture::new();
+    f.config.annotations = [("example.com/a".to_string(), "config".to_string())].into();
+    f.passed_annotations = [
+        ("example.com/a", "passed"),
+        ("example.com/b", "passed"),
+        (ANNOTATION_CONTAINER_NAME, "passed"),
+        (ANNOTATION_SANDBOX_ID, "passed"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let a = f.spec().annotations().clone().unwrap();
+    assert_eq!(a["example.com/a"], "config");
+    assert_eq!(a["example.com/b"], "passed");
+    assert_eq!(a[ANNOTATION_CONTAINER_NAME], "app");
+    // Nothing sets the sandbox id but the caller, who did not here.
+    assert_eq!(a[ANNOTATION_SANDBOX_ID], "passed");
+    f.sandbox_id = Some("pod-1".to_string());
+    let a = f.spec().annotations().clone().unwrap();
+    assert_eq!(a[ANNOTATION_SANDBOX_ID], "pod-1");
+}
