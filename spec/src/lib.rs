@@ -5,6 +5,11 @@
 //! facts read from the node (cgroup version, the daemon's capabilities, ...) are gathered in
 //! [`HostFacts`] so tests can pin them.
 //!
+//! [`build`] returns the whole spec: what the daemon decides on the host first (the AppArmor
+//! profile, the SELinux labels, the init binary, the GPU plan, the annotations a handler passes)
+//! comes in [`SpecInputs`] too. Host actions (loading a profile, preparing the GPUs, staging the
+//! binds of a user namespace's container, which rewrites their sources) stay the caller's.
+//!
 //! Each concern lives in its own module: `process` (args, env, cwd, rlimits), `user` (uid, gids
 //! from the image's /etc/passwd and /etc/group), `mounts`, `namespaces`, `devices`, `security`
 //! (capabilities, privileged, masked paths, seccomp), `seccomp` (the RuntimeDefault profile) and
@@ -15,7 +20,7 @@ use std::path::PathBuf;
 
 use crishim_proto::cri;
 use oci_spec::image::ImageConfiguration;
-use oci_spec::runtime::{Linux, Process, Root, Spec};
+use oci_spec::runtime::{Linux, LinuxDevice, Process, Root, Spec};
 
 pub mod apparmor;
 pub mod cgroups;
@@ -95,6 +100,29 @@ pub struct SpecInputs<'a> {
     /// A privileged container gets every host device, and access to all devices; a handler with
     /// `privileged_without_host_devices` turns this off.
     pub privileged_host_devices: bool,
+    /// The AppArmor profile the process runs under (the caller has checked that it is loaded).
+    pub apparmor_profile: Option<String>,
+    /// The process's label, and the file label that goes to `linux.mountLabel`.
+    pub selinux: Option<&'a selinux::Labels>,
+    /// Run the program under crishim's init: this host binary, bind-mounted read-only at
+    /// [`INIT_PATH`].
+    pub init: Option<PathBuf>,
+    /// What the GPUs give the container, prepared on the host; its edits are made after init's.
+    pub gpu: Option<&'a crishim_gpu::Plan>,
+    /// Annotations added last, where the spec has no such key: a runtime handler's pod
+    /// annotations, never over crishim's own.
+    pub passed_annotations: HashMap<String, String>,
+    /// The value of [`ANNOTATION_SANDBOX_ID`].
+    pub sandbox_id: Option<&'a str>,
+}
+
+/// A built spec.
+#[derive(Debug)]
+pub struct Built {
+    pub spec: Spec,
+    /// Its binds from the pod (volumes, the pod's files), which in a user namespace are
+    /// idmapped; init's and the GPU's are the node's.
+    pub pod_binds: userns::PodBinds,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +148,10 @@ pub const ANNOTATION_IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
 pub const ANNOTATION_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
 pub const ANNOTATION_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 pub const ANNOTATION_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
+pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+
+/// Where the init binary appears inside the container.
+pub const INIT_PATH: &str = "/.crishim/init";
 
 /// Builds the OCI runtime spec for one container.
 /// `noNewPrivileges` as libcontainer needs it: absent unless set. libcontainer installs a seccomp
@@ -146,12 +178,28 @@ pub fn resources(
     Ok(out)
 }
 
-pub fn build(inputs: &SpecInputs<'_>) -> Result<Spec, SpecError> {
+/// The spec of one container, whole, and the pod's binds in it.
+pub fn build(inputs: &SpecInputs<'_>) -> Result<Built, SpecError> {
     build_with(inputs, &HostFacts::detect())
 }
 
+/// The device nodes [`build`] gives the container before the GPU plan's edits: among these, the
+/// GPU's host step sees what CDI devices grant.
+pub fn devices(inputs: &SpecInputs<'_>) -> Result<Vec<LinuxDevice>, SpecError> {
+    Ok(device_nodes(inputs, &HostFacts::detect())?.nodes)
+}
+
+fn device_nodes(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<devices::Devices, SpecError> {
+    let privileged = security_context(inputs.config).is_some_and(|sc| sc.privileged);
+    devices::build(
+        inputs.config,
+        privileged && inputs.privileged_host_devices,
+        host,
+    )
+}
+
 /// [`build`] against given node facts.
-fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecError> {
+fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Built, SpecError> {
     let config = inputs.config;
     let image = inputs.image.config().as_ref();
     let sc = security_context(config);
@@ -160,7 +208,7 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
 
     let capabilities = security::capabilities(sc, privileged, host)?;
     let seccomp = security::seccomp(sc, privileged, &capabilities)?;
-    let devices = devices::build(config, privileged && inputs.privileged_host_devices, host)?;
+    let devices = device_nodes(inputs, host)?;
     kernel_mounts::check(config)?;
     let mut mounts = mounts::build(config, &inputs.files, inputs.image_volumes, privileged)?;
     let joins_pid_ns = !inputs.namespaces.host_pid && inputs.namespaces.pid.is_some();
@@ -225,7 +273,69 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Spec, SpecErr
         .set_hostname(namespaces::hostname(&inputs.namespaces, inputs.sandbox))
         .set_annotations(Some(annotations(config, inputs.sandbox)))
         .set_linux(Some(linux));
-    Ok(spec)
+
+    // The edits below are made in this order: each sees the spec as the ones before left it.
+    if let Some(profile) = &inputs.apparmor_profile {
+        if let Some(process) = spec.process_mut() {
+            process.set_apparmor_profile(Some(profile.clone()));
+        }
+    }
+    if let Some(labels) = inputs.selinux {
+        // libcontainer puts the mount label on its tmpfs mounts; the shim's executor applies
+        // the process label (libcontainer applies none).
+        if let Some(process) = spec.process_mut() {
+            process.set_selinux_label(Some(labels.process.clone()));
+        }
+        if let Some(linux) = spec.linux_mut() {
+            linux.set_mount_label(Some(labels.file.clone()));
+        }
+    }
+    let pod_binds = userns::PodBinds::of(&spec);
+    if let Some(binary) = &inputs.init {
+        add_init(&mut spec, binary)?;
+    }
+    if let Some(plan) = inputs.gpu {
+        plan.apply_to(&mut spec).map_err(|e| match e {
+            crishim_gpu::GpuError::Invalid(m) => SpecError::Invalid(m),
+            e => SpecError::Internal(e.to_string()),
+        })?;
+    }
+    let mut annotations = spec.annotations().clone().unwrap_or_default();
+    for (key, value) in &inputs.passed_annotations {
+        if !annotations.contains_key(key) {
+            annotations.insert(key.clone(), value.clone());
+        }
+    }
+    if let Some(id) = inputs.sandbox_id {
+        annotations.insert(ANNOTATION_SANDBOX_ID.into(), id.to_string());
+    }
+    spec.set_annotations(Some(annotations));
+    Ok(Built { spec, pod_binds })
+}
+
+/// Run the program under `binary`, bind-mounted read-only at [`INIT_PATH`].
+fn add_init(spec: &mut Spec, binary: &std::path::Path) -> Result<(), SpecError> {
+    let mount = oci_spec::runtime::MountBuilder::default()
+        .destination(INIT_PATH)
+        .typ("bind")
+        .source(binary)
+        .options(vec![
+            "rbind".to_string(),
+            "ro".to_string(),
+            "nosuid".to_string(),
+            "nodev".to_string(),
+        ])
+        .build()
+        .map_err(|e| SpecError::internal("init mount", e))?;
+    let mut mounts = spec.mounts().clone().unwrap_or_default();
+    mounts.push(mount);
+    spec.set_mounts(Some(mounts));
+    if let Some(process) = spec.process_mut() {
+        let mut args = vec![INIT_PATH.to_string(), "--".to_string()];
+        args.extend(process.args().clone().unwrap_or_default());
+        process.set_args(Some(args));
+    }
+    Ok(())
 }
 
 fn security_context(config: &cri::ContainerConfig) -> Option<&cri::LinuxContainerSecurityContext> {
@@ -243,7 +353,6 @@ fn pod_hostname(inputs: &SpecInputs<'_>, host: &HostFacts) -> String {
 }
 
 /// The CRI annotations are copied, then containerd's own (which win, as in containerd).
-/// `io.kubernetes.cri.sandbox-id` is left to the caller, which knows the sandbox's id.
 fn annotations(
     config: &cri::ContainerConfig,
     sandbox: &cri::PodSandboxConfig,

@@ -16,11 +16,8 @@ use super::errors::{
 use super::runtime_service::{Inner, RuntimeService};
 use crishim_spec::{self as spec, PodFiles, PodNamespaces, SpecInputs};
 
-pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 /// `"true"` or `"false"` on a pod or a container: run it under crishim's init.
 pub const ANNOTATION_INIT: &str = "crishim.io/init";
-/// Where the init binary appears inside the container.
-pub const INIT_PATH: &str = "/.crishim/init";
 
 impl RuntimeService {
     pub(super) async fn do_create_container(
@@ -266,7 +263,27 @@ impl Inner {
             .mount_image_volumes(id, &record.config, &bundle)
             .await?;
         let pod_files = self.pod_files_dir(&pod.id);
-        let mut spec = spec::build(&SpecInputs {
+        // What the host must do or check first; the spec is then built whole from its outcome.
+        let apparmor_profile = check_lsm_options(&record.config, Lsm::of_host())?;
+        if apparmor_profile.as_deref() == Some(crishim_spec::apparmor::DEFAULT_PROFILE) {
+            crishim_spec::apparmor::ensure_default_loaded().map_err(|e| {
+                Error::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
+            })?;
+        }
+        let init = if self.wants_init(pod, &record.config) {
+            Some(self.init_binary()?)
+        } else {
+            None
+        };
+        // The handler's `pod_annotations` (a sandboxed runtime's settings, say).
+        let passed_annotations = pod
+            .config
+            .annotations
+            .iter()
+            .filter(|(key, _)| handler.passes_annotation(key))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        let mut inputs = SpecInputs {
             container_id: id,
             config: &record.config,
             sandbox: &pod.config,
@@ -283,63 +300,39 @@ impl Inner {
             cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
             min_oom_score_adj: own_oom_score_adj(),
             privileged_host_devices: !handler.privileged_without_host_devices,
-        })
-        .map_err(|e| from_spec_error("CreateContainer", e))?;
-        let lsm = Lsm::of_host();
-        if let Some(profile) = check_lsm_options(&record.config, lsm)? {
-            if profile == crishim_spec::apparmor::DEFAULT_PROFILE {
-                crishim_spec::apparmor::ensure_default_loaded().map_err(|e| {
-                    Error::failed_precondition(format!("CreateContainer: AppArmor: {e}"))
-                })?;
-            }
-            if let Some(process) = spec.process_mut() {
-                process.set_apparmor_profile(Some(profile));
-            }
-        }
-        if let Some(labels) = &selinux {
-            // libcontainer puts the mount label on its tmpfs mounts; the shim's executor
-            // applies the process label (libcontainer applies none).
-            if let Some(process) = spec.process_mut() {
-                process.set_selinux_label(Some(labels.process.clone()));
-            }
-            if let Some(linux) = spec.linux_mut() {
-                linux.set_mount_label(Some(labels.file.clone()));
-            }
-        }
-        // The pod's own binds, before crishim adds the node's: only these are idmapped.
-        let own_binds = crishim_spec::userns::PodBinds::of(&spec);
-        if self.wants_init(pod, &record.config) {
-            self.add_init(&mut spec)?;
-        }
-        let image_env = image_config
-            .config()
-            .as_ref()
-            .and_then(|c| c.env().clone())
-            .unwrap_or_default();
-        if handler.gpu {
-            self.gpu
-                .apply(
-                    &crishim_gpu::Target {
-                        container_id: id,
-                        config: &record.config,
-                        pod: &pod.config,
-                        image_env: &image_env,
-                        rootfs: &rootfs,
-                    },
-                    &mut spec,
-                )
-                .map_err(from_gpu_error)?;
-        }
-        let mut annotations = spec.annotations().clone().unwrap_or_default();
-        // The handler's `pod_annotations` (a sandboxed runtime's settings, say); never over the
-        // keys crishim sets itself.
-        for (key, value) in &pod.config.annotations {
-            if handler.passes_annotation(key) && !annotations.contains_key(key) {
-                annotations.insert(key.clone(), value.clone());
-            }
-        }
-        annotations.insert(ANNOTATION_SANDBOX_ID.into(), pod.id.clone());
-        spec.set_annotations(Some(annotations));
+            apparmor_profile,
+            selinux: selinux.as_ref(),
+            init,
+            gpu: None,
+            passed_annotations,
+            sandbox_id: Some(&pod.id),
+        };
+        let gpu = if handler.gpu {
+            let image_env = image_config
+                .config()
+                .as_ref()
+                .and_then(|c| c.env().clone())
+                .unwrap_or_default();
+            // What CDI devices grant is judged among the devices the spec gives.
+            let devices =
+                spec::devices(&inputs).map_err(|e| from_spec_error("CreateContainer", e))?;
+            let target = crishim_gpu::Target {
+                container_id: id,
+                config: &record.config,
+                pod: &pod.config,
+                image_env: &image_env,
+                rootfs: &rootfs,
+                devices: &devices,
+            };
+            Some(self.gpu.plan(&target).map_err(from_gpu_error)?)
+        } else {
+            None
+        };
+        inputs.gpu = gpu.as_ref();
+        let spec::Built {
+            mut spec,
+            pod_binds: own_binds,
+        } = spec::build(&inputs).map_err(|e| from_spec_error("CreateContainer", e))?;
         record.user = spec.process().as_ref().map(|p| {
             let u = p.user();
             crishim_state::records::ProcessUser {
@@ -348,6 +341,8 @@ impl Inner {
                 groups: u.additional_gids().clone().unwrap_or_default(),
             }
         });
+        // Staging for the user namespace mounts on the host: done here, on the built spec, and
+        // not by the spec builder.
         let devices = match &userns {
             Some(maps) => Some(
                 crishim_spec::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
@@ -419,8 +414,8 @@ impl Inner {
             .unwrap_or(self.config.init)
     }
 
-    /// Run the program under `crishim-init`, bind-mounted read-only at [`INIT_PATH`].
-    fn add_init(&self, spec: &mut oci_spec::runtime::Spec) -> Result<(), Error> {
+    /// The `crishim-init` binary, which the spec bind-mounts at [`spec::INIT_PATH`].
+    fn init_binary(&self) -> Result<PathBuf, Error> {
         let binary = self.init_binary.clone();
         if !binary.is_file() {
             return Err(Error::failed_precondition(format!(
@@ -428,27 +423,7 @@ impl Inner {
                 binary.display()
             )));
         }
-        let mount = oci_spec::runtime::MountBuilder::default()
-            .destination(INIT_PATH)
-            .typ("bind")
-            .source(binary)
-            .options(vec![
-                "rbind".to_string(),
-                "ro".to_string(),
-                "nosuid".to_string(),
-                "nodev".to_string(),
-            ])
-            .build()
-            .map_err(|e| Error::internal(format!("init mount: {e}")))?;
-        let mut mounts = spec.mounts().clone().unwrap_or_default();
-        mounts.push(mount);
-        spec.set_mounts(Some(mounts));
-        if let Some(process) = spec.process_mut() {
-            let mut args = vec![INIT_PATH.to_string(), "--".to_string()];
-            args.extend(process.args().clone().unwrap_or_default());
-            process.set_args(Some(args));
-        }
-        Ok(())
+        Ok(binary)
     }
 
     /// The namespaces a container of `pod` joins (the pod's user namespace with `userns`).
