@@ -29,6 +29,7 @@ mod instrumented;
 #[cfg(test)]
 mod lifecycle_tests;
 mod list_streams;
+mod lsm;
 mod pod_host;
 mod pod_process;
 mod recovery;

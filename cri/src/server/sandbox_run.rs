@@ -9,8 +9,8 @@ use crishim_proto::shim::InfraSpec;
 use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use tracing::{info, warn};
 
-use super::container_create::{check_selinux, Lsm};
 use super::errors::{from_store_error, new_id_status};
+use super::lsm::{check_selinux, selinux_labels, Lsm};
 use super::runtime_service::{Inner, RuntimeService};
 use crishim_spec::cgroups::CgroupDriver;
 use crishim_sys::shown::shown;
@@ -354,10 +354,10 @@ impl Inner {
                 .map(|m| m.uid.clone())
                 .filter(|u| crishim_proto::shim::is_dir_safe_uid(u)),
             // The pod's own label, as its containers get it (the infra asks for nothing more).
-            selinux_label: super::container_create::selinux_labels(
+            selinux_label: selinux_labels(
                 &record,
                 &cri::ContainerConfig::default(),
-                super::container_create::Lsm::of_host(),
+                Lsm::of_host(),
             )
             .map(|l| l.process),
             empty_mnt: self.empty_mnt.get().cloned(),

@@ -27,7 +27,7 @@ pub(super) fn from_cri(value: i32) -> Result<Option<i32>, Error> {
             "SIGCLD" => Some(libc::SIGCHLD),
             "SIGPOLL" => Some(libc::SIGIO),
             "SIGIOT" => Some(libc::SIGABRT),
-            other => super::container_create::parse_signal(other),
+            other => parse_signal(other),
         }
     };
     number.map(Some).ok_or_else(|| {
@@ -57,9 +57,33 @@ pub(super) fn to_cri(number: i32) -> Signal {
     Signal::from_str_name(&name).unwrap_or(Signal::RuntimeDefault)
 }
 
+/// `SIGQUIT`, `QUIT` or `3`.
+pub(super) fn parse_signal(s: &str) -> Option<i32> {
+    if let Ok(n) = s.parse::<i32>() {
+        return Some(n);
+    }
+    let upper = s.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(parse_signal("SIGQUIT"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("quit"), Some(libc::SIGQUIT));
+        assert_eq!(parse_signal("9"), Some(9));
+        assert_eq!(parse_signal("SIGNOPE"), None);
+    }
 
     #[test]
     fn every_cri_signal_maps_to_a_linux_signal_and_back() {
