@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use oci_spec::runtime::Capabilities;
 
-use super::security;
+use super::caps::caps_from_mask;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
@@ -176,5 +176,5 @@ fn current_capabilities() -> Capabilities {
         .find_map(|line| line.strip_prefix("CapEff:"))
         .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
         .unwrap_or(0);
-    security::caps_from_mask(mask)
+    caps_from_mask(mask)
 }

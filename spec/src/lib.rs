@@ -27,6 +27,7 @@ pub mod cgroups;
 pub mod selinux;
 pub mod userns;
 
+mod caps;
 mod devices;
 mod host;
 mod kernel_mounts;

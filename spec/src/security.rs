@@ -27,51 +27,6 @@ pub(super) const DEFAULT_CAPS: [Capability; 14] = [
     Capability::AuditWrite,
 ];
 
-/// Capabilities by bit number (linux/capability.h).
-const CAPS_BY_BIT: [Capability; 41] = [
-    Capability::Chown,
-    Capability::DacOverride,
-    Capability::DacReadSearch,
-    Capability::Fowner,
-    Capability::Fsetid,
-    Capability::Kill,
-    Capability::Setgid,
-    Capability::Setuid,
-    Capability::Setpcap,
-    Capability::LinuxImmutable,
-    Capability::NetBindService,
-    Capability::NetBroadcast,
-    Capability::NetAdmin,
-    Capability::NetRaw,
-    Capability::IpcLock,
-    Capability::IpcOwner,
-    Capability::SysModule,
-    Capability::SysRawio,
-    Capability::SysChroot,
-    Capability::SysPtrace,
-    Capability::SysPacct,
-    Capability::SysAdmin,
-    Capability::SysBoot,
-    Capability::SysNice,
-    Capability::SysResource,
-    Capability::SysTime,
-    Capability::SysTtyConfig,
-    Capability::Mknod,
-    Capability::Lease,
-    Capability::AuditWrite,
-    Capability::AuditControl,
-    Capability::Setfcap,
-    Capability::MacOverride,
-    Capability::MacAdmin,
-    Capability::Syslog,
-    Capability::WakeAlarm,
-    Capability::BlockSuspend,
-    Capability::AuditRead,
-    Capability::Perfmon,
-    Capability::Bpf,
-    Capability::CheckpointRestore,
-];
-
 /// containerd's default `maskedPaths`.
 pub(super) const DEFAULT_MASKED_PATHS: [&str; 11] = [
     "/proc/acpi",
@@ -95,16 +50,6 @@ pub(super) const DEFAULT_READONLY_PATHS: [&str; 5] = [
     "/proc/sys",
     "/proc/sysrq-trigger",
 ];
-
-/// The capabilities whose bits are set in a /proc/<pid>/status `Cap*` mask.
-pub(super) fn caps_from_mask(mask: u64) -> Capabilities {
-    CAPS_BY_BIT
-        .iter()
-        .enumerate()
-        .filter(|(bit, _)| mask & (1 << bit) != 0)
-        .map(|(_, cap)| *cap)
-        .collect()
-}
 
 /// A privileged container needs a privileged pod, as in containerd (the kubelet checks this
 /// too, but a CRI client may not).

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use oci_spec::image::{Config as ImageConfig, ImageConfiguration};
 use oci_spec::runtime::{Capability, LinuxNamespaceType, Mount, Spec};
 
+use super::caps::caps_from_mask;
 use super::host::HostFacts;
-use super::security::caps_from_mask;
 use super::*;
 
 mod devices;
