@@ -105,11 +105,15 @@ struct FakeState {
     requests: Vec<(String, Request)>,
     /// The answer to the next `Create` instead of success.
     refuse_create: Option<Response>,
+    /// The answer to the next `Exec` instead of its command line echoed.
+    exec_answer: Option<Response>,
 }
 
 /// Shims whose containers live in memory: `Create` makes a created container, `Start` runs it,
 /// a signal not in the ignored set ends it with 128 + signal, and each exit goes to the pod's
-/// watchers.
+/// watchers. `Exec` in a running container answers its command line on stdout with exit code 0
+/// (or what [`answer_next_exec`](Self::answer_next_exec) set); `Exec` in any other, and
+/// `Update` of an exited one, are refused as the real shim refuses them.
 #[derive(Clone, Default)]
 pub struct FakeShims {
     state: Arc<Mutex<FakeState>>,
@@ -165,6 +169,16 @@ impl FakeShims {
         self.state.lock().unwrap().refuse_create = Some(answer);
     }
 
+    /// The next `Exec` is answered with `answer` (an exit code, output, a timeout).
+    pub fn answer_next_exec(&self, answer: Response) {
+        self.state.lock().unwrap().exec_answer = Some(answer);
+    }
+
+    /// The requests sent so far, whole, each with the pod it went to.
+    pub fn sent(&self) -> Vec<(String, Request)> {
+        self.state.lock().unwrap().requests.clone()
+    }
+
     /// The requests sent so far, as short names (`Create`, `Kill 15`, …).
     pub fn requests(&self) -> Vec<String> {
         let s = self.state.lock().unwrap();
@@ -196,9 +210,13 @@ impl FakeShims {
             ));
         }
         let refuse_create = s.refuse_create.take();
+        let exec_answer = matches!(req, Request::Exec { .. })
+            .then(|| s.exec_answer.take())
+            .flatten();
         let ignored = s.ignored.clone();
         let pod = s.pods.get_mut(pod_id).expect("checked above");
         let not_found = |id: &str| Response::error(ErrorKind::NotFound, format!("{id} not found"));
+        let refused = |why: String| Response::error(ErrorKind::FailedPrecondition, why);
         Ok(match req {
             Request::Ping => Response::Pong {
                 infra_pid: 1,
@@ -243,6 +261,29 @@ impl FakeShims {
                 pod.containers.remove(id);
                 Response::Ok
             }
+            Request::Exec { id, args, .. } => match pod.containers.get(id) {
+                None => not_found(id),
+                Some(c) if c.status != ShimStatus::Running => {
+                    refused(format!("container {id} is not running"))
+                }
+                Some(_) => exec_answer.unwrap_or_else(|| Response::Exec {
+                    exit_code: 0,
+                    stdout: format!("{}\n", args.join(" ")).into_bytes(),
+                    stderr: Vec::new(),
+                    timed_out: false,
+                }),
+            },
+            Request::Update { id, .. } => match pod.containers.get(id) {
+                None => not_found(id),
+                Some(c) if c.status == ShimStatus::Exited => {
+                    refused(format!("container {id} has exited"))
+                }
+                Some(_) => Response::Ok,
+            },
+            Request::ReopenLog { id } => match pod.containers.get(id) {
+                None => not_found(id),
+                Some(_) => Response::Ok,
+            },
             Request::Shutdown => {
                 // The shim kills its containers, leaves their exits in its directory, and ends
                 // (its watchers' streams with it).

@@ -17,6 +17,8 @@ mod container_update_resources;
 pub mod errors;
 mod events;
 #[cfg(test)]
+mod exec_tests;
+#[cfg(test)]
 mod fakes;
 mod image;
 mod image_list;
@@ -35,6 +37,8 @@ mod pod_process;
 mod recovery;
 mod runtime_config;
 mod runtime_service;
+#[cfg(test)]
+mod sandbox_id_tests;
 mod sandbox_list;
 mod sandbox_metrics;
 mod sandbox_network;
@@ -51,6 +55,8 @@ mod status;
 mod stop_signal;
 mod streaming;
 mod update_runtime_config;
+#[cfg(test)]
+mod update_tests;
 mod version;
 
 pub use pod_host::{CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims};
