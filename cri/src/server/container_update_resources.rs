@@ -24,6 +24,8 @@ impl RuntimeService {
         })?;
         let resources =
             spec::resources(&linux).map_err(|e| from_spec_error("UpdateContainerResources", e))?;
+        // A stopped pod's shim is gone: say so, rather than an Unavailable the kubelet retries.
+        inner.pod_ready(&c.pod_id, "UpdateContainerResources")?;
         let _guard = inner.store.lock(&c.id).await;
         inner
             .shim_ok(

@@ -123,9 +123,6 @@ async fn an_exited_containers_update_is_refused_and_not_recorded() {
 /// (as ExecSync, Exec and Attach answer then): its shim is gone for good, so `Unavailable`
 /// would have the kubelet retry what cannot succeed.
 #[tokio::test]
-#[ignore = "handler bug: UpdateContainerResources sends the update to a stopped pod's gone shim \
-            without checking the pod or the container state, and answers Unavailable (shim \
-            unreachable) instead of FailedPrecondition"]
 async fn an_update_in_a_stopped_pod_is_failed_precondition_not_unavailable() {
     let node = Node::new();
     let pod = node.run_pod("web").await.unwrap();
