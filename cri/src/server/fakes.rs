@@ -209,7 +209,10 @@ impl FakeShims {
                 std::io::ErrorKind::ConnectionRefused.into(),
             ));
         }
-        let refuse_create = s.refuse_create.take();
+        // Only a create uses up a refusal set for the next create.
+        let refuse_create = matches!(req, Request::Create { .. })
+            .then(|| s.refuse_create.take())
+            .flatten();
         let exec_answer = matches!(req, Request::Exec { .. })
             .then(|| s.exec_answer.take())
             .flatten();
