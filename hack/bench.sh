@@ -16,8 +16,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ./hack/install-deps.sh
 
-echo "+ cargo build --release -p crishim-runtime -p crishim-shim -p crishim-bench" >&2
-cargo build --release -p crishim-runtime -p crishim-shim -p crishim-bench
+echo "+ cargo build --release -p crishim -p crishim-shim -p crishim-bench" >&2
+cargo build --release -p crishim -p crishim-shim -p crishim-bench
 
 bin="${CARGO_TARGET_DIR:-$PWD/target}/release"
 # The shim and the infra process as installed (hack/run.sh): static, side by side.

@@ -25,7 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ "${1:-}" = "--pack" ]; then
     out="${2:?--pack DIR}"
     mkdir -p "$out"
-    cargo build --release -p crishim-runtime -p crishim-shim -p crishim-vgpu >&2
+    cargo build --release -p crishim -p crishim-shim -p crishim-vgpu >&2
     test_bin="$(cargo test --release -p crishim-tests --test gpu_real --no-run --message-format=json 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*gpu_real[^"]*\)".*/\1/p' | tail -1)"
     init="$(./hack/build-init.sh --release)"

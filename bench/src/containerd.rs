@@ -154,7 +154,7 @@ impl Containerd {
 
     pub fn log_tail(&self) -> String {
         let text = fs::read_to_string(&self.log).unwrap_or_default();
-        crate::host::tail(&text, 6000).to_string()
+        crate::text::tail(&text, 6000).to_string()
     }
 }
 

@@ -261,15 +261,6 @@ fn arg_after(p: &HostProcess, flag: &str) -> Option<String> {
     p.cmdline.get(i + 1).cloned()
 }
 
-/// The last `max` bytes of `s` (at a character boundary).
-pub fn tail(s: &str, max: usize) -> &str {
-    let mut start = s.len().saturating_sub(max);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
-}
-
 #[cfg(test)]
 mod tests {
     use super::parse_busy_ticks;

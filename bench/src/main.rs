@@ -6,6 +6,7 @@ mod containerd;
 mod host;
 mod measure;
 mod report;
+mod text;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -122,7 +123,7 @@ fn real_main(args: Args) -> Result<()> {
     };
     ensure!(
         crishim_bin.is_file(),
-        "{} not found: build it with `cargo build --release -p crishim-runtime -p crishim-shim` \
+        "{} not found: build it with `cargo build --release -p crishim -p crishim-shim` \
          or pass --crishim-bin",
         crishim_bin.display()
     );
@@ -409,7 +410,7 @@ async fn run_crishim(env: &Env) -> Result<Results> {
     // The daemon first (SIGTERM), then whatever it left.
     drop(daemon);
     drop(sweeper);
-    result.map_err(|e| e.context(format!("crishim's log ends:\n{}", host::tail(&log, 4000))))
+    result.map_err(|e| e.context(format!("crishim's log ends:\n{}", text::tail(&log, 4000))))
 }
 
 async fn run_containerd(env: &Env) -> Result<Results> {

@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
+use crishim::workflow::manifest;
+use crishim_cni::cache::CacheEntry;
+use crishim_cni::{NetworkList, NetworkResult};
+use crishim_cri::config::Config;
 use crishim_proto::shim::ContainerState;
-use crishim_runtime::cni::cache::CacheEntry;
-use crishim_runtime::cni::{NetworkList, NetworkResult};
-use crishim_runtime::config::Config;
-use crishim_runtime::workflow::manifest;
 use crishim_state::records::{ContainerRecord, PodRecord};
 
 use crate::split_at_byte;

@@ -1,16 +1,49 @@
 //! CDI devices, applied with the `container-device-interface` crate from `cdi_spec_dirs`.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 
 use container_device_interface::cache::Cache;
+use container_device_interface::container_edits::{ContainerEdits, DeviceNode};
 use container_device_interface::spec_dirs::with_spec_dirs;
 use oci_spec::runtime::Spec;
 use tracing::warn;
 
 use super::error::GpuError;
 
+/// The edits of some CDI devices, read from the host by [`resolve`].
+#[derive(Debug, Clone)]
+pub struct Edits {
+    names: Vec<String>,
+    edits: ContainerEdits,
+}
+
+impl Edits {
+    /// Make the edits in `spec`, as the crate's `Cache::inject_devices` does.
+    pub fn apply(&self, spec: &mut Spec) -> Result<(), GpuError> {
+        self.edits
+            .clone()
+            .apply(spec)
+            .map_err(|e| self.error(format!("failed to inject devices: {e}")))
+    }
+
+    fn error(&self, e: impl std::fmt::Display) -> GpuError {
+        GpuError::Invalid(format!(
+            "applying CDI devices {}: {e}",
+            self.names.join(", ")
+        ))
+    }
+}
+
 /// Apply the CDI devices `names` to `spec`. An unknown name is refused by name.
 pub fn apply(dirs: &[PathBuf], names: &[String], spec: &mut Spec) -> Result<(), GpuError> {
+    resolve(dirs, names)?.apply(spec)
+}
+
+/// The edits of the CDI devices `names`, from the specs in `dirs`, with the type and numbers of
+/// each device node read from its host path now, so that applying them reads nothing. An
+/// unknown name is refused by name.
+pub fn resolve(dirs: &[PathBuf], names: &[String]) -> Result<Edits, GpuError> {
     let dirs: Vec<&str> = dirs.iter().filter_map(|d| d.to_str()).collect();
     let mut cache = Cache::default();
     with_spec_dirs(&dirs)(&mut cache);
@@ -33,12 +66,30 @@ pub fn apply(dirs: &[PathBuf], names: &[String], spec: &mut Spec) -> Result<(), 
             )));
         }
     }
-    cache
-        .inject_devices(Some(spec), names.to_vec())
-        .map_err(|e| {
-            GpuError::Invalid(format!("applying CDI devices {}: {e}", names.join(", ")))
-        })?;
-    Ok(())
+    let mut out = Edits {
+        names: names.to_vec(),
+        edits: ContainerEdits::new(),
+    };
+    // Merged as `inject_devices` merges them: each spec's own edits once, then the device's.
+    let mut specs = HashSet::new();
+    for name in names {
+        let device = &cache.devices[name];
+        let mut spec = device.get_spec();
+        if specs.insert(spec.clone()) {
+            if let Some(edits) = spec.edits() {
+                out.edits.append(edits).map_err(|e| out.error(e))?;
+            }
+        }
+        out.edits.append(device.edits()).map_err(|e| out.error(e))?;
+    }
+    // A node this fails for is left as it is: applying the edits reports why.
+    for node in out.edits.container_edits.device_nodes.iter_mut().flatten() {
+        let mut filled = DeviceNode { node: node.clone() };
+        if filled.fill_missing_info().is_ok() {
+            *node = filled.node;
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

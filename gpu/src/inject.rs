@@ -1,6 +1,6 @@
 //! Edits of a container's OCI spec: device nodes with their cgroup rules, bind mounts, env.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     LinuxDeviceBuilder, LinuxDeviceCgroupBuilder, LinuxDeviceType, MountBuilder, Spec,
@@ -8,6 +8,62 @@ use oci_spec::runtime::{
 
 use super::discover::Node;
 use super::error::GpuError;
+
+/// One edit of a spec, decided on the host and made by [`Edit::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// [`add_device`].
+    Device(Node),
+    /// [`add_bind`].
+    Bind {
+        source: PathBuf,
+        destination: String,
+        writable: bool,
+    },
+    /// [`set_env`].
+    Env { key: String, value: String },
+    /// This directory at the end of `PATH`, unless already in it: `PATH` is read when the edit
+    /// is made, after the image's, the request's and the CDI devices' env.
+    AppendPath(String),
+}
+
+impl Edit {
+    pub fn bind(source: &Path, destination: &str, writable: bool) -> Edit {
+        Edit::Bind {
+            source: source.to_path_buf(),
+            destination: destination.to_string(),
+            writable,
+        }
+    }
+
+    pub fn env(key: &str, value: &str) -> Edit {
+        Edit::Env {
+            key: key.to_string(),
+            value: value.to_string(),
+        }
+    }
+
+    pub fn apply(&self, spec: &mut Spec) -> Result<(), GpuError> {
+        match self {
+            Edit::Device(node) => add_device(spec, node)?,
+            Edit::Bind {
+                source,
+                destination,
+                writable,
+            } => add_bind(spec, source, destination, *writable)?,
+            Edit::Env { key, value } => set_env(spec, key, value),
+            Edit::AppendPath(dir) => {
+                let path = env_value(spec, "PATH").unwrap_or_default();
+                let mut parts: Vec<&str> = path.split(':').filter(|p| !p.is_empty()).collect();
+                if !parts.contains(&dir.as_str()) {
+                    parts.push(dir);
+                }
+                set_env(spec, "PATH", &parts.join(":"));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Add `node` at its container path (unless a device is already there, e.g. from the CRI's
 /// devices or CDI) and allow it in the device cgroup (v1 and v2 alike read these rules).

@@ -9,10 +9,12 @@
 //! - `inject`: the spec edits; `container`: the per-container host directory;
 //! - `config`: `[gpu]` in config.toml (`GpuConfig`, which the daemon's `Config` holds).
 //!
-//! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim_runtime::gpu_cli`); the
+//! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim::gpu_cli`); the
 //! daemon maps [`GpuError`] to gRPC statuses (`runtime/src/server/errors.rs`).
 //!
-//! A container that asks for nothing gets nothing: its spec is left exactly as it was.
+//! [`Gpus::plan`] decides what a container gets and prepares it on the host; the spec builder
+//! makes the plan's edits with [`Plan::apply_to`], which touches nothing but the spec. A
+//! container that asks for nothing gets an empty plan: its spec is left exactly as it was.
 
 pub mod cdi;
 pub mod compat;
@@ -32,13 +34,14 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crishim_proto::cri;
-use oci_spec::runtime::{LinuxDeviceType, Spec};
+use oci_spec::runtime::{LinuxDevice, LinuxDeviceType, Spec};
 use tracing::{info, warn};
 
 pub use config::{GpuConfig, InjectMode};
 use container::{ContainerDir, Grant, VgpuConfig};
 use discover::{Gpu as Device, Inventory, NVIDIA_MAJOR};
 pub use error::GpuError;
+use inject::Edit;
 use libraries::Capability;
 use mirror::{Mirror, Tree};
 use request::{Ident, Limits, Request};
@@ -52,6 +55,31 @@ pub struct Target<'a> {
     pub image_env: &'a [String],
     /// The mounted root filesystem (its own `/etc/ld.so.preload` is kept).
     pub rootfs: &'a Path,
+    /// The device nodes its spec has before the GPU's edits: CDI devices grant the GPUs whose
+    /// nodes are among these once the devices are applied.
+    pub devices: &'a [LinuxDevice],
+}
+
+/// What a container gets, decided and prepared on the host by [`Gpus::plan`], as plain data.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// The CDI devices' edits, made first.
+    pub cdi: Option<cdi::Edits>,
+    /// Then these, in order: each sees the spec as the ones before left it.
+    pub edits: Vec<Edit>,
+    /// What the container is granted (written to its GPU directory); `None` when it gets
+    /// neither a GPU nor the driver.
+    pub grant: Option<Grant>,
+}
+
+impl Plan {
+    /// Make the plan's edits in `spec`; nothing else is touched.
+    pub fn apply_to(&self, spec: &mut Spec) -> Result<(), GpuError> {
+        if let Some(cdi) = &self.cdi {
+            cdi.apply(spec)?;
+        }
+        self.edits.iter().try_for_each(|e| e.apply(spec))
+    }
 }
 
 /// The node's GPUs and driver, and what containers get of them.
@@ -176,25 +204,35 @@ impl Gpus {
         }
     }
 
-    /// Give the container what it asks for. `Ok(None)`: it asks for nothing, and `spec` is
-    /// untouched. On error the caller undoes the create (and [`Self::release`]s).
-    pub fn apply(&self, t: &Target<'_>, spec: &mut Spec) -> Result<Option<Grant>, GpuError> {
+    /// Decide what the container asks for and prepare it on the host (its GPU directory, the
+    /// grant, the limits' files): the spec's edits are returned, to be made by
+    /// [`Plan::apply_to`]. An empty plan: it asks for nothing. On error the caller undoes the
+    /// create (and [`Self::release`]s).
+    pub fn plan(&self, t: &Target<'_>) -> Result<Plan, GpuError> {
         let policy = request::Policy {
             accept_env_requests: self.config.accept_env_requests,
             limit_annotations: self.config.limit_annotations,
         };
         let req = request::parse(t.config, t.image_env, policy)?;
+        let mut plan = Plan::default();
         let mut granted: Vec<&Device> = Vec::new();
         if !req.cdi.is_empty() {
-            cdi::apply(&self.config.cdi_spec_dirs, &req.cdi, spec)?;
-            // What the CDI devices grant: the GPU nodes they added.
-            let devices = spec.linux().as_ref().and_then(|l| l.devices().clone());
+            let edits = cdi::resolve(&self.config.cdi_spec_dirs, &req.cdi)?;
+            // What the CDI devices grant: the GPU nodes among the spec's devices once they are
+            // applied (to those devices alone, here).
+            let mut seen = Spec::default();
+            seen.linux_mut()
+                .get_or_insert_with(Default::default)
+                .set_devices(Some(t.devices.to_vec()));
+            edits.apply(&mut seen)?;
+            let devices = seen.linux().as_ref().and_then(|l| l.devices().clone());
             for d in devices.unwrap_or_default() {
                 let minor = u32::try_from(d.minor()).unwrap_or(u32::MAX);
                 if d.typ() == LinuxDeviceType::C && d.major() == i64::from(NVIDIA_MAJOR) {
                     granted.extend(self.inventory.by_minor(minor));
                 }
             }
+            plan.cdi = Some(edits);
         }
         if !req.wants_driver() && granted.is_empty() {
             if let Some(key) = request::container_limit_key(t.config, policy) {
@@ -202,7 +240,7 @@ impl Gpus {
                     "{key} is set but the container requests no GPU"
                 )));
             }
-            return Ok(None);
+            return Ok(plan);
         }
         granted.extend(self.resolve(&req)?);
         granted.sort_by_key(|g| g.index);
@@ -254,34 +292,38 @@ impl Gpus {
         let dir = ContainerDir::create(self.container_dir(t.container_id))?;
         dir.write_grant(&grant)?;
 
+        let edits = &mut plan.edits;
         // Devices: the GPUs (a MIG device's GPU, and the capability nodes that grant the MIG
         // device), and the control nodes whenever there is one.
         for g in &granted {
-            inject::add_device(spec, &self.inventory.node(g)?)?;
+            edits.push(Edit::Device(self.inventory.node(g)?));
             for cap in g.mig.iter().flat_map(|m| &m.caps) {
-                inject::add_device(spec, cap)?;
+                edits.push(Edit::Device(cap.clone()));
             }
         }
         if !granted.is_empty() {
             for n in &self.inventory.control {
-                inject::add_device(spec, n)?;
+                edits.push(Edit::Device(n.clone()));
             }
         }
         // The driver's daemons where the host runs them, as the NVIDIA toolkit injects them.
         if !granted.is_empty() {
-            self.add_toolkit_sockets(spec)?;
+            self.add_toolkit_sockets(edits);
         }
         // The driver, read-only.
-        inject::add_bind(spec, &view.join("lib64"), mirror::CONTAINER_LIB, false)?;
-        inject::add_bind(spec, &view.join("bin"), mirror::CONTAINER_BIN, false)?;
+        edits.push(Edit::bind(
+            &view.join("lib64"),
+            mirror::CONTAINER_LIB,
+            false,
+        ));
+        edits.push(Edit::bind(&view.join("bin"), mirror::CONTAINER_BIN, false));
         if tree == Tree::Shared {
             let origin = mirror.view(&capabilities, Tree::Origin)?;
-            inject::add_bind(
-                spec,
+            edits.push(Edit::bind(
                 &origin.join("lib64"),
                 mirror::CONTAINER_ORIGIN_LIB,
                 false,
-            )?;
+            ));
         }
         // Env: the driver's directories first, never replacing the image's or the request's.
         let request_env = |key: &str| {
@@ -294,39 +336,34 @@ impl Gpus {
         };
         let image_ld = request::image_value(t.image_env, "LD_LIBRARY_PATH");
         let request_ld = request_env("LD_LIBRARY_PATH");
-        inject::set_env(
-            spec,
+        edits.push(Edit::env(
             "LD_LIBRARY_PATH",
             &inject::path_list(
                 mirror::CONTAINER_LIB,
                 &[image_ld.as_deref(), request_ld.as_deref()],
             ),
-        );
-        let path = inject::env_value(spec, "PATH").unwrap_or_default();
-        let mut parts: Vec<&str> = path.split(':').filter(|p| !p.is_empty()).collect();
-        if !parts.contains(&mirror::CONTAINER_BIN) {
-            parts.push(mirror::CONTAINER_BIN);
-        }
-        inject::set_env(spec, "PATH", &parts.join(":"));
+        ));
+        edits.push(Edit::AppendPath(mirror::CONTAINER_BIN.to_string()));
         let visible = if grant.uuids.is_empty() {
             "none".to_string()
         } else {
             grant.uuids.join(",")
         };
-        inject::set_env(spec, request::ENV_VISIBLE_DEVICES, &visible);
+        edits.push(Edit::env(request::ENV_VISIBLE_DEVICES, &visible));
         let caps: Vec<&str> = capabilities.iter().map(|c| c.name()).collect();
-        inject::set_env(spec, request::ENV_DRIVER_CAPABILITIES, &caps.join(","));
+        edits.push(Edit::env(request::ENV_DRIVER_CAPABILITIES, &caps.join(",")));
         if limited {
-            self.limit(t, &capabilities, &grant, &dir, tree, spec)?;
+            self.limit(t, &capabilities, &grant, &dir, tree, edits)?;
         }
         info!(container = %t.container_id, gpus = ?grant.uuids, memory = ?grant.memory_limit_bytes, cores = ?grant.core_percent, "GPU access granted");
-        Ok(Some(grant))
+        plan.grant = Some(grant);
+        Ok(plan)
     }
 
     /// The persistence daemon's and the fabric manager's sockets (read-only: connecting needs
     /// no write access to the mount), and the MPS pipe directory, each where it exists under
     /// `driver_root`, at the same path in the container.
-    fn add_toolkit_sockets(&self, spec: &mut Spec) -> Result<(), GpuError> {
+    fn add_toolkit_sockets(&self, edits: &mut Vec<Edit>) {
         use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
         for (path, writable) in TOOLKIT_PATHS {
             let host = self.config.driver_root.join(path.trim_start_matches('/'));
@@ -346,10 +383,9 @@ impl Gpus {
                 continue;
             }
             if fits {
-                inject::add_bind(spec, &host, path, *writable)?;
+                edits.push(Edit::bind(&host, path, *writable));
             }
         }
-        Ok(())
     }
 
     /// The GPUs the request names (CDI aside).
@@ -486,7 +522,7 @@ impl Gpus {
         grant: &Grant,
         dir: &ContainerDir,
         tree: Tree,
-        spec: &mut Spec,
+        edits: &mut Vec<Edit>,
     ) -> Result<(), GpuError> {
         let real_lib = match tree {
             Tree::Shared => mirror::CONTAINER_ORIGIN_LIB,
@@ -505,21 +541,21 @@ impl Gpus {
                 .then(|| format!("{real_lib}/libnvidia-ml.so.1").into()),
             accounting_file: container::ACCOUNTING_FILE.into(),
         })?;
-        inject::add_bind(spec, &config, container::CONFIG_PATH, false)?;
+        edits.push(Edit::bind(&config, container::CONFIG_PATH, false));
         let shared = dir.create_accounting()?;
-        inject::add_bind(spec, &shared, container::SHARED_DIR, true)?;
+        edits.push(Edit::bind(&shared, container::SHARED_DIR, true));
         if let Some(m) = grant.memory_limit_bytes {
-            inject::set_env(spec, "CRISHIM_VGPU_MEMORY_LIMIT", &m.to_string());
+            edits.push(Edit::env("CRISHIM_VGPU_MEMORY_LIMIT", &m.to_string()));
         }
         if let Some(c) = grant.core_percent {
-            inject::set_env(spec, "CRISHIM_VGPU_CORE_LIMIT", &c.to_string());
+            edits.push(Edit::env("CRISHIM_VGPU_CORE_LIMIT", &c.to_string()));
         }
         if self.config.inject == InjectMode::Preload {
             let inside = format!("{}/{}", container::VGPU_DIR, config::INTERCEPTOR_NAME);
             let own = read_in_rootfs(t.rootfs, "etc/ld.so.preload")?;
             let preload = dir.write_preload(&inside, own.as_deref())?;
-            inject::add_bind(spec, &self.interceptor, &inside, false)?;
-            inject::add_bind(spec, &preload, container::PRELOAD_PATH, false)?;
+            edits.push(Edit::bind(&self.interceptor, &inside, false));
+            edits.push(Edit::bind(&preload, container::PRELOAD_PATH, false));
         }
         Ok(())
     }

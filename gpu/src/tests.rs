@@ -1,4 +1,4 @@
-//! `Gpus::apply` against a fake node (device nodes made with mknod, so root only) and a fake
+//! `Gpus::plan` and `Plan::apply_to` against a fake node (device nodes made with mknod, so root only) and a fake
 //! driver root.
 
 use std::path::Path;
@@ -96,16 +96,33 @@ fn apply(
         }),
         ..Default::default()
     };
-    n.gpus.apply(
+    let devices = spec_devices(spec);
+    plan_and_apply(
+        n,
         &Target {
             container_id: "ctr1",
             config: c,
             pod: &pod,
             image_env,
             rootfs: &n.rootfs,
+            devices: &devices,
         },
         spec,
     )
+}
+
+fn spec_devices(spec: &Spec) -> Vec<oci_spec::runtime::LinuxDevice> {
+    spec.linux()
+        .as_ref()
+        .and_then(|l| l.devices().clone())
+        .unwrap_or_default()
+}
+
+/// The host step, then the spec's edits: what the container is granted.
+fn plan_and_apply(n: &Node, t: &Target<'_>, spec: &mut Spec) -> Result<Option<Grant>, GpuError> {
+    let plan = n.gpus.plan(t)?;
+    plan.apply_to(spec)?;
+    Ok(plan.grant)
 }
 
 fn mount<'a>(s: &'a Spec, dest: &str) -> Option<&'a oci_spec::runtime::Mount> {
@@ -327,11 +344,12 @@ fn bad_requests_name_the_bad_value() {
         pod: &pod,
         image_env: &[],
         rootfs: Path::new("/nonexistent"),
+        devices: &[],
     };
-    assert!(n.gpus.apply(&t, &mut spec).unwrap().is_none());
+    assert!(plan_and_apply(&n, &t, &mut spec).unwrap().is_none());
     let c = container(&[("NVIDIA_VISIBLE_DEVICES", "none")], &[]);
     let t = Target { config: &c, ..t };
-    let g = n.gpus.apply(&t, &mut spec).unwrap().unwrap();
+    let g = plan_and_apply(&n, &t, &mut spec).unwrap().unwrap();
     assert_eq!(g.memory_limit_bytes, None);
     n.gpus.release("sidecar");
 }
@@ -374,5 +392,70 @@ fn a_toolkit_directory_root_does_not_own_is_not_passed_on() {
     let mut spec = base_spec(&[]);
     apply(&n, &c, &[], &mut spec).unwrap().unwrap();
     assert!(mount(&spec, "/tmp/nvidia-mps").is_none());
+    n.gpus.release("ctr1");
+}
+
+/// CDI devices grant the GPUs whose nodes the spec has once they are applied: their own, and
+/// those already among the spec's devices (`Target::devices`).
+#[test]
+fn cdi_devices_grant_the_gpus_among_the_specs_devices() {
+    let Some(n) = node(InjectMode::Preload) else {
+        return;
+    };
+    let dir = &n.gpus.config.cdi_spec_dirs[0];
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(
+        dir.join("test.yaml"),
+        r#"cdiVersion: "0.6.0"
+kind: "crishim.test/dev"
+devices:
+  - name: "gpu1"
+    containerEdits:
+      deviceNodes:
+        - path: "/dev/nvidia1"
+          type: "c"
+          major: 195
+          minor: 1
+  - name: "other"
+    containerEdits:
+      env:
+        - "FROM_CDI=other"
+"#,
+    )
+    .unwrap();
+    let with_cdi = |name: &str| cri::ContainerConfig {
+        cdi_devices: vec![cri::CdiDevice {
+            name: format!("crishim.test/dev={name}"),
+        }],
+        ..container(&[], &[])
+    };
+    let mut spec = base_spec(&[]);
+    let g = apply(&n, &with_cdi("gpu1"), &[], &mut spec)
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.uuids, ["GPU-c0ffee00-0000-4000-8000-000000000001"]);
+    n.gpus.release("ctr1");
+
+    // A device that is no GPU grants none: its edits are made all the same.
+    let mut spec = base_spec(&[]);
+    assert!(apply(&n, &with_cdi("other"), &[], &mut spec)
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        inject::env_value(&spec, "FROM_CDI").as_deref(),
+        Some("other")
+    );
+    // With a GPU's node already in the spec, that GPU is granted.
+    let mut spec = base_spec(&[]);
+    let gpu0 = n
+        .gpus
+        .inventory
+        .node(n.gpus.inventory.by_minor(0).unwrap())
+        .unwrap();
+    inject::add_device(&mut spec, &gpu0).unwrap();
+    let g = apply(&n, &with_cdi("other"), &[], &mut spec)
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.uuids, ["GPU-c0ffee00-0000-4000-8000-000000000000"]);
     n.gpus.release("ctr1");
 }

@@ -3,12 +3,12 @@
 //!
 //! [`ImageStore`] is the entry point; the daemon's CRI `ImageService` is a thin layer over it.
 
-pub mod blocking;
 pub mod digest;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod limits;
+mod locks;
 mod pull;
 pub mod reference;
 pub mod registry;
@@ -45,7 +45,7 @@ pub struct ImageStore {
     limits: ImagesConfig,
     /// Shared by pulls and prepares, exclusive for garbage collection.
     gc_lock: tokio::sync::RwLock<()>,
-    inflight: pull::KeyedLocks,
+    inflight: locks::KeyedLocks,
     trash: store::Trash,
     /// Mount roots whose submounts are never a container's (the daemon's state directory, with
     /// every pod's): [`cleanup`](Self::cleanup) leaves them out unread.

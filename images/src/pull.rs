@@ -1,7 +1,6 @@
 //! Pulling: resolve the manifest, then download, verify and unpack every layer concurrently, each as
 //! one streaming pass (network -> sha256 + blob file + decompressor -> tar extractor).
 
-use std::collections::HashMap;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 
@@ -32,50 +31,6 @@ const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 ];
-
-/// Per-key async locks, so two pulls needing the same layer fetch it once.
-#[derive(Default)]
-pub(crate) struct KeyedLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl KeyedLocks {
-    pub(crate) async fn lock(&self, key: &str) -> KeyedGuard<'_> {
-        let m = self
-            .0
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default()
-            .clone();
-        let guard = m.clone().lock_owned().await;
-        KeyedGuard {
-            locks: self,
-            key: key.to_string(),
-            _guard: Some(guard),
-            _m: m,
-        }
-    }
-}
-
-pub(crate) struct KeyedGuard<'a> {
-    locks: &'a KeyedLocks,
-    key: String,
-    _guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    _m: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl Drop for KeyedGuard<'_> {
-    fn drop(&mut self) {
-        self._guard.take();
-        let mut map = self.locks.0.lock().unwrap();
-        // Only the map and this guard hold it: nobody else waits, so forget the key.
-        if map
-            .get(&self.key)
-            .is_some_and(|m| Arc::strong_count(m) == 2)
-        {
-            map.remove(&self.key);
-        }
-    }
-}
 
 /// The Go-style name of the host architecture, as image platforms spell it.
 pub fn host_arch() -> &'static str {

@@ -3,7 +3,6 @@
 //! them through (names, per-id locks, the shims' live states). Errors are [`store::StoreError`];
 //! the server maps them onto gRPC statuses.
 
-mod blocking;
 pub mod journal;
 pub mod records;
 pub mod store;

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
 use crishim_sys::shown::shown;
 
-use crate::blocking::off_the_workers;
 use crate::records::{container_name, pod_name, ContainerRecord, PodRecord, RecordDir};
+use crishim_sys::blocking::off_the_workers;
 
 /// Candidates named in an ambiguous-prefix error.
 const MAX_CANDIDATES: usize = 5;

@@ -1,6 +1,6 @@
 //! An empty mount namespace: a read-only tmpfs of no size as its root, and nothing else. The
 //! daemon holds one for the pods' infra processes to join and for the shims to build create
-//! views in (see `crishim-runtime`'s `empty_mnt`).
+//! views in (see `crishim-cri`'s `empty_mnt`).
 
 use std::ffi::CStr;
 use std::io;

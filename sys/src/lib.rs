@@ -11,8 +11,12 @@
 //! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `shown`: attacker-sized names cut to a bounded length for error messages and logs.
+//! - `blocking` (feature `tokio`): disk waits off an async runtime's workers, children's output
+//!   read to a cap.
 //! - `testing`: helpers for tests that need a mount namespace of their own.
 
+#[cfg(feature = "tokio")]
+pub mod blocking;
 pub mod confined;
 pub mod empty_ns;
 pub mod hostfs;

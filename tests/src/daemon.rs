@@ -202,7 +202,7 @@ impl DaemonOptions {
         let bin = daemon_bin();
         ensure!(
             bin.is_file(),
-            "daemon binary {} not found: build it with `cargo build -p crishim-runtime` or set CRISHIM_BIN",
+            "daemon binary {} not found: build it with `cargo build -p crishim` or set CRISHIM_BIN",
             bin.display()
         );
         let mut cmd = match self.wrapper.split_first() {
@@ -223,7 +223,7 @@ impl DaemonOptions {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env(
                 "RUST_LOG",
-                "info,crishim=debug,crishim_runtime=debug,crishim_images=debug",
+                "info,crishim=debug,crishim_cri=debug,crishim_spec=debug,crishim_cni=debug,crishim_images=debug",
             );
         }
         for (k, v) in &self.env {
@@ -271,7 +271,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A tonic channel over a unix socket.
 pub async fn connect_unix(socket: &Path) -> Result<Channel> {
-    Ok(crishim_runtime::cri_client::connect_unix(socket, RPC_TIMEOUT).await?)
+    Ok(crishim_cri::cri_client::connect_unix(socket, RPC_TIMEOUT).await?)
 }
 
 impl Daemon {

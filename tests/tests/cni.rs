@@ -1,4 +1,4 @@
-//! `crishim_runtime::cni` with the real CNI plugins (`/opt/cni/bin`, `/usr/lib/cni`: bridge,
+//! `crishim_cni` with the real CNI plugins (`/opt/cni/bin`, `/usr/lib/cni`: bridge,
 //! host-local, portmap, tuning) on real network namespaces made with `ip netns`. Needs root,
 //! iproute2, iptables and busybox (`$BUSYBOX_BIN`, default `/bin/busybox`, for ping and nc).
 //!
@@ -22,9 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crishim_runtime::cni::{
-    netns, Cni, CniConfig, CniError, NetworkResult, PodNetwork, PortMapping,
-};
+use crishim_cni::{netns, Cni, CniConfig, CniError, NetworkResult, PodNetwork, PortMapping};
 use crishim_tests::random_hex;
 use serde_json::{json, Value};
 
@@ -317,7 +315,7 @@ impl Net {
 
     /// The pods with a cache entry, as a daemon opening the cache now would find them.
     fn cached(&self) -> Vec<String> {
-        crishim_runtime::cni::cache::Cache::new(self.cache_dir())
+        crishim_cni::cache::Cache::new(self.cache_dir())
             .ids()
             .unwrap()
     }

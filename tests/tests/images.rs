@@ -1,7 +1,7 @@
 //! The CRI ImageService of the `crishim` daemon, against a real `docker-registry`.
 //!
 //! Every test starts its own registry and daemon (tests run in parallel). The daemon binary is
-//! `$CRISHIM_BIN` or `target/<profile>/crishim` (build it with `cargo build -p crishim-runtime`).
+//! `$CRISHIM_BIN` or `target/<profile>/crishim` (build it with `cargo build -p crishim`).
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;

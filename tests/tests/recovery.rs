@@ -5,7 +5,7 @@
 //!
 //! Every test starts its own registry and daemon (tests run in parallel) and ends with
 //! [`assert_no_leaks`] for its pods. The daemon binary is `$CRISHIM_BIN` or
-//! `target/<profile>/crishim` (`cargo build -p crishim-runtime -p crishim-shim`).
+//! `target/<profile>/crishim` (`cargo build -p crishim -p crishim-shim`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `/proc/<infra pid>/net/dev`, read by the test right before and right after the RPC.
 //!
 //! The daemon binary is `$CRISHIM_BIN` or `target/<profile>/crishim`
-//! (`cargo build -p crishim-runtime -p crishim-shim`).
+//! (`cargo build -p crishim -p crishim-shim`).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -6,9 +6,9 @@ use std::path::Path;
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::blocking::off_the_workers;
 use crate::digest::Digest;
 use crate::error::Result;
+use crishim_sys::blocking::off_the_workers;
 
 /// image id (`sha256:<config digest>`) -> JSON [`ImageRecord`]
 const IMAGES: TableDefinition<&str, &[u8]> = TableDefinition::new("images");
