@@ -2,7 +2,7 @@
 
 use crishim_images::{fuzzing, unpack, Digest, Reference};
 
-use crate::split_at_byte;
+use crate::input::split_at_byte;
 
 /// A layer blob (plain, gzip or zstd tar), unpacked into a fresh temporary directory.
 pub fn tar_unpack(data: &[u8]) {

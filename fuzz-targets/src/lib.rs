@@ -16,6 +16,7 @@ mod cuda;
 mod interceptor_ledger;
 
 mod images;
+mod input;
 mod ledger;
 mod runtime;
 mod shim;
@@ -56,11 +57,3 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config_toml", config_toml),
     ("vgpu_ledger", vgpu_ledger),
 ];
-
-/// Split `data` at the first `sep`: (before, after); all of it before when there is none.
-fn split_at_byte(data: &[u8], sep: u8) -> (&[u8], &[u8]) {
-    match data.iter().position(|b| *b == sep) {
-        Some(i) => (&data[..i], &data[i + 1..]),
-        None => (data, &[]),
-    }
-}

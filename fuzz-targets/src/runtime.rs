@@ -10,7 +10,7 @@ use crishim_cri::config::Config;
 use crishim_proto::shim::ContainerState;
 use crishim_state::records::{ContainerRecord, PodRecord};
 
-use crate::split_at_byte;
+use crate::input::split_at_byte;
 
 /// `/proc/self/mountinfo` as the daemon, the image store and the shim read it: mount points can
 /// carry names a pod chose (volume names), escaped by the kernel. Every mount kept is absolute.

@@ -4,7 +4,7 @@
 
 use crishim_proto::shim::{frames, parse_ready, pid_file, InfraSpec, Request, Response};
 
-use crate::split_at_byte;
+use crate::input::split_at_byte;
 
 pub fn shim_protocol(data: &[u8]) {
     let (line, mut rest) = split_at_byte(data, b'\n');

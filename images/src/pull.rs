@@ -13,6 +13,7 @@ use tracing::{debug, info};
 use crate::digest::{chain_ids, Digest, Hasher};
 use crate::error::{ImageError, IoContext, Result, StreamAborted};
 use crate::limits::Budget;
+use crate::platform::host_arch;
 use crate::reference::Reference;
 use crate::registry::{Credentials, Repository};
 use crate::store::meta::ImageRecord;
@@ -31,17 +32,6 @@ const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 ];
-
-/// The Go-style name of the host architecture, as image platforms spell it.
-pub fn host_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        "powerpc64" => "ppc64le",
-        other => other,
-    }
-}
 
 /// Parser errors quote the offending input, so they are cut like any name from an image.
 fn bad(what: &str, e: impl std::fmt::Display) -> ImageError {

@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod client;
+mod error;
 pub mod portforward;
 pub mod remotecommand;
 pub mod server;
@@ -17,16 +18,5 @@ pub mod status;
 mod tls;
 
 pub use backend::{Backend, Outcome, Stdio, TermSize};
+pub use error::StreamingError;
 pub use server::{Config, Server};
-
-#[derive(Debug, thiserror::Error)]
-pub enum StreamingError {
-    #[error("binding the streaming server to {0}: {1}")]
-    Bind(std::net::SocketAddr, std::io::Error),
-    #[error("streaming TLS: {0}")]
-    Tls(String),
-    #[error("too many streaming requests in flight; try again later")]
-    TooManyInFlight,
-    #[error("no random bytes for a streaming token: {0}")]
-    Random(std::io::Error),
-}

@@ -59,7 +59,10 @@ mod update_runtime_config;
 mod update_tests;
 mod version;
 
-pub use pod_host::{CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims};
+pub use pod_host::files::HostPodFiles;
+pub use pod_host::network::CniPodNetwork;
+pub use pod_host::shims::ProcessPodShims;
+pub use pod_host::{PodFiles, PodNetwork, PodShims};
 pub use runtime_service::{Parts, RuntimeService};
 
 use std::collections::HashSet;

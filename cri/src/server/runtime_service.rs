@@ -10,9 +10,7 @@ use crishim_proto::shim::{ContainerState, Request, Response, Status as ShimStatu
 use crishim_state::records::ContainerRecord;
 
 use super::errors::{unexpected, Error};
-use super::pod_host::{
-    CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims,
-};
+use super::{CniPodNetwork, HostPodFiles, PodFiles, PodNetwork, PodShims, ProcessPodShims};
 use crate::config::Config;
 use crate::container_images::ContainerImages;
 use crate::shim_client::{Shims, SocketShims, SHIM_TIMEOUT};

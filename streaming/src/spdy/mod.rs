@@ -6,6 +6,7 @@
 //! gives it back only once its consumer has taken it, so a peer that fills streams nobody reads
 //! stalls its own connection (TCP backpressure) rather than growing the daemon.
 
+mod error;
 pub mod frame;
 pub mod headers;
 
@@ -17,17 +18,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
+pub use error::SpdyError;
 pub use headers::{get as header, Headers};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SpdyError {
-    #[error("SPDY protocol error: {0}")]
-    Protocol(String),
-    #[error("connection: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("the connection is closed")]
-    Closed,
-}
 
 /// Frames written at most this large; bigger writes are split.
 const MAX_DATA_FRAME: usize = 32 * 1024;

@@ -93,10 +93,6 @@ pub trait PodFiles: Send + Sync {
     fn remove_dir(&self, dir: &Path) -> std::io::Result<()>;
 }
 
-mod files;
-mod network;
-mod shims;
-
-pub use files::HostPodFiles;
-pub use network::CniPodNetwork;
-pub use shims::ProcessPodShims;
+pub mod files;
+pub mod network;
+pub mod shims;
