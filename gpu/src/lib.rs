@@ -10,7 +10,7 @@
 //! - `config`: `[gpu]` in config.toml (`GpuConfig`, which the daemon's `Config` holds).
 //!
 //! `crishim gpu list` and `crishim gpu probe` are the binary's (`crishim::gpu_cli`); the
-//! daemon maps [`GpuError`] to gRPC statuses (`runtime/src/server/errors.rs`).
+//! daemon maps [`GpuError`] to gRPC statuses (`cri/src/server/errors.rs`).
 //!
 //! [`Gpus::plan`] decides what a container gets and prepares it on the host; the spec builder
 //! makes the plan's edits with [`Plan::apply_to`], which touches nothing but the spec. A

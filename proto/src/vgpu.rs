@@ -1,5 +1,5 @@
 //! `/etc/crishim/vgpu/config.json`: what crishim tells the GPU interceptor in a container with
-//! limits. The runtime writes it at `CreateContainer` (`runtime/src/gpu`); the interceptor
+//! limits. The runtime writes it at `CreateContainer` (`crishim-gpu`); the interceptor
 //! (`interceptor/src/config.rs`) reads it. Unknown keys are refused: a config the interceptor
 //! does not fully understand is a broken one, and a broken config fails closed.
 

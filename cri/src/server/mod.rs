@@ -1,5 +1,6 @@
 //! The CRI gRPC services. Each RPC lives in its own file (`image_pull.rs`, …), as in containerd's CRI
-//! server; this module only wires them to the generated tonic traits.
+//! server; `instrumented.rs` wires them to the generated tonic traits and is the one place their
+//! errors become gRPC statuses.
 
 mod container_attach;
 mod container_create;

@@ -1,5 +1,6 @@
 //! The CRI `RuntimeService`: pods and containers. Each RPC is in its own file (`sandbox_run.rs`,
-//! `container_create.rs`, …); this file holds the shared state and wires the tonic trait to them.
+//! `container_create.rs`, …); this file holds the state they share, and `instrumented.rs` wires
+//! the tonic trait to them.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
