@@ -25,6 +25,8 @@ const NEW_SINCE_1_32: &[&str] = &[
     "ImageSpec.image_ref",
     "Mount.image_sub_path",
     "RuntimeFeatures.user_namespaces_host_network",
+    "Mount.mount_options",
+    "RuntimeFeatures.mount_options",
 ];
 
 struct Field {

@@ -23,8 +23,47 @@ struct Bind {
     readonly: bool,
     recursive_readonly: bool,
     propagation: i32,
-    /// An image volume: also `nosuid`, `nodev` and `noexec`.
-    noexec: bool,
+    /// Options that only take away: `nosuid`, `nodev`, `noexec` (an image volume's, or the
+    /// CRI mount's `mount_options`).
+    hardening: Vec<&'static str>,
+}
+
+/// The `Mount.mount_options` a caller may add: each only takes something away from the mount.
+/// `ro` makes it read-only, as `readonly` does.
+const MOUNT_OPTIONS: [&str; 4] = ["nosuid", "nodev", "noexec", "ro"];
+
+/// More options than [`MOUNT_OPTIONS`] holds can only repeat one.
+const MAX_MOUNT_OPTIONS: usize = 16;
+
+/// `m.mount_options`, checked: `(hardening options, read-only)`. Anything else (an unknown
+/// option, or one that would weaken the mount, such as `exec`, `suid`, `dev` or `rw`) is
+/// refused rather than dropped.
+fn mount_options(m: &cri::Mount) -> Result<(Vec<&'static str>, bool), SpecError> {
+    if m.mount_options.len() > MAX_MOUNT_OPTIONS {
+        return Err(SpecError::Invalid(format!(
+            "mount at {}: {} mount options, over the limit of {MAX_MOUNT_OPTIONS}",
+            m.container_path,
+            m.mount_options.len()
+        )));
+    }
+    let mut hardening = Vec::new();
+    let mut readonly = false;
+    for o in &m.mount_options {
+        match MOUNT_OPTIONS.iter().find(|known| **known == o.as_str()) {
+            Some(&"ro") => readonly = true,
+            Some(known) if !hardening.contains(known) => hardening.push(*known),
+            Some(_) => {}
+            None => {
+                return Err(SpecError::Invalid(format!(
+                    "mount at {}: mount option {:?} is not allowed; only {} can be added",
+                    m.container_path,
+                    crishim_sys::shown::shown(o),
+                    MOUNT_OPTIONS.join(", ")
+                )))
+            }
+        }
+    }
+    Ok((hardening, readonly))
 }
 
 pub(super) fn build(
@@ -76,7 +115,7 @@ pub(super) fn build(
             readonly,
             recursive_readonly: false,
             propagation: cri::MountPropagation::PropagationPrivate as i32,
-            noexec: false,
+            hardening: Vec::new(),
         });
     }
     binds.extend(pod_binds);
@@ -125,7 +164,7 @@ fn cri_bind(m: &cri::Mount, image_volumes: &[ImageVolume]) -> Result<Bind, SpecE
             readonly: true,
             recursive_readonly: false,
             propagation: cri::MountPropagation::PropagationPrivate as i32,
-            noexec: true,
+            hardening: vec!["nosuid", "nodev", "noexec"],
         });
     }
     if m.host_path.is_empty() {
@@ -147,13 +186,14 @@ fn cri_bind(m: &cri::Mount, image_volumes: &[ImageVolume]) -> Result<Bind, SpecE
         }
         _ => SpecError::internal(format!("resolving mount host path {:?}", m.host_path), e),
     })?;
+    let (hardening, readonly) = mount_options(m)?;
     Ok(Bind {
         container_path: m.container_path.clone(),
         host_path,
-        readonly: m.readonly,
+        readonly: m.readonly || readonly,
         recursive_readonly: m.recursive_read_only,
         propagation: m.propagation,
-        noexec: false,
+        hardening,
     })
 }
 
@@ -199,9 +239,7 @@ fn bind_mount(bind: &Bind) -> Result<(Mount, &'static str), SpecError> {
                 propagation.to_string(),
                 access.to_string(),
             ];
-            if bind.noexec {
-                options.extend(["nosuid", "nodev", "noexec"].map(String::from));
-            }
+            options.extend(bind.hardening.iter().map(|o| o.to_string()));
             options
         }));
     Ok((mount, propagation))

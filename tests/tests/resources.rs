@@ -36,8 +36,20 @@ async fn limits_reach_the_cgroup_and_going_over_memory_is_oom_killed() {
         memory_limit_in_bytes: 64 * MIB,
         ..Default::default()
     });
-    let limited = env.d.run_container(&pod, &cfg, &pod_cfg).await.unwrap();
+    let limited = env.d.create_container(&pod, &cfg, &pod_cfg).await.unwrap();
     traces.add_container(&limited);
+    // From creation on, before it starts, as the kubelet's in-place resize expects.
+    let created = env.d.container_status(&limited).await.unwrap();
+    let asked = created
+        .resources
+        .expect("ContainerStatus.resources of a created container")
+        .linux
+        .unwrap();
+    assert_eq!(
+        (asked.cpu_quota, asked.memory_limit_in_bytes),
+        (50_000, 64 * MIB)
+    );
+    env.d.start_container(&limited).await.unwrap();
     let info = env
         .d
         .runtime_client()

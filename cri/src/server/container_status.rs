@@ -32,9 +32,16 @@ impl RuntimeService {
             info.insert("info".to_string(), verbose.to_string());
         }
         let mut status = container_status(&c, &state);
-        if state.status == ShimStatus::Running {
-            status.resources = inner.resources_in_force(&c).await;
-        }
+        // From creation on (the kubelet's in-place resize reads them before start): what the
+        // cgroup enforces, or, before start where it cannot be read yet, what was asked for.
+        status.resources = match state.status {
+            ShimStatus::Running => inner.resources_in_force(&c).await,
+            ShimStatus::Created => match inner.resources_in_force(&c).await {
+                Some(r) => Some(r),
+                None => asked_resources(&c),
+            },
+            ShimStatus::Exited | ShimStatus::Unknown => None,
+        };
         Ok(ContainerStatusResponse {
             status: Some(status),
             info,
@@ -63,6 +70,15 @@ impl super::runtime_service::Inner {
             windows: None,
         })
     }
+}
+
+/// The resources the container's config asks for.
+fn asked_resources(c: &ContainerRecord) -> Option<cri::ContainerResources> {
+    let linux = c.config.linux.as_ref()?.resources.clone()?;
+    Some(cri::ContainerResources {
+        linux: Some(linux),
+        windows: None,
+    })
 }
 
 pub(super) fn cri_state(s: &ContainerState) -> i32 {

@@ -266,13 +266,23 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
         &self,
         _r: Request<cri::CheckpointContainerRequest>,
     ) -> Result<Response<cri::CheckpointContainerResponse>, Status> {
-        logged("CheckpointContainer", async {
-            Err(Error::unimplemented(
-                "CheckpointContainer is not supported: checkpointing a container (KEP-2008) \
-                 needs CRIU, which crishim does not drive",
-            ))
-        })
+        logged(
+            "CheckpointContainer",
+            unsupported_checkpoint("CheckpointContainer"),
+        )
         .await
+    }
+    async fn checkpoint_pod(
+        &self,
+        _r: Request<cri::CheckpointPodRequest>,
+    ) -> Result<Response<cri::CheckpointPodResponse>, Status> {
+        logged("CheckpointPod", unsupported_checkpoint("CheckpointPod")).await
+    }
+    async fn restore_pod(
+        &self,
+        _r: Request<cri::RestorePodRequest>,
+    ) -> Result<Response<cri::RestorePodResponse>, Status> {
+        logged("RestorePod", unsupported_checkpoint("RestorePod")).await
     }
     async fn list_metric_descriptors(
         &self,
@@ -379,4 +389,12 @@ impl cri::runtime_service_server::RuntimeService for RuntimeService {
     ) -> Result<Response<Self::GetContainerEventsStream>, Status> {
         Ok(Response::new(self.do_get_container_events(r.into_inner())))
     }
+}
+
+/// Checkpoints (KEP-2008) and their restore need CRIU, which crishim does not drive.
+async fn unsupported_checkpoint<T>(rpc: &str) -> Result<T, Error> {
+    Err(Error::unimplemented(format!(
+        "{rpc} is not supported: checkpointing and restoring need CRIU, which crishim does not \
+         drive"
+    )))
 }

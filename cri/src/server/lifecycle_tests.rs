@@ -636,3 +636,30 @@ async fn a_create_is_refused_once_the_infra_pid_is_not_the_pods() {
         node.shims.requests()
     );
 }
+
+#[tokio::test]
+async fn checkpoints_and_restores_are_unimplemented_and_say_why() {
+    let node = Node::new();
+    let pod = node.pod("web");
+    let e = node
+        .svc
+        .checkpoint_pod(Request::new(cri::CheckpointPodRequest {
+            pod_sandbox_id: pod,
+            output_path: "/tmp/checkpoint".into(),
+            ..Default::default()
+        }))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(
+        e.message().starts_with("CheckpointPod") && e.message().contains("CRIU"),
+        "{e:?}"
+    );
+    let e = node
+        .svc
+        .restore_pod(Request::new(cri::RestorePodRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(e.message().starts_with("RestorePod"), "{e:?}");
+}

@@ -63,6 +63,8 @@ impl RuntimeService {
             features: Some(RuntimeFeatures {
                 supplemental_groups_policy: true,
                 user_namespaces_host_network: false,
+                // `Mount.mount_options` that only take away (nosuid, nodev, noexec, ro).
+                mount_options: true,
             }),
         })
     }

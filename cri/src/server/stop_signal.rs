@@ -14,7 +14,9 @@ pub(super) fn from_cri(value: i32) -> Result<Option<i32>, Error> {
     if signal == Signal::RuntimeDefault {
         return Ok(None);
     }
+    // cri-api v0.37 prefixes every value with the enum's name (`SIGNAL_SIGTERM`).
     let name = signal.as_str_name();
+    let name = name.strip_prefix(SIGNAL_PREFIX).unwrap_or(name);
     let number = if let Some(n) = name.strip_prefix("SIGRTMINPLUS") {
         n.parse::<i32>().ok().map(|n| libc::SIGRTMIN() + n)
     } else if let Some(n) = name.strip_prefix("SIGRTMAXMINUS") {
@@ -54,8 +56,11 @@ pub(super) fn to_cri(number: i32) -> Signal {
             Err(_) => return Signal::RuntimeDefault,
         }
     };
-    Signal::from_str_name(&name).unwrap_or(Signal::RuntimeDefault)
+    Signal::from_str_name(&format!("{SIGNAL_PREFIX}{name}")).unwrap_or(Signal::RuntimeDefault)
 }
+
+/// What cri-api v0.37 puts before each `Signal` value's name.
+const SIGNAL_PREFIX: &str = "SIGNAL_";
 
 /// `SIGQUIT`, `QUIT` or `3`.
 pub(super) fn parse_signal(s: &str) -> Option<i32> {

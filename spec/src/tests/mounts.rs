@@ -176,6 +176,51 @@ fn recursive_read_only_mounts_use_rro() {
 }
 
 #[test]
+fn mount_options_that_only_take_away_are_applied_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = Fixture::new();
+    f.add_mount("/data", dir.path()).mount_options =
+        strings(&["noexec", "nodev", "nosuid", "noexec"]);
+    f.add_mount("/ro", dir.path()).mount_options = strings(&["ro"]);
+    let spec = f.spec();
+    assert_eq!(
+        options(mount_at(&spec, "/data")),
+        strings(&["rbind", "rprivate", "rw", "noexec", "nodev", "nosuid"])
+    );
+    assert_eq!(
+        options(mount_at(&spec, "/ro")),
+        strings(&["rbind", "rprivate", "ro"])
+    );
+}
+
+#[test]
+fn mount_options_that_are_unknown_or_would_weaken_a_mount_are_refused_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [
+        "exec",
+        "suid",
+        "dev",
+        "rw",
+        "shared",
+        "remount",
+        "mode=777",
+        "nosuid,exec",
+        "",
+    ] {
+        let mut f = Fixture::new();
+        f.add_mount("/data", dir.path()).mount_options = strings(&["nodev", bad]);
+        let e = f.invalid();
+        assert!(
+            e.contains("/data") && e.contains("not allowed"),
+            "{bad:?}: {e}"
+        );
+    }
+    let mut f = Fixture::new();
+    f.add_mount("/data", dir.path()).mount_options = vec!["nodev".to_string(); 17];
+    assert!(f.invalid().contains("over the limit"));
+}
+
+#[test]
 fn relative_container_path_is_invalid() {
     let dir = tempfile::tempdir().unwrap();
     let mut f = Fixture::new();

@@ -142,3 +142,74 @@ async fn bidirectional_mount_propagates_mounts_both_ways() {
     assert_no_leaks(d, &traces).await;
     env.stop();
 }
+
+/// `Mount.mount_options` that only take away reach the container's mount: a program on a
+/// `noexec` volume does not run where the same file on a plain volume does. One that would
+/// weaken a mount is refused by name, and the refused create leaves no container behind.
+#[tokio::test]
+async fn mount_options_reach_the_container_and_weakening_ones_are_refused() {
+    let host_dir = tempfile::tempdir().unwrap();
+    // busybox picks its applet by name: this file runs as `true`.
+    std::fs::copy("/bin/busybox", host_dir.path().join("true")).expect("busybox-static");
+    let env = PodEnv::start().await;
+    let d = &env.d;
+    let status = d.runtime_status().await.expect("Status");
+    assert!(status.features.unwrap().mount_options, "{status:#?}");
+
+    let cfg = env.pod_config("mopts");
+    let mut c = sh_container(&env, "mopts", LOOP_UNTIL_TERM, &marker("mopts"));
+    let mut hardened = volume(
+        "/mnt/opts",
+        host_dir.path(),
+        cri::MountPropagation::PropagationPrivate,
+    );
+    hardened.mount_options = ["noexec", "nodev", "nosuid"].map(String::from).to_vec();
+    let plain = volume(
+        "/mnt/plain",
+        host_dir.path(),
+        cri::MountPropagation::PropagationPrivate,
+    );
+    c.mounts = vec![hardened.clone(), plain];
+    let (pod, id, traces) = env.run_traced(&cfg, &c).await;
+
+    let ran = d.exec_sync(&id, &["/mnt/plain/true"], 10).await.unwrap();
+    assert_eq!(ran.exit_code, 0, "the plain volume runs it: {ran:?}");
+    // The exec itself fails (EACCES), as with runc: an error, or a failed exit from a shell.
+    match d.exec_sync(&id, &["/mnt/opts/true"], 10).await {
+        Ok(r) => assert_ne!(r.exit_code, 0, "noexec must stop it: {r:?}"),
+        Err(e) => assert!(e.message().contains("execute"), "{e:?}"),
+    }
+    let through_sh = d
+        .exec_sync(&id, &["sh", "-c", "/mnt/opts/true"], 10)
+        .await
+        .unwrap();
+    assert_eq!(through_sh.exit_code, 126, "{through_sh:?}");
+    let info = d
+        .exec_sync(&id, &["grep", " /mnt/opts ", "/proc/self/mountinfo"], 10)
+        .await
+        .unwrap();
+    let line = String::from_utf8_lossy(&info.stdout).to_string();
+    for flag in ["noexec", "nodev", "nosuid"] {
+        assert!(line.contains(flag), "{flag} missing from {line:?}");
+    }
+
+    let mut weak = c.clone();
+    weak.metadata.as_mut().unwrap().name = "weak".into();
+    hardened.mount_options = vec!["exec".to_string()];
+    weak.mounts = vec![hardened];
+    let e = d
+        .create_container(&pod, &weak, &cfg)
+        .await
+        .expect_err("exec is not an option that takes away");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("/mnt/opts") && e.message().contains("\"exec\""),
+        "{e:?}"
+    );
+    let containers = d.list_containers(None).await.unwrap();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+
+    d.remove_pod(&pod).await.expect("RemovePodSandbox");
+    assert_no_leaks(d, &traces).await;
+    env.stop();
+}
