@@ -101,6 +101,16 @@ image $CT/test-image-predefined-group:latest 1000 sh
 
 # The runtime, on fresh directories, with its own bridge.
 rdir="$W/$runtime"
+# What an interrupted run left: pods outlive their daemon, so their shims, infra processes and
+# mounts under $rdir go first, or the directory cannot be removed.
+if [ -d "$rdir" ]; then
+    for pid in $(pgrep -f -- "--dir $rdir/" || true); do
+        pkill -KILL -P "$pid" 2>/dev/null || true
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    awk -v d="$rdir/" 'index($5, d) == 1 {print $5}' /proc/self/mountinfo | sort -r |
+        while read -r m; do umount -l "$m" 2>/dev/null || true; done
+fi
 rm -rf "$rdir"
 mkdir -p "$rdir/cni"
 cat >"$rdir/cni/10-critest.conflist" <<J
