@@ -347,6 +347,7 @@ impl Gen {
                     container_path: self.string(),
                     host_path: self.string(),
                     readonly: true,
+                    mount_options: self.strings(),
                     ..Default::default()
                 })
                 .collect(),
@@ -566,7 +567,7 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
                 }),
             }),
         })),
-        29 => match g.rng.below(5) {
+        29 => match g.rng.below(7) {
             0 => rpc!(rt.status(cri::StatusRequest {
                 verbose: g.rng.chance(2)
             })),
@@ -577,6 +578,19 @@ async fn call(env: &PodEnv, g: &mut Gen) -> (&'static str, Result<(), Status>) {
                 timeout: g.int(),
             })),
             3 => rpc!(rt.list_metric_descriptors(cri::ListMetricDescriptorsRequest {})),
+            4 => rpc!(rt.checkpoint_pod(cri::CheckpointPodRequest {
+                pod_sandbox_id: g.pod_id(),
+                output_path: g.string(),
+                container_ids: vec![g.container_id()],
+                options: g.map(),
+            })),
+            5 => rpc!(rt.restore_pod(cri::RestorePodRequest {
+                checkpoint_path: g.string(),
+                config: Some(g.pod_config()),
+                runtime_handler: g.string(),
+                options: g.map(),
+                container_configs: vec![g.container_config()],
+            })),
             _ => rpc!(rt.list_pod_sandbox_metrics(cri::ListPodSandboxMetricsRequest {})),
         },
         30 => rpc!(rt.get_container_events(cri::GetEventsRequest {})),
