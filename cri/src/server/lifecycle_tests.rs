@@ -394,7 +394,7 @@ async fn more_than_32_image_volumes_are_refused_and_nothing_stays_mounted() {
 }
 
 #[tokio::test]
-async fn update_pod_sandbox_resources_refuses_what_it_cannot_apply() {
+async fn update_pod_sandbox_resources_refuses_what_it_cannot_apply_and_records_the_rest() {
     let node = Node::new();
     let pod = node.pod("web");
     let update = |pod_sandbox_id: String, resources| cri::UpdatePodSandboxResourcesRequest {
@@ -421,7 +421,19 @@ async fn update_pod_sandbox_resources_refuses_what_it_cannot_apply() {
         memory_limit_in_bytes: 64 << 20,
         ..Default::default()
     };
-    call(update(pod, Some(fine))).await.unwrap();
+    call(update(pod.clone(), Some(fine.clone()))).await.unwrap();
+    // Recorded with the pod, as a restarted daemon finds it, whoever enforces the limits.
+    let recorded = node.svc.inner.store.pod(&pod).unwrap();
+    let linux = recorded.config.linux.unwrap();
+    assert_eq!(linux.resources, Some(fine));
+    // A refused update records nothing.
+    let before = node.svc.inner.store.pod(&pod).unwrap().config;
+    let negative = cri::LinuxContainerResources {
+        cpu_shares: -5,
+        ..Default::default()
+    };
+    call(update(pod.clone(), Some(negative))).await.unwrap_err();
+    assert_eq!(node.svc.inner.store.pod(&pod).unwrap().config, before);
 }
 
 fn container(node: &Node, id: &str) -> ContainerRecord {

@@ -35,12 +35,19 @@ impl RuntimeService {
         };
         let limits = spec::resources(&resources).map_err(|e| from_spec_error(RPC, e))?;
         let _guard = inner.store.lock(&pod.id).await;
-        let Some(cgroup) = inner.daemon_made_pod_cgroup(&pod) else {
-            return Ok(UpdatePodSandboxResourcesResponse {});
-        };
-        write_limits(&Cgroups::host(), &cgroup, &limits)
-            .map_err(|e| Error::internal(format!("{RPC}: writing to cgroup {cgroup}: {e}")))?;
-        info!(pod = %pod.id, cgroup = %cgroup, "pod resources updated");
+        if let Some(cgroup) = inner.daemon_made_pod_cgroup(&pod) {
+            write_limits(&Cgroups::host(), &cgroup, &limits)
+                .map_err(|e| Error::internal(format!("{RPC}: writing to cgroup {cgroup}: {e}")))?;
+            info!(pod = %pod.id, cgroup = %cgroup, "pod resources updated");
+        }
+        // Kept in the pod's record as the pod's config would carry them, whoever enforces them.
+        let mut pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
+        let linux = pod.config.linux.get_or_insert_with(Default::default);
+        linux.resources = Some(resources);
+        if req.overhead.is_some() {
+            linux.overhead = req.overhead;
+        }
+        inner.store.save_pod(&pod).map_err(from_store_error)?;
         Ok(UpdatePodSandboxResourcesResponse {})
     }
 }
