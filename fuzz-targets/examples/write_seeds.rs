@@ -377,7 +377,56 @@ cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
     seed("vgpu_ledger", "three-records", &crishim_fuzz::ledger_seed());
 }
 
+/// A plugin's socket: the stream cut every 7 bytes, a ttrpc request on the plugin's
+/// connection and a response on the runtime's.
+fn nri() {
+    use crishim_nri::{mux, ttrpc};
+    use prost::Message as _;
+    let request = ttrpc::Request {
+        service: "nri.pkg.api.v1alpha1.Plugin".into(),
+        method: "Configure".into(),
+        payload: b"\x0a\x00".to_vec().into(),
+        timeout_nano: 2_000_000_000,
+        metadata: vec![],
+    };
+    let response = ttrpc::Response {
+        status: Some(ttrpc::Status {
+            code: 0,
+            message: String::new(),
+            details: vec![],
+        }),
+        payload: Default::default(),
+    };
+    let mut out = bytes::BytesMut::from(&[7u8][..]);
+    for (conn, stream, kind, body) in [
+        (
+            mux::PLUGIN_SERVICE_CONN,
+            1,
+            ttrpc::Kind::Request,
+            request.encode_to_vec(),
+        ),
+        (
+            mux::RUNTIME_SERVICE_CONN,
+            1,
+            ttrpc::Kind::Response,
+            response.encode_to_vec(),
+        ),
+    ] {
+        let mut m = bytes::BytesMut::new();
+        let msg = ttrpc::Message {
+            stream_id: stream,
+            kind,
+            flags: 0,
+            payload: body.into(),
+        };
+        ttrpc::encode(&msg, &mut m).unwrap();
+        mux::encode(conn, &m, &mut out);
+    }
+    seed("nri_wire", "configure", &out);
+}
+
 fn main() {
+    nri();
     spdy();
     websocket();
     images();

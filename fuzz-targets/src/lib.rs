@@ -18,12 +18,14 @@ mod interceptor_ledger;
 mod images;
 mod input;
 mod ledger;
+mod nri;
 mod runtime;
 mod shim;
 mod streaming;
 
 pub use images::{hosts_toml, image_reference, registry_reply, tar_unpack, www_authenticate};
 pub use ledger::{ledger_seed, vgpu_ledger};
+pub use nri::nri_wire;
 pub use runtime::{cni_result, config_toml, journal, mountinfo, pod_manifest, records};
 pub use shim::shim_protocol;
 pub use streaming::{
@@ -56,4 +58,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pod_manifest", pod_manifest),
     ("config_toml", config_toml),
     ("vgpu_ledger", vgpu_ledger),
+    ("nri_wire", nri_wire),
 ];

@@ -1,0 +1,13 @@
+//! The wire NRI plugins speak (`containerd/nri`), written from the protocol's facts:
+//!
+//! - [`mux`]: one unix connection carries several logical ones, each frame an 8-byte header
+//!   (connection id, payload length, both big-endian) and its payload. The plugin's services
+//!   are connection [`mux::PLUGIN_SERVICE_CONN`], the runtime's [`mux::RUNTIME_SERVICE_CONN`].
+//! - [`ttrpc`]: on each logical connection, ttrpc messages: a 10-byte header (length, stream
+//!   id, type, flags) and a protobuf `Request`, `Response` or data payload.
+//!
+//! A plugin is hostile until bounded: every length is checked against its limit before
+//! anything is allocated for it, and a decoder holds at most one frame's worth of bytes.
+
+pub mod mux;
+pub mod ttrpc;
