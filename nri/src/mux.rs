@@ -1,6 +1,8 @@
 //! NRI's connection multiplexer: frames of `[conn id: u32 BE][length: u32 BE][payload]`.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::buffer::Buffer;
 
 /// Connection id 0 is reserved.
 pub const RESERVED_CONN: u32 = 0;
@@ -44,34 +46,32 @@ pub fn encode(conn: u32, payload: &[u8], out: &mut BytesMut) {
 /// header alone, so a plugin cannot make it buffer more than one frame.
 #[derive(Debug, Default)]
 pub struct Decoder {
-    buf: BytesMut,
+    buf: Buffer,
 }
 
 impl Decoder {
     /// Bytes read from the connection.
     pub fn extend(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        self.buf.extend(data);
     }
 
     /// The next whole frame, `None` until one has arrived. An error ends the connection.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, MuxError> {
-        if self.buf.len() < HEADER_LEN {
+        let Some(h) = self.buf.header::<HEADER_LEN>() else {
             return Ok(None);
-        }
-        let conn = u32::from_be_bytes(self.buf[0..4].try_into().expect("4 bytes"));
-        let len = u32::from_be_bytes(self.buf[4..8].try_into().expect("4 bytes")) as usize;
+        };
+        let conn = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
         if len > MAX_PAYLOAD {
             return Err(MuxError::TooLarge { len });
         }
         if conn == RESERVED_CONN {
             return Err(MuxError::ReservedConn);
         }
-        if self.buf.len() < HEADER_LEN + len {
-            return Ok(None);
-        }
-        self.buf.advance(HEADER_LEN);
-        let payload = self.buf.split_to(len).freeze();
-        Ok(Some(Frame { conn, payload }))
+        Ok(self
+            .buf
+            .take(HEADER_LEN, len)
+            .map(|payload| Frame { conn, payload }))
     }
 
     /// Bytes held that are not yet a whole frame.

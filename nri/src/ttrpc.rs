@@ -1,7 +1,9 @@
 //! ttrpc (`containerd/ttrpc`): messages of `[length: u32 BE][stream id: u32 BE][type: u8]
 //! [flags: u8][payload]`, and the protobuf envelopes of requests and responses.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::buffer::Buffer;
 
 /// A message's header.
 pub const HEADER_LEN: usize = 10;
@@ -83,32 +85,27 @@ pub fn encode(m: &Message, out: &mut BytesMut) -> Result<(), TtrpcError> {
 /// [`MAX_MESSAGE`] or an unknown type is refused from the header alone.
 #[derive(Debug, Default)]
 pub struct Decoder {
-    buf: BytesMut,
+    buf: Buffer,
 }
 
 impl Decoder {
     pub fn extend(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
+        self.buf.extend(data);
     }
 
     /// The next whole message, `None` until one has arrived. An error ends the connection.
     pub fn next_message(&mut self) -> Result<Option<Message>, TtrpcError> {
-        if self.buf.len() < HEADER_LEN {
+        let Some(h) = self.buf.header::<HEADER_LEN>() else {
             return Ok(None);
-        }
-        let len = u32::from_be_bytes(self.buf[0..4].try_into().expect("4 bytes")) as usize;
+        };
+        let len = u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize;
         if len > MAX_MESSAGE {
             return Err(TtrpcError::TooLarge { len });
         }
-        let stream_id = u32::from_be_bytes(self.buf[4..8].try_into().expect("4 bytes"));
-        let kind = Kind::from_byte(self.buf[8]).ok_or(TtrpcError::UnknownKind(self.buf[8]))?;
-        let flags = self.buf[9];
-        if self.buf.len() < HEADER_LEN + len {
-            return Ok(None);
-        }
-        self.buf.advance(HEADER_LEN);
-        let payload = self.buf.split_to(len).freeze();
-        Ok(Some(Message {
+        let stream_id = u32::from_be_bytes([h[4], h[5], h[6], h[7]]);
+        let kind = Kind::from_byte(h[8]).ok_or(TtrpcError::UnknownKind(h[8]))?;
+        let flags = h[9];
+        Ok(self.buf.take(HEADER_LEN, len).map(|payload| Message {
             stream_id,
             kind,
             flags,
