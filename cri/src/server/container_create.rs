@@ -10,9 +10,7 @@ use crishim_proto::shim::{Request, Response};
 use crishim_state::records::{container_name, now_nanos, ContainerRecord, PodRecord, PodState};
 use tracing::{info, warn};
 
-use super::errors::{
-    from_gpu_error, from_image_error, from_spec_error, from_store_error, new_id_status, unexpected,
-};
+use super::errors::{from_spec_error, new_id, unexpected};
 use super::lsm::{check_lsm_options, selinux_labels, Lsm};
 use super::runtime_service::{Inner, RuntimeService};
 use super::stop_signal::parse_signal;
@@ -48,41 +46,31 @@ impl RuntimeService {
             return Err(Error::invalid_argument("CreateContainer: image is empty"));
         }
         crate::bounds::check_metadata("CreateContainer", &config.labels, &config.annotations)?;
-        let pod = inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         // The container's first process joins its cgroup in a few ms: keep that lock fast until then.
         crishim_spec::cgroups::warm_migration(std::time::Duration::from_millis(300));
         let log_path = log_path(&pod, &config.log_path)?;
         let _pod_guard = inner.store.lock(&pod.id).await;
-        let pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
+        let pod = inner.store.pod(&pod.id)?;
         if pod.state != PodState::Ready {
             return Err(Error::failed_precondition(format!(
                 "pod sandbox {} is not ready",
                 pod.id
             )));
         }
-        let image = inner
-            .images
-            .resolve(&image_name)
-            .map_err(from_image_error)?
-            .ok_or_else(|| {
-                Error::not_found(format!(
-                    "image {:?} not found: pull it first",
-                    crishim_sys::shown::shown(&image_name)
-                ))
-            })?;
+        let image = inner.images.resolve(&image_name)?.ok_or_else(|| {
+            Error::not_found(format!(
+                "image {:?} not found: pull it first",
+                crishim_sys::shown::shown(&image_name)
+            ))
+        })?;
 
-        let id = new_id_status()?;
+        let id = new_id()?;
         let name = container_name(
             &meta,
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),
         );
-        inner
-            .store
-            .reserve_container_name(&name, &id)
-            .map_err(from_store_error)?;
+        inner.store.reserve_container_name(&name, &id)?;
         match inner
             .create_container(&id, &pod, config, &image, image_name, log_path)
             .await
@@ -161,7 +149,7 @@ impl Inner {
         let infra = self.infra_process(pod, "CreateContainer")?;
         let bundle = self.bundle_dir(id);
         let rootfs = bundle.join("rootfs");
-        let image_config = self.images.config(image).map_err(from_image_error)?;
+        let image_config = self.images.config(image)?;
         let image_signal = || {
             image_config
                 .config()
@@ -194,9 +182,7 @@ impl Inner {
         let mut phases = super::sandbox_stop::Phases::new("CreateContainer", id);
         // Recorded before anything else happens: a record without a shim state (`last`) after a
         // crash means "half created", and start-up recovery undoes it.
-        self.store
-            .save_container(&record)
-            .map_err(from_store_error)?;
+        self.store.save_container(&record)?;
         phases.done("record");
 
         // The bundle is root's alone; `rootfs` is only the mount point of the overlay, whose own
@@ -257,8 +243,7 @@ impl Inner {
                 idmap.as_ref(),
                 selinux.as_ref().map(|l| l.file.as_str()),
             )
-            .await
-            .map_err(from_image_error)?;
+            .await?;
 
         phases.done("rootfs");
         let image_volumes = self
@@ -326,7 +311,7 @@ impl Inner {
                 rootfs: &rootfs,
                 devices: &devices,
             };
-            Some(self.gpu.plan(&target).map_err(from_gpu_error)?)
+            Some(self.gpu.plan(&target)?)
         } else {
             None
         };
@@ -394,9 +379,7 @@ impl Inner {
                 phases.done("shim create");
                 record.created_at = s.created_at;
                 record.last = Some(s);
-                self.store
-                    .save_container(&record)
-                    .map_err(from_store_error)?;
+                self.store.save_container(&record)?;
                 phases.done("record created");
                 self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
                     .await;
@@ -508,7 +491,7 @@ impl Inner {
         if let Err(e) = self.images.release_rootfs(id, &bundle.join("rootfs")).await {
             // Its writable layer still has a mount below it: kept, and so is the container.
             if e.kind() == crishim_images::ErrorKind::FailedPrecondition {
-                return Err(super::errors::from_image_error(e));
+                return Err(Error::from(e));
             }
             warn!(container = %id, error = %e, "removing the rootfs");
         }

@@ -6,7 +6,6 @@ use crishim_proto::cri::{ExecRequest, ExecResponse};
 use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::ContainerRecord;
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 
 impl RuntimeService {
@@ -49,7 +48,7 @@ pub(super) fn check_stdio(
 impl Inner {
     /// The record of `id`, which must be running.
     pub(super) async fn running_container(&self, id: &str) -> Result<ContainerRecord, Error> {
-        let c = self.store.container(id).map_err(from_store_error)?;
+        let c = self.store.container(id)?;
         self.pod_ready(&c.pod_id, &format!("container {id}"))?;
         let state = self.refresh(&c).await;
         if state.status != ShimStatus::Running {

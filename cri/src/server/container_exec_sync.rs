@@ -7,7 +7,7 @@ use super::errors::Error;
 use crishim_proto::cri::{ExecSyncRequest, ExecSyncResponse};
 use crishim_proto::shim::{truncate_exec_output, Request, Response};
 
-use super::errors::{from_store_error, unexpected};
+use super::errors::unexpected;
 use super::runtime_service::RuntimeService;
 use crate::bounds::request_secs;
 use crate::shim_client::SHIM_TIMEOUT;
@@ -18,10 +18,7 @@ impl RuntimeService {
         req: ExecSyncRequest,
     ) -> Result<ExecSyncResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         if req.cmd.is_empty() {
             return Err(Error::invalid_argument("ExecSync: cmd is empty"));
         }

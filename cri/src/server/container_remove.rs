@@ -8,7 +8,6 @@ use crishim_proto::cri::{RemoveContainerRequest, RemoveContainerResponse};
 use crishim_state::records::ContainerRecord;
 use tracing::info;
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crishim_state::store::StoreError;
 
@@ -21,7 +20,7 @@ impl RuntimeService {
         let c = match inner.store.container(&req.container_id) {
             Ok(c) => c,
             Err(StoreError::NotFound { .. }) => return Ok(RemoveContainerResponse {}),
-            Err(e) => return Err(from_store_error(e)),
+            Err(e) => return Err(Error::from(e)),
         };
         let _guard = inner.store.lock(&c.id).await;
         inner.remove_container(&c).await?;

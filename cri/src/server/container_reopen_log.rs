@@ -4,7 +4,6 @@ use super::errors::Error;
 use crishim_proto::cri::{ReopenContainerLogRequest, ReopenContainerLogResponse};
 use crishim_proto::shim::{Request, Status as ShimStatus};
 
-use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
@@ -13,10 +12,7 @@ impl RuntimeService {
         req: ReopenContainerLogRequest,
     ) -> Result<ReopenContainerLogResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         if inner.refresh(&c).await.status != ShimStatus::Running {
             return Err(Error::failed_precondition(format!(
                 "container {} is not running",

@@ -4,7 +4,7 @@ use super::errors::Error;
 use crishim_proto::cri::{StartContainerRequest, StartContainerResponse};
 use crishim_proto::shim::{Request, Response, START_ERROR};
 
-use super::errors::{from_store_error, unexpected};
+use super::errors::unexpected;
 use super::runtime_service::RuntimeService;
 
 impl super::runtime_service::Inner {
@@ -30,10 +30,7 @@ impl RuntimeService {
         req: StartContainerRequest,
     ) -> Result<StartContainerResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         let _guard = inner.store.lock(&c.id).await;
         match inner
             .shim_call(
@@ -56,7 +53,7 @@ impl RuntimeService {
                 // Announce the start with the state the shim answered, then record it through the
                 // same merge as the exit watcher: an exit it already recorded is never undone,
                 // and one seen first here is announced (once) after the start.
-                let mut started = inner.store.container(&c.id).map_err(from_store_error)?;
+                let mut started = inner.store.container(&c.id)?;
                 started.last = Some(s.clone());
                 inner
                     .emit_container(

@@ -12,7 +12,6 @@ use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::{now_nanos, ContainerRecord};
 use tracing::debug;
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::stats::{self, Cgroups, DiskUsage, Memory};
 
@@ -87,10 +86,7 @@ impl RuntimeService {
         req: ContainerStatsRequest,
     ) -> Result<ContainerStatsResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         let running = inner.refresh(&c).await.status == ShimStatus::Running;
         let reading = inner.read_container(&c, running).await;
         let stats = inner.container_stats(&c, &reading);

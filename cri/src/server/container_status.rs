@@ -7,7 +7,6 @@ use crishim_proto::cri::{self, ContainerStatusRequest, ContainerStatusResponse};
 use crishim_proto::shim::{ContainerState, Status as ShimStatus};
 use crishim_state::records::ContainerRecord;
 
-use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
@@ -16,10 +15,7 @@ impl RuntimeService {
         req: ContainerStatusRequest,
     ) -> Result<ContainerStatusResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         let state = inner.refresh(&c).await;
         let mut info = HashMap::new();
         if req.verbose {
@@ -35,10 +31,9 @@ impl RuntimeService {
         // From creation on (the kubelet's in-place resize reads them before start): what the
         // cgroup enforces, or, before start where it cannot be read yet, what was asked for.
         status.resources = match state.status {
-            ShimStatus::Running => inner.resources_in_force(&c).await,
-            ShimStatus::Created => match inner.resources_in_force(&c).await {
-                Some(r) => Some(r),
-                None => asked_resources(&c),
+            ShimStatus::Running | ShimStatus::Created => match inner.resources_in_force(&c).await {
+                None if state.status == ShimStatus::Created => asked_resources(&c),
+                in_force => in_force,
             },
             ShimStatus::Exited | ShimStatus::Unknown => None,
         };

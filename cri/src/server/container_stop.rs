@@ -9,7 +9,6 @@ use crishim_proto::shim::{Request, Status as ShimStatus};
 use crishim_state::records::ContainerRecord;
 use tracing::info;
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::bounds::request_secs;
 
@@ -19,10 +18,7 @@ impl RuntimeService {
         req: StopContainerRequest,
     ) -> Result<StopContainerResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         let _guard = inner.store.lock(&c.id).await;
         inner.stop_container(&c, request_secs(req.timeout)).await?;
         Ok(StopContainerResponse {})

@@ -5,7 +5,7 @@ use super::errors::Error;
 use crishim_proto::cri::{UpdateContainerResourcesRequest, UpdateContainerResourcesResponse};
 use crishim_proto::shim::Request;
 
-use super::errors::{from_spec_error, from_store_error};
+use super::errors::from_spec_error;
 use super::runtime_service::RuntimeService;
 use crishim_spec as spec;
 
@@ -15,10 +15,7 @@ impl RuntimeService {
         req: UpdateContainerResourcesRequest,
     ) -> Result<UpdateContainerResourcesResponse, Error> {
         let inner = &self.inner;
-        let c = inner
-            .store
-            .container(&req.container_id)
-            .map_err(from_store_error)?;
+        let c = inner.store.container(&req.container_id)?;
         let linux = req.linux.ok_or_else(|| {
             Error::invalid_argument("UpdateContainerResources: linux resources are required")
         })?;
@@ -36,12 +33,12 @@ impl RuntimeService {
                 },
             )
             .await?;
-        let mut c = inner.store.container(&c.id).map_err(from_store_error)?;
+        let mut c = inner.store.container(&c.id)?;
         c.config
             .linux
             .get_or_insert_with(Default::default)
             .resources = Some(linux);
-        inner.store.save_container(&c).map_err(from_store_error)?;
+        inner.store.save_container(&c)?;
         Ok(UpdateContainerResourcesResponse {})
     }
 }

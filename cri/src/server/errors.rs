@@ -179,26 +179,13 @@ impl From<Error> for Status {
     }
 }
 
-pub fn from_image_error(e: ImageError) -> Error {
-    Error::Image(e)
-}
-
 /// A spec that cannot be built for `rpc`'s request.
 pub fn from_spec_error(rpc: &'static str, e: SpecError) -> Error {
     Error::Spec { rpc, source: e }
 }
 
-pub fn from_gpu_error(e: GpuError) -> Error {
-    Error::Gpu(e)
-}
-
-/// A lookup, a name reservation or a record write of the store.
-pub fn from_store_error(e: StoreError) -> Error {
-    Error::Store(e)
-}
-
 /// A fresh record id for an RPC: a failure is `Internal`.
-pub fn new_id_status() -> Result<String, Error> {
+pub fn new_id() -> Result<String, Error> {
     crishim_state::records::new_id().map_err(|e| Error::internal(format!("generating an id: {e}")))
 }
 
@@ -224,7 +211,7 @@ mod tests {
         let spec = from_spec_error("CreateContainer", SpecError::Invalid("bad".into()));
         assert_eq!(spec.code(), Code::InvalidArgument);
         assert_eq!(spec.message(), "CreateContainer: bad");
-        let gpu = from_gpu_error(GpuError::Unavailable("no driver".into()));
+        let gpu = Error::from(GpuError::Unavailable("no driver".into()));
         assert_eq!(gpu.code(), Code::FailedPrecondition);
         let late: Error = ShimError::Timeout("/s".into(), std::time::Duration::from_secs(1)).into();
         assert_eq!(late.code(), Code::DeadlineExceeded);
@@ -233,7 +220,7 @@ mod tests {
         let answer = Response::error(ShimErrorKind::Unavailable, "dbus");
         assert_eq!(unexpected(answer).code(), Code::Unavailable);
         assert_eq!(unexpected(Response::Ok).code(), Code::Internal);
-        let taken = from_store_error(StoreError::NameReserved {
+        let taken = Error::from(StoreError::NameReserved {
             what: "pod sandbox",
             name: "a_b_c_0".into(),
             holder: "f00".into(),
@@ -243,7 +230,7 @@ mod tests {
             taken.message(),
             "pod sandbox name \"a_b_c_0\" is reserved by pod sandbox f00"
         );
-        let missing = from_store_error(StoreError::NotFound {
+        let missing = Error::from(StoreError::NotFound {
             what: "container",
             id: "11d7".into(),
         });

@@ -3,7 +3,7 @@
 use super::errors::Error;
 use crishim_proto::cri::{ListImagesRequest, ListImagesResponse};
 
-use super::{errors::from_image_error, ImageService};
+use super::ImageService;
 
 impl ImageService {
     pub(super) async fn do_list_images(
@@ -16,13 +16,8 @@ impl ImageService {
             .map(|i| i.image)
             .filter(|s| !s.is_empty());
         let records = match filter {
-            Some(f) => self
-                .store
-                .resolve(&f)
-                .map_err(from_image_error)?
-                .into_iter()
-                .collect(),
-            None => self.store.list().map_err(from_image_error)?,
+            Some(f) => self.store.resolve(&f)?.into_iter().collect(),
+            None => self.store.list()?,
         };
         Ok(ListImagesResponse {
             images: records.iter().map(|r| self.to_cri(r)).collect(),

@@ -4,7 +4,7 @@ use super::errors::Error;
 use crishim_images::Credentials;
 use crishim_proto::cri::{PullImageRequest, PullImageResponse};
 
-use super::{errors::from_image_error, ImageService};
+use super::ImageService;
 
 impl ImageService {
     pub(super) async fn do_pull_image(
@@ -35,7 +35,7 @@ impl ImageService {
         let pulled = self.store.pull(&image, creds.as_ref()).await;
         let size = pulled.as_ref().map_or(0, |r| r.size);
         crate::metrics::global().pull(pulled.is_ok(), size, t0.elapsed());
-        let record = pulled.map_err(from_image_error)?;
+        let record = pulled?;
         Ok(PullImageResponse {
             image_ref: record.id.to_string(),
         })

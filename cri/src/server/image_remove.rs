@@ -3,7 +3,7 @@
 use super::errors::Error;
 use crishim_proto::cri::{RemoveImageRequest, RemoveImageResponse};
 
-use super::{errors::from_image_error, ImageService};
+use super::ImageService;
 
 impl ImageService {
     pub(super) async fn do_remove_image(
@@ -14,7 +14,7 @@ impl ImageService {
         if name.is_empty() {
             return Err(Error::invalid_argument("RemoveImage: image is empty"));
         }
-        self.store.remove(&name).await.map_err(from_image_error)?;
+        self.store.remove(&name).await?;
         Ok(RemoveImageResponse {})
     }
 }

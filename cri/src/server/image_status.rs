@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use super::errors::Error;
 use crishim_proto::cri::{ImageStatusRequest, ImageStatusResponse};
 
-use super::{errors::from_image_error, ImageService};
+use super::ImageService;
 
 impl ImageService {
     pub(super) async fn do_image_status(
@@ -16,12 +16,12 @@ impl ImageService {
         if name.is_empty() {
             return Err(Error::invalid_argument("ImageStatus: image is empty"));
         }
-        let Some(rec) = self.store.resolve(&name).map_err(from_image_error)? else {
+        let Some(rec) = self.store.resolve(&name)? else {
             return Ok(ImageStatusResponse::default());
         };
         let mut info = HashMap::new();
         if req.verbose {
-            let (raw, _) = self.store.config(&rec).map_err(from_image_error)?;
+            let (raw, _) = self.store.config(&rec)?;
             let config: serde_json::Value = serde_json::from_slice(&raw)
                 .map_err(|e| Error::internal(format!("stored image config: {e}")))?;
             let verbose = serde_json::json!({

@@ -11,7 +11,6 @@ use super::errors::Error;
 use crishim_proto::cri;
 use crishim_sys::shown::shown;
 
-use super::errors::from_image_error;
 use super::runtime_service::Inner;
 use crishim_spec::{is_image_volume, ImageVolume};
 
@@ -41,24 +40,19 @@ impl Inner {
         let mut volumes = Vec::with_capacity(wanted.len());
         for (n, m) in wanted.into_iter().enumerate() {
             let name = m.image.as_ref().map_or("", |i| i.image.as_str());
-            let image = self
-                .images
-                .resolve(name)
-                .map_err(from_image_error)?
-                .ok_or_else(|| {
-                    Error::not_found(format!(
-                        "CreateContainer: image {:?} of the volume at {} not found: pull it first",
-                        shown(name),
-                        shown(&m.container_path)
-                    ))
-                })?;
+            let image = self.images.resolve(name)?.ok_or_else(|| {
+                Error::not_found(format!(
+                    "CreateContainer: image {:?} of the volume at {} not found: pull it first",
+                    shown(name),
+                    shown(&m.container_path)
+                ))
+            })?;
             let target = bundle.join("volumes").join(n.to_string());
             crishim_sys::hostfs::create_private_dir(&target)
                 .map_err(|e| Error::internal(format!("creating {}: {e}", target.display())))?;
             self.images
                 .mount_volume(&image, &volume_id(id, n), &target)
-                .await
-                .map_err(from_image_error)?;
+                .await?;
             let source = resolve_in_root(&target, &m.image_sub_path).map_err(|why| {
                 Error::invalid_argument(format!(
                     "CreateContainer: image_sub_path {:?} of the volume at {}: {why}",

@@ -7,7 +7,7 @@ use crishim_proto::cri::{
     FilesystemIdentifier, FilesystemUsage, ImageFsInfoRequest, ImageFsInfoResponse, UInt64Value,
 };
 
-use super::{errors::from_image_error, ImageService};
+use super::ImageService;
 
 impl ImageService {
     pub(super) async fn do_image_fs_info(
@@ -17,8 +17,7 @@ impl ImageService {
         let store = self.store.clone();
         let usage = tokio::task::spawn_blocking(move || store.usage())
             .await
-            .map_err(|e| Error::internal(format!("ImageFsInfo: {e}")))?
-            .map_err(from_image_error)?;
+            .map_err(|e| Error::internal(format!("ImageFsInfo: {e}")))??;
         let timestamp = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i64);

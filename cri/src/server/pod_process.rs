@@ -18,7 +18,6 @@ use super::errors::Error;
 use crishim_proto::shim::{Request, Response};
 use crishim_state::records::{PodRecord, PodState};
 
-use super::errors::from_store_error;
 use super::runtime_service::Inner;
 use crate::shim_client::SHIM_TIMEOUT;
 use crishim_cni::pidfd::ProcessFd;
@@ -96,7 +95,7 @@ impl Inner {
     /// `FailedPrecondition` unless the pod of container `pod_id` is ready: a stopped pod's
     /// containers take no exec or attach.
     pub(super) fn pod_ready(&self, pod_id: &str, rpc: &str) -> Result<(), Error> {
-        ready(&self.store.pod(pod_id).map_err(from_store_error)?, rpc)
+        ready(&self.store.pod(pod_id)?, rpc)
     }
 }
 

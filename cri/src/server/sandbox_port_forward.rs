@@ -5,7 +5,6 @@ use super::errors::Error;
 use crishim_proto::cri::{PortForwardRequest, PortForwardResponse};
 use crishim_state::records::PodState;
 
-use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
@@ -14,10 +13,7 @@ impl RuntimeService {
         req: PortForwardRequest,
     ) -> Result<PortForwardResponse, Error> {
         let inner = &self.inner;
-        let pod = inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         if pod.state != PodState::Ready {
             return Err(Error::failed_precondition(format!(
                 "PortForward: pod sandbox {} is not ready",

@@ -6,7 +6,6 @@ use crishim_proto::cri::{ContainerEventType, RemovePodSandboxRequest, RemovePodS
 use crishim_state::records::PodRecord;
 use tracing::info;
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crishim_state::store::StoreError;
 
@@ -19,7 +18,7 @@ impl RuntimeService {
         let pod = match inner.store.pod(&req.pod_sandbox_id) {
             Ok(p) => p,
             Err(StoreError::NotFound { .. }) => return Ok(RemovePodSandboxResponse {}),
-            Err(e) => return Err(from_store_error(e)),
+            Err(e) => return Err(Error::from(e)),
         };
         let _guard = inner.store.lock(&pod.id).await;
         inner.remove_pod(&pod).await?;
@@ -45,7 +44,7 @@ impl Inner {
         phases.done("directories");
         // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
-        self.store.delete_pod(pod).map_err(from_store_error)?;
+        self.store.delete_pod(pod)?;
         self.drop_spare_netns_if_idle();
         info!(pod = %pod.id, "pod sandbox removed");
         Ok(())

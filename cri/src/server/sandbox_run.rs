@@ -9,7 +9,7 @@ use crishim_proto::shim::InfraSpec;
 use crishim_state::records::{now_nanos, pod_name, PodRecord, PodState};
 use tracing::{info, warn};
 
-use super::errors::{from_store_error, new_id_status};
+use super::errors::new_id;
 use super::lsm::{check_selinux, selinux_labels, Lsm};
 use super::runtime_service::{Inner, RuntimeService};
 use crishim_spec::cgroups::CgroupDriver;
@@ -54,12 +54,9 @@ impl RuntimeService {
         check_sysctls(&config)?;
         let userns = crishim_spec::userns::from_pod(&config)
             .map_err(|m| Error::invalid_argument(format!("RunPodSandbox: {m}")))?;
-        let id = new_id_status()?;
+        let id = new_id()?;
         let name = pod_name(&meta);
-        inner
-            .store
-            .reserve_pod_name(&name, &id)
-            .map_err(from_store_error)?;
+        inner.store.reserve_pod_name(&name, &id)?;
         let _guard = inner.store.lock(&id).await;
         match inner
             .create_pod(&id, config, userns, req.runtime_handler)
@@ -296,7 +293,7 @@ impl Inner {
         let mut phases = super::sandbox_stop::Phases::new("RunPodSandbox", id);
         // Recorded before anything else happens, so a crash at any later point leaves a
         // `Creating` record that start-up recovery rolls back.
-        self.store.save_pod(&record).map_err(from_store_error)?;
+        self.store.save_pod(&record)?;
         phases.done("record");
 
         for d in [&files, &state] {
@@ -408,7 +405,7 @@ impl Inner {
             phases.done("network");
         }
         record.state = PodState::Ready;
-        self.store.save_pod(&record).map_err(from_store_error)?;
+        self.store.save_pod(&record)?;
         self.watch_pod(id);
         phases.done("record ready");
         Ok(())

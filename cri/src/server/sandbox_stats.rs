@@ -13,7 +13,6 @@ use crishim_proto::shim::Status as ShimStatus;
 use crishim_state::records::{now_nanos, PodRecord, PodState};
 
 use super::container_stats::{known, memory_usage, pod_rate_key, value, Reading};
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use super::sandbox_run::DEFAULT_CGROUP_PARENT;
 use crate::stats::{self, Cgroups, Memory};
@@ -26,11 +25,7 @@ impl RuntimeService {
         &self,
         req: PodSandboxStatsRequest,
     ) -> Result<PodSandboxStatsResponse, Error> {
-        let pod = self
-            .inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
         let stats = self.inner.pod_stats(&pod).await;
         self.inner.forget_gone_rates();
         Ok(PodSandboxStatsResponse { stats: Some(stats) })

@@ -6,7 +6,6 @@ use super::errors::Error;
 use crishim_proto::cri::{self, PodSandboxStatusRequest, PodSandboxStatusResponse};
 use crishim_state::records::{PodRecord, PodState};
 
-use super::errors::from_store_error;
 use super::runtime_service::RuntimeService;
 
 impl RuntimeService {
@@ -14,11 +13,7 @@ impl RuntimeService {
         &self,
         req: PodSandboxStatusRequest,
     ) -> Result<PodSandboxStatusResponse, Error> {
-        let pod = self
-            .inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = self.inner.store.pod(&req.pod_sandbox_id)?;
         let mut info = HashMap::new();
         if req.verbose {
             let verbose = serde_json::json!({

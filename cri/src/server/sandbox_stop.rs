@@ -7,7 +7,6 @@ use crishim_proto::shim::{paths, Request};
 use crishim_state::records::PodState;
 use tracing::{info, warn};
 
-use super::errors::from_store_error;
 use super::runtime_service::{Inner, RuntimeService};
 use crate::shim_client::ShimError;
 
@@ -17,10 +16,7 @@ impl RuntimeService {
         req: StopPodSandboxRequest,
     ) -> Result<StopPodSandboxResponse, Error> {
         let inner = &self.inner;
-        let pod = inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         let _guard = inner.store.lock(&pod.id).await;
         inner.stop_pod(&pod.id).await?;
         Ok(StopPodSandboxResponse {})
@@ -35,7 +31,7 @@ impl Inner {
             self.refresh(&c).await;
         }
         phases.done("refresh");
-        let pod = self.store.pod(pod_id).map_err(from_store_error)?;
+        let pod = self.store.pod(pod_id)?;
         // The shim's shutdown and the CNI DEL overlap: the network namespace is pinned by a bind
         // mount, not by the infra process, so the plugins find it whatever the shim is doing.
         // The DEL is the longer: the final states are recorded while it runs.
@@ -60,10 +56,10 @@ impl Inner {
             // containerd's shim unmounts at a task's exit), not on RemoveContainer's path.
             crate::container_images::unmount_rootfs(&c.id, &self.bundle_dir(&c.id).join("rootfs"));
         }
-        let mut pod = self.store.pod(pod_id).map_err(from_store_error)?;
+        let mut pod = self.store.pod(pod_id)?;
         if pod.state != PodState::NotReady {
             pod.state = PodState::NotReady;
-            self.store.save_pod(&pod).map_err(from_store_error)?;
+            self.store.save_pod(&pod)?;
             self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
             info!(pod = %pod_id, "pod sandbox stopped");
         }

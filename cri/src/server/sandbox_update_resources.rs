@@ -10,7 +10,7 @@ use crishim_state::records::PodRecord;
 use oci_spec::runtime::LinuxResources;
 use tracing::info;
 
-use super::errors::{from_spec_error, from_store_error};
+use super::errors::from_spec_error;
 use super::runtime_service::RuntimeService;
 use crate::stats::Cgroups;
 use crishim_spec as spec;
@@ -24,10 +24,7 @@ impl RuntimeService {
         req: UpdatePodSandboxResourcesRequest,
     ) -> Result<UpdatePodSandboxResourcesResponse, Error> {
         let inner = &self.inner;
-        let pod = inner
-            .store
-            .pod(&req.pod_sandbox_id)
-            .map_err(from_store_error)?;
+        let pod = inner.store.pod(&req.pod_sandbox_id)?;
         let Some(resources) = req.resources else {
             return Err(Error::invalid_argument(format!(
                 "{RPC}: resources are required"
@@ -41,13 +38,13 @@ impl RuntimeService {
             info!(pod = %pod.id, cgroup = %cgroup, "pod resources updated");
         }
         // Kept in the pod's record as the pod's config would carry them, whoever enforces them.
-        let mut pod = inner.store.pod(&pod.id).map_err(from_store_error)?;
+        let mut pod = inner.store.pod(&pod.id)?;
         let linux = pod.config.linux.get_or_insert_with(Default::default);
         linux.resources = Some(resources);
         if req.overhead.is_some() {
             linux.overhead = req.overhead;
         }
-        inner.store.save_pod(&pod).map_err(from_store_error)?;
+        inner.store.save_pod(&pod)?;
         Ok(UpdatePodSandboxResourcesResponse {})
     }
 }
