@@ -145,11 +145,7 @@ pub fn add_bind(
 
 /// The process's value of `key`.
 pub fn env_value(spec: &Spec, key: &str) -> Option<String> {
-    let env = spec.process().as_ref()?.env().as_ref()?;
-    env.iter().rev().find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k == key).then(|| v.to_string())
-    })
+    super::request::image_value(spec.process().as_ref()?.env().as_ref()?, key)
 }
 
 /// Set `key=value` in the process env, in place of any earlier value.

@@ -326,16 +326,8 @@ impl Gpus {
             ));
         }
         // Env: the driver's directories first, never replacing the image's or the request's.
-        let request_env = |key: &str| {
-            t.config
-                .envs
-                .iter()
-                .rev()
-                .find(|kv| kv.key == key)
-                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
-        };
         let image_ld = request::image_value(t.image_env, "LD_LIBRARY_PATH");
-        let request_ld = request_env("LD_LIBRARY_PATH");
+        let request_ld = request::request_value(t.config, "LD_LIBRARY_PATH");
         edits.push(Edit::env(
             "LD_LIBRARY_PATH",
             &inject::path_list(

@@ -151,14 +151,7 @@ pub fn parse(
     let mut req = Request::default();
     // Only the container's own env selects GPUs: CUDA images set NVIDIA_VISIBLE_DEVICES=all in
     // their config, and honouring that would hand every GPU to any pod running one.
-    let env = |key: &str| {
-        config
-            .envs
-            .iter()
-            .rev()
-            .find(|kv| kv.key == key)
-            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
-    };
+    let env = |key: &str| request_value(config, key);
     if let Some(v) = env(ENV_VISIBLE_DEVICES) {
         if policy.accept_env_requests || is_privileged(config) {
             parse_visible(&v, &mut req)?;
@@ -232,10 +225,9 @@ fn env_limit<T>(
     key: &'static str,
     parse: fn(&str, &str) -> Result<T, String>,
 ) -> Result<Option<Limit<T>>, GpuError> {
-    let Some(kv) = config.envs.iter().rev().find(|kv| kv.key == key) else {
+    let Some(text) = request_value(config, key) else {
         return Ok(None);
     };
-    let text = String::from_utf8_lossy(&kv.value).into_owned();
     let value = parse(key, &text).map_err(GpuError::Invalid)?;
     Ok(Some(Limit {
         value,
@@ -258,6 +250,12 @@ pub fn container_limit_key(config: &cri::ContainerConfig, policy: Policy) -> Opt
     ]
     .into_iter()
     .find(|k| config.annotations.contains_key(*k))
+}
+
+/// The last value of `key` in the container's own env (the request's), bytes read as UTF-8.
+pub fn request_value(config: &cri::ContainerConfig, key: &str) -> Option<String> {
+    let kv = config.envs.iter().rev().find(|kv| kv.key == key)?;
+    Some(String::from_utf8_lossy(&kv.value).into_owned())
 }
 
 /// The last value of `key` in an image's `KEY=value` list.
