@@ -56,6 +56,7 @@ pub(super) fn build(
         out.set_memory(Some(memory));
     }
 
+    check_hugepage_limits(&r.hugepage_limits)?;
     // Without the hugetlb controller containerd (tolerating its absence, the default) skips them.
     if host.hugetlb_controller && !r.hugepage_limits.is_empty() {
         let limits = r
@@ -77,6 +78,29 @@ pub(super) fn build(
         out.set_unified(Some(r.unified.clone()));
     }
     Ok(out)
+}
+
+/// Most hugepage limits a container or pod may set: one per page size, and a node has a few.
+const MAX_HUGEPAGE_LIMITS: usize = 16;
+/// Longest page size name (`2MB`, `1GB`, `64KB`).
+const MAX_PAGE_SIZE: usize = 16;
+
+/// Hugepage limits are recorded with the container or pod whether or not the node enforces
+/// them, so their number and names are bounded first.
+fn check_hugepage_limits(limits: &[cri::HugepageLimit]) -> Result<(), SpecError> {
+    if limits.len() > MAX_HUGEPAGE_LIMITS {
+        return Err(SpecError::Invalid(format!(
+            "resources.hugepage_limits has {} entries, at most {MAX_HUGEPAGE_LIMITS}",
+            limits.len()
+        )));
+    }
+    match limits.iter().find(|h| h.page_size.len() > MAX_PAGE_SIZE) {
+        Some(h) => Err(SpecError::Invalid(format!(
+            "resources.hugepage_limits page size {:?} is longer than {MAX_PAGE_SIZE} bytes",
+            crishim_sys::shown::shown(&h.page_size)
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Most `unified` entries a container may set; cgroup v2 has fewer files than this.

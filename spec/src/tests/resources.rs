@@ -87,6 +87,22 @@ fn hugepage_limits_need_the_hugetlb_controller() {
 }
 
 #[test]
+fn hugepage_limits_are_bounded_even_where_they_are_not_enforced() {
+    let mut f = Fixture::new();
+    f.host.hugetlb_controller = false;
+    let limit = |page_size: &str| cri::HugepageLimit {
+        page_size: page_size.to_string(),
+        limit: 1,
+    };
+    f.resources().hugepage_limits = vec![limit("2MB"); 17];
+    assert!(f.invalid().contains("at most 16"));
+    f.resources().hugepage_limits = vec![limit(&"9".repeat(17))];
+    assert!(f.invalid().contains("longer than 16"));
+    f.resources().hugepage_limits = vec![limit("2MB"), limit("1GB")];
+    f.spec();
+}
+
+#[test]
 fn unified_map_is_copied() {
     let mut f = Fixture::new();
     f.resources().unified = [("memory.high".to_string(), "1G".to_string())].into();
