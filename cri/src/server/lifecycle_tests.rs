@@ -432,7 +432,15 @@ async fn update_pod_sandbox_resources_refuses_what_it_cannot_apply_and_records_t
         cpu_shares: -5,
         ..Default::default()
     };
-    call(update(pod.clone(), Some(negative))).await.unwrap_err();
+    call(update(pod.clone(), Some(negative.clone())))
+        .await
+        .unwrap_err();
+    assert_eq!(node.svc.inner.store.pod(&pod).unwrap().config, before);
+    // So does a bad overhead, which is only recorded.
+    let mut with_overhead = update(pod.clone(), Some(Default::default()));
+    with_overhead.overhead = Some(negative);
+    let e = call(with_overhead).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
     assert_eq!(node.svc.inner.store.pod(&pod).unwrap().config, before);
 }
 

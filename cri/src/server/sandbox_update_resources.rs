@@ -31,6 +31,10 @@ impl RuntimeService {
             )));
         };
         let limits = spec::resources(&resources).map_err(|e| from_spec_error(RPC, e))?;
+        // The overhead is only recorded, but it is checked and bounded as the limits are.
+        if let Some(overhead) = &req.overhead {
+            spec::resources(overhead).map_err(|e| from_spec_error(RPC, e))?;
+        }
         let _guard = inner.store.lock(&pod.id).await;
         if let Some(cgroup) = inner.daemon_made_pod_cgroup(&pod) {
             write_limits(&Cgroups::host(), &cgroup, &limits)
