@@ -35,11 +35,6 @@ impl Edits {
     }
 }
 
-/// Apply the CDI devices `names` to `spec`. An unknown name is refused by name.
-pub fn apply(dirs: &[PathBuf], names: &[String], spec: &mut Spec) -> Result<(), GpuError> {
-    resolve(dirs, names)?.apply(spec)
-}
-
 /// The edits of the CDI devices `names`, from the specs in `dirs`, with the type and numbers of
 /// each device node read from its host path now, so that applying them reads nothing. An
 /// unknown name is refused by name.
@@ -122,7 +117,10 @@ devices:
         .unwrap();
         let dirs = vec![dir.path().to_path_buf()];
         let mut spec = Spec::default();
-        apply(&dirs, &["crishim.test/gpu=gpu0".into()], &mut spec).unwrap();
+        resolve(&dirs, &["crishim.test/gpu=gpu0".into()])
+            .unwrap()
+            .apply(&mut spec)
+            .unwrap();
         let env = spec.process().as_ref().unwrap().env().clone().unwrap();
         assert!(env.contains(&"FROM_CDI=gpu0".to_string()), "{env:?}");
         let devices = spec.linux().as_ref().unwrap().devices().clone().unwrap();
@@ -130,7 +128,7 @@ devices:
             .iter()
             .any(|d| d.path() == Path::new("/dev/nvidia0")));
 
-        let e = apply(&dirs, &["crishim.test/gpu=gpu9".into()], &mut spec)
+        let e = resolve(&dirs, &["crishim.test/gpu=gpu9".into()])
             .unwrap_err()
             .to_string();
         assert!(
