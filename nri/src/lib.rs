@@ -9,6 +9,7 @@
 //! A plugin is hostile until bounded: every length is checked against its limit before
 //! anything is allocated for it, and a decoder holds at most one frame's worth of bytes.
 
+pub mod api;
 mod buffer;
 pub mod mux;
 pub mod ttrpc;
