@@ -11,5 +11,6 @@
 
 pub mod api;
 mod buffer;
+pub mod conn;
 pub mod mux;
 pub mod ttrpc;
