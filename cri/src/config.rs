@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 use crishim_images::{ImagesConfig, RegistryConfig};
 use serde::Deserialize;
 
+mod nri;
+pub use nri::NriConfig;
+
 pub const DEFAULT_CONFIG: &str = "/etc/crishim/config.toml";
 pub const DEFAULT_SOCKET: &str = "/run/crishim/crishim.sock";
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/crishim";
@@ -72,6 +75,9 @@ pub struct Config {
     /// `[runtimes.<name>]`: RuntimeClass handlers (see `crate::runtimes`).
     #[serde(default)]
     pub runtimes: std::collections::BTreeMap<String, crate::runtimes::RuntimeHandlerConfig>,
+    /// `[nri]`: NRI plugins (see `crishim_nri`).
+    #[serde(default)]
+    pub nri: NriConfig,
 }
 
 /// `[streaming]`: the server behind the URLs that `Exec`, `Attach` and `PortForward` return.
@@ -183,6 +189,7 @@ impl Default for Config {
             metrics: Default::default(),
             cgroup_driver: crishim_spec::cgroups::CgroupDriver::default(),
             runtimes: Default::default(),
+            nri: NriConfig::default(),
         }
     }
 }
@@ -233,6 +240,7 @@ impl Config {
         self.gpu.validate()?;
         self.images.validate()?;
         crate::runtimes::validate(&self.runtimes)?;
+        self.nri.validate()?;
         self.registry.validate()
     }
 
@@ -382,6 +390,52 @@ insecure_skip_verify = true
         assert!(e.contains("min_free_percent"), "{e}");
         let e = parse("[images]\nmax_entries = 1").unwrap_err().to_string();
         assert!(e.contains("max_entries"), "{e}");
+    }
+
+    #[test]
+    fn nri_keys_are_containerds_with_its_defaults() {
+        let n = parse("").unwrap().nri;
+        assert_eq!(n, NriConfig::default());
+        assert!(!n.enable);
+        assert_eq!(n.socket_path, Path::new("/var/run/nri/nri.sock"));
+        assert_eq!(n.plugin_path, Path::new("/opt/nri/plugins"));
+        assert_eq!(n.plugin_config_path, Path::new("/etc/nri/conf.d"));
+        assert_eq!(n.plugin_registration_timeout, "5s");
+        assert_eq!(n.plugin_request_timeout, "2s");
+        assert!(!n.disable_connections);
+        let n = parse(
+            r#"
+[nri]
+enable = true
+socket_path = "/run/nri.sock"
+plugin_path = "/p"
+plugin_config_path = "/c"
+plugin_registration_timeout = "1s"
+plugin_request_timeout = "250ms"
+disable_connections = true
+"#,
+        )
+        .unwrap()
+        .nri;
+        assert!(n.enable && n.disable_connections);
+        assert_eq!(
+            n.request_timeout().unwrap(),
+            std::time::Duration::from_millis(250)
+        );
+        let e = parse(
+            "[nri]
+enabled = true",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("enabled"), "{e}");
+        let e = parse(
+            "[nri]
+plugin_request_timeout = \"2\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("plugin_request_timeout"), "{e}");
     }
 
     #[test]

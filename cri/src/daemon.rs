@@ -63,6 +63,11 @@ pub async fn serve_until(
         }
     }
     runtime.recover().await;
+    // Plugins are synchronized with the recovered pods before the first CRI request.
+    runtime
+        .start_nri()
+        .await
+        .map_err(|e| anyhow::anyhow!("[nri]: {e}"))?;
     runtime
         .start_streaming()
         .await
@@ -77,6 +82,7 @@ pub async fn serve_until(
     }
 
     let network = runtime.pod_network();
+    let nri = runtime.clone();
     let listener = bind(&config.socket)?;
     info!(socket = %config.socket.display(), root_dir = %config.root_dir.display(), "crishim serving CRI");
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
@@ -111,6 +117,7 @@ pub async fn serve_until(
         }
     };
     let _ = std::fs::remove_file(&config.socket);
+    nri.stop_nri();
     network.close();
     crate::host_files::release_private_mount(&config.state_dir);
     result.context("serving CRI")?;

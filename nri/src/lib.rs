@@ -9,8 +9,11 @@
 //! A plugin is hostile until bounded: every length is checked against its limit before
 //! anything is allocated for it, and a decoder holds at most one frame's worth of bytes.
 
+pub mod adaptation;
 pub mod api;
 mod buffer;
 pub mod conn;
+pub mod merge;
 pub mod mux;
+pub mod oci;
 pub mod ttrpc;

@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::errors::{from_spec_error, new_id, unexpected};
 use super::lsm::{check_lsm_options, selinux_labels, Lsm};
+use super::nri::ContainerEvent;
 use super::runtime_service::{Inner, RuntimeService};
 use super::stop_signal::parse_signal;
 use crishim_spec::{self as spec, PodFiles, PodNamespaces, SpecInputs};
@@ -71,15 +72,35 @@ impl RuntimeService {
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),
         );
         inner.store.reserve_container_name(&name, &id)?;
+        let mut nri_saw = false;
         match inner
-            .create_container(&id, &pod, config, &image, image_name, log_path)
+            .create_container(
+                &id,
+                &pod,
+                config,
+                &image,
+                image_name,
+                log_path,
+                &mut nri_saw,
+            )
             .await
         {
             Ok(()) => {
                 info!(container = %id, pod = %pod.id, name = %name, "container created");
+                if let Ok(c) = inner.store.container(&id) {
+                    inner
+                        .nri_container_event(&c, ContainerEvent::PostCreate)
+                        .await;
+                }
                 Ok(CreateContainerResponse { container_id: id })
             }
             Err(e) => {
+                // Plugins that adjusted it hear that it is gone again.
+                if let (true, Ok(c)) = (nri_saw, inner.store.container(&id)) {
+                    inner
+                        .nri_container_event(&c, ContainerEvent::UndoCreate)
+                        .await;
+                }
                 inner.undo_create(&pod.id, &id).await;
                 inner.store.release_name(&name, &id);
                 Err(e)
@@ -116,6 +137,7 @@ impl Inner {
         image: &ImageRecord,
         image_name: String,
         log_path: PathBuf,
+        nri_saw: &mut bool,
     ) -> Result<(), Error> {
         // Refused before anything is recorded or mounted.
         let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
@@ -320,6 +342,11 @@ impl Inner {
             mut spec,
             pod_binds: own_binds,
         } = spec::build(&inputs).map_err(|e| from_spec_error("CreateContainer", e))?;
+        // NRI plugins adjust the built spec, as containerd has them do.
+        if let Some(adjust) = self.nri_create_container(pod, &record, &spec).await? {
+            *nri_saw = true;
+            self.apply_nri_adjustment(&mut spec, &adjust)?;
+        }
         record.user = spec.process().as_ref().map(|p| {
             let u = p.user();
             crishim_state::records::ProcessUser {

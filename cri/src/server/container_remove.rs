@@ -35,6 +35,8 @@ impl Inner {
             self.stop_container(c, Duration::ZERO).await?;
         }
         self.try_undo_create(&c.pod_id, &c.id).await?;
+        self.nri_container_event(c, super::nri::ContainerEvent::Remove)
+            .await;
         self.emit_container(
             c,
             crishim_proto::cri::ContainerEventType::ContainerDeletedEvent,

@@ -32,6 +32,7 @@ impl RuntimeService {
         let inner = &self.inner;
         let c = inner.store.container(&req.container_id)?;
         let _guard = inner.store.lock(&c.id).await;
+        inner.nri_start_container(&c).await?;
         match inner
             .shim_call(
                 &c.pod_id,
@@ -62,6 +63,11 @@ impl RuntimeService {
                     )
                     .await;
                 inner.update_state(&c.id, s).await;
+                if let Ok(c) = inner.store.container(&c.id) {
+                    inner
+                        .nri_container_event(&c, super::nri::ContainerEvent::PostStart)
+                        .await;
+                }
                 Ok(StartContainerResponse {})
             }
             other => Err(unexpected(other)),

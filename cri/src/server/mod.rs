@@ -33,6 +33,7 @@ mod instrumented;
 mod lifecycle_tests;
 mod list_streams;
 mod lsm;
+mod nri;
 mod pod_host;
 mod pod_process;
 mod recovery;

@@ -73,6 +73,8 @@ pub struct Inner {
     pub(super) handlers: crate::runtimes::Handlers,
     /// The empty mount namespace infra processes join (`empty_mnt.rs`), once made.
     pub(super) empty_mnt: std::sync::OnceLock<PathBuf>,
+    /// NRI, once started (`[nri] enable`).
+    pub(super) nri: std::sync::OnceLock<crishim_nri::adaptation::Nri>,
 }
 
 impl RuntimeService {
@@ -145,6 +147,7 @@ impl RuntimeService {
                 streaming: std::sync::OnceLock::new(),
                 handlers,
                 empty_mnt: std::sync::OnceLock::new(),
+                nri: std::sync::OnceLock::new(),
             }),
         };
         let me = Arc::downgrade(&service.inner);

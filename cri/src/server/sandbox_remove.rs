@@ -42,6 +42,7 @@ impl Inner {
                 .map_err(|e| Error::internal(format!("removing {}: {e}", dir.display())))?;
         }
         phases.done("directories");
+        self.nri_remove_pod(pod).await;
         // Announced while the pod is still known: the event carries its status.
         self.emit_pod(&pod.id, ContainerEventType::ContainerDeletedEvent);
         self.store.delete_pod(pod)?;

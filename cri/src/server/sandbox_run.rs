@@ -58,10 +58,22 @@ impl RuntimeService {
         let name = pod_name(&meta);
         inner.store.reserve_pod_name(&name, &id)?;
         let _guard = inner.store.lock(&id).await;
-        match inner
+        let mut nri_saw = false;
+        let created = match inner
             .create_pod(&id, config, userns, req.runtime_handler)
             .await
         {
+            // Plugins hear of the pod once it is ready; one that fails it undoes it.
+            Ok(()) => match inner.store.pod(&id) {
+                Ok(pod) => {
+                    nri_saw = true;
+                    inner.nri_run_pod(&pod).await
+                }
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => Err(e),
+        };
+        match created {
             Ok(()) => {
                 inner.emit_pod(&id, cri::ContainerEventType::ContainerCreatedEvent);
                 inner.emit_pod(&id, cri::ContainerEventType::ContainerStartedEvent);
@@ -69,6 +81,10 @@ impl RuntimeService {
                 Ok(RunPodSandboxResponse { pod_sandbox_id: id })
             }
             Err(e) => {
+                if let (true, Ok(pod)) = (nri_saw, inner.store.pod(&id)) {
+                    inner.nri_stop_pod(&pod).await;
+                    inner.nri_remove_pod(&pod).await;
+                }
                 inner.teardown_pod(&id).await;
                 if let Ok(pod) = inner.store.pod(&id) {
                     if let Err(net) = inner.teardown_network(&pod).await {

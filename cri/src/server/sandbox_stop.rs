@@ -62,6 +62,7 @@ impl Inner {
             self.store.save_pod(&pod)?;
             self.emit_pod(pod_id, ContainerEventType::ContainerStoppedEvent);
             info!(pod = %pod_id, "pod sandbox stopped");
+            self.nri_stop_pod(&pod).await;
         }
         Ok(())
     }

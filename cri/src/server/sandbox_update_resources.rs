@@ -36,6 +36,10 @@ impl RuntimeService {
             spec::resources(overhead).map_err(|e| from_spec_error(RPC, e))?;
         }
         let _guard = inner.store.lock(&pod.id).await;
+        // Plugins may refuse it before anything changes.
+        inner
+            .nri_update_pod(&pod, req.overhead.as_ref(), Some(&resources))
+            .await?;
         if let Some(cgroup) = inner.daemon_made_pod_cgroup(&pod) {
             write_limits(&Cgroups::host(), &cgroup, &limits)
                 .map_err(|e| Error::internal(format!("{RPC}: writing to cgroup {cgroup}: {e}")))?;
@@ -49,6 +53,7 @@ impl RuntimeService {
             linux.overhead = req.overhead;
         }
         inner.store.save_pod(&pod)?;
+        inner.nri_post_update_pod(&pod).await;
         Ok(UpdatePodSandboxResourcesResponse {})
     }
 }
