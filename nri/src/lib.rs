@@ -13,4 +13,5 @@ pub mod api;
 mod buffer;
 pub mod conn;
 pub mod mux;
+pub mod stub;
 pub mod ttrpc;
