@@ -16,4 +16,5 @@ pub mod conn;
 pub mod merge;
 pub mod mux;
 pub mod oci;
+pub mod stub;
 pub mod ttrpc;
