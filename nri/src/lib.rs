@@ -11,5 +11,7 @@
 
 pub mod api;
 mod buffer;
+pub mod limits;
+pub mod merge;
 pub mod mux;
 pub mod ttrpc;
