@@ -14,4 +14,5 @@ mod buffer;
 pub mod limits;
 pub mod merge;
 pub mod mux;
+pub mod oci;
 pub mod ttrpc;
