@@ -578,8 +578,8 @@ fn apply_devices(l: &mut Linux, devices: &[api::LinuxDevice]) -> Result<(), Appl
         if let Some(list) = l.devices_mut() {
             list.retain(|x| {
                 let keep = x.path() != Path::new(path);
-                if !keep {
-                    gone.push((x.typ(), x.major(), x.minor()));
+                if let (false, Some(t)) = (keep, rule_type(x.typ())) {
+                    gone.push((t, x.major(), x.minor()));
                 }
                 keep
             });
@@ -612,12 +612,32 @@ fn apply_devices(l: &mut Linux, devices: &[api::LinuxDevice]) -> Result<(), Appl
             .set_file_mode(d.file_mode.as_ref().map(|m| m.value & 0o777))
             .set_uid(d.uid.as_ref().map(|v| v.value))
             .set_gid(d.gid.as_ref().map(|v| v.value));
-        let rule = LinuxDeviceCgroup::from(&dev); // allow, rwm
+        let rule = rule_type(typ).map(|t| {
+            let mut rule = LinuxDeviceCgroup::default();
+            rule.set_allow(true)
+                .set_typ(Some(t))
+                .set_major(Some(d.major))
+                .set_minor(Some(d.minor))
+                .set_access(Some("rwm".into()));
+            rule
+        });
         l.devices_mut().get_or_insert_default().push(dev);
-        let resources = l.resources_mut().get_or_insert_default();
-        resources.devices_mut().get_or_insert_default().push(rule);
+        if let Some(rule) = rule {
+            let resources = l.resources_mut().get_or_insert_default();
+            resources.devices_mut().get_or_insert_default().push(rule);
+        }
     }
     Ok(())
+}
+
+/// The device cgroup's type for a device's: it knows block and character devices only (an
+/// unbuffered character device is one), and a FIFO needs no permission from it.
+fn rule_type(t: LinuxDeviceType) -> Option<LinuxDeviceType> {
+    match t {
+        LinuxDeviceType::C | LinuxDeviceType::U => Some(LinuxDeviceType::C),
+        LinuxDeviceType::B => Some(LinuxDeviceType::B),
+        LinuxDeviceType::P | LinuxDeviceType::A => None,
+    }
 }
 
 fn scheduler_to_oci(s: &api::LinuxScheduler) -> Result<Option<oci::Scheduler>, ApplyError> {

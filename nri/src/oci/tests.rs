@@ -285,6 +285,14 @@ fn devices_come_with_their_cgroup_rule_and_go_with_it() {
     let rules = resources_of(&s).devices().as_ref().unwrap();
     let shown: Vec<_> = rules.iter().map(|r| r.to_string()).collect();
     assert_eq!(shown, ["a *:* rwm", "c 10:230 rwm"]);
+    // A FIFO gets no rule, an unbuffered character device a character device's.
+    let s = applied(&linux_adj(|l| {
+        l.devices = vec![dev("/dev/fifo", "p", 0, 0), dev("/dev/u", "u", 4, 1)];
+    }));
+    let rules = resources_of(&s).devices().as_ref().unwrap();
+    let shown: Vec<_> = rules.iter().map(|r| r.to_string()).collect();
+    assert_eq!(shown, ["a *:* rwm", "c 10:229 rwm", "c 4:1 rwm"]);
+    assert_eq!(linux_of(&s).devices().as_ref().unwrap().len(), 3);
 }
 
 #[test]
@@ -641,4 +649,155 @@ fn merged_plugins_apply_end_to_end() {
     // The next plugin's view is the adjusted spec's.
     let next = container(&s, ContainerMeta::default());
     assert!(next.env.contains(&"A=1".to_string()));
+}
+
+/// Hostile replies: a rich reply's encoding with a few bytes changed, decoded, merged and
+/// applied. Whatever a plugin sends, nothing panics: it is merged, refused, or refused to apply.
+#[test]
+fn mutated_replies_never_panic() {
+    use prost::Message;
+    let rich = api::CreateContainerResponse {
+        adjust: Some(adjust(|a| {
+            a.annotations.insert("-a".into(), "b".into());
+            a.env = vec![kv("A", "1"), kv("-B", "")];
+            a.args = vec![String::new(), "x".into()];
+            a.mounts = vec![api::Mount {
+                destination: "/d".into(),
+                source: "/s".into(),
+                r#type: "bind".into(),
+                options: vec!["rshared".into()],
+            }];
+            a.rlimits = vec![api::PosixRlimit {
+                r#type: "RLIMIT_NOFILE".into(),
+                hard: 2,
+                soft: 1,
+            }];
+            a.cdi_devices = vec![api::CdiDevice {
+                name: "v.com/c=n".into(),
+            }];
+            a.hooks = Some(api::Hooks {
+                prestart: vec![api::Hook {
+                    path: "/h".into(),
+                    timeout: Some(api::OptionalInt { value: 1 }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            a.linux = Some(api::LinuxContainerAdjustment {
+                devices: vec![api::LinuxDevice {
+                    path: "/dev/x".into(),
+                    r#type: "c".into(),
+                    major: 1,
+                    minor: 2,
+                    file_mode: Some(api::OptionalFileMode { value: 0o600 }),
+                    ..Default::default()
+                }],
+                resources: Some(api::LinuxResources {
+                    memory: Some(api::LinuxMemory {
+                        limit: Some(api::OptionalInt64 { value: 1 }),
+                        ..Default::default()
+                    }),
+                    hugepage_limits: vec![api::HugepageLimit {
+                        page_size: "2MB".into(),
+                        limit: u64::MAX,
+                    }],
+                    unified: [("a.b".into(), "c".into())].into(),
+                    ..Default::default()
+                }),
+                oom_score_adj: Some(api::OptionalInt { value: 1 }),
+                io_priority: Some(api::LinuxIoPriority {
+                    class: 1,
+                    priority: 1,
+                }),
+                namespaces: vec![api::LinuxNamespace {
+                    r#type: "net".into(),
+                    path: "/p".into(),
+                }],
+                sysctl: [("a.b".into(), "1".into())].into(),
+                scheduler: Some(api::LinuxScheduler {
+                    policy: 2,
+                    flags: vec![1],
+                    ..Default::default()
+                }),
+                seccomp_policy: Some(api::LinuxSeccomp {
+                    default_action: "SCMP_ACT_LOG".into(),
+                    syscalls: vec![api::LinuxSyscall {
+                        names: vec!["read".into()],
+                        action: "SCMP_ACT_ALLOW".into(),
+                        args: vec![api::LinuxSeccompArg {
+                            index: 1,
+                            op: "SCMP_CMP_NE".into(),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                memory_policy: Some(api::LinuxMemoryPolicy {
+                    mode: 2,
+                    nodes: "0".into(),
+                    flags: vec![1],
+                }),
+                rdt: Some(api::LinuxRdt {
+                    remove: true,
+                    clos_id: Some(api::OptionalString { value: "g".into() }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        })),
+        update: vec![api::ContainerUpdate {
+            container_id: "other".into(),
+            linux: Some(api::LinuxContainerUpdate {
+                resources: Some(api::LinuxResources {
+                    pids: Some(api::LinuxPids { limit: 1 }),
+                    ..Default::default()
+                }),
+            }),
+            ignore_failure: true,
+        }],
+        evict: vec![api::ContainerEviction {
+            container_id: "e".into(),
+            reason: "r".into(),
+        }],
+    };
+    let bytes = rich.encode_to_vec();
+    let view = container(&spec(), ContainerMeta::default());
+    // xorshift: a fixed sequence, so a failure reproduces.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut mutated = || loop {
+        let mut b = bytes.clone();
+        for _ in 0..=next() % 4 {
+            let at = (next() % b.len() as u64) as usize;
+            b[at] = next() as u8;
+        }
+        if let Ok(reply) = api::CreateContainerResponse::decode(&b[..]) {
+            break reply;
+        }
+    };
+    let mut merged = 0;
+    for _ in 0..3000 {
+        let mut m = Merge::new(&view);
+        if m.reply("10-a", mutated()).is_err() {
+            continue;
+        }
+        merged += 1;
+        // A second plugin mostly conflicts with the first; either way the merge holds.
+        let _ = m.reply("20-b", mutated());
+        let out = m.finish();
+        let mut s = spec();
+        let _ = apply(&mut s, &out.adjust);
+        for u in &out.updates {
+            if let Some(r) = u.linux.as_ref().and_then(|l| l.resources.as_ref()) {
+                let _ = resources_from_oci(&resources_to_oci(r));
+            }
+        }
+    }
+    assert!(merged > 300, "merged {merged}");
 }
