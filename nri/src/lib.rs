@@ -13,6 +13,7 @@ pub mod adaptation;
 pub mod api;
 mod buffer;
 pub mod conn;
+pub mod limits;
 pub mod merge;
 pub mod mux;
 pub mod oci;

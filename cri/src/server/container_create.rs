@@ -72,17 +72,8 @@ impl RuntimeService {
             pod.config.metadata.as_ref().unwrap_or(&Default::default()),
         );
         inner.store.reserve_container_name(&name, &id)?;
-        let mut nri_saw = false;
         match inner
-            .create_container(
-                &id,
-                &pod,
-                config,
-                &image,
-                image_name,
-                log_path,
-                &mut nri_saw,
-            )
+            .create_container(&id, &pod, config, &image, image_name, log_path)
             .await
         {
             Ok(()) => {
@@ -95,12 +86,6 @@ impl RuntimeService {
                 Ok(CreateContainerResponse { container_id: id })
             }
             Err(e) => {
-                // Plugins that adjusted it hear that it is gone again.
-                if let (true, Ok(c)) = (nri_saw, inner.store.container(&id)) {
-                    inner
-                        .nri_container_event(&c, ContainerEvent::UndoCreate)
-                        .await;
-                }
                 inner.undo_create(&pod.id, &id).await;
                 inner.store.release_name(&name, &id);
                 Err(e)
@@ -137,7 +122,6 @@ impl Inner {
         image: &ImageRecord,
         image_name: String,
         log_path: PathBuf,
-        nri_saw: &mut bool,
     ) -> Result<(), Error> {
         // Refused before anything is recorded or mounted.
         let handler = self.handler("CreateContainer", &pod.runtime_handler)?;
@@ -342,78 +326,87 @@ impl Inner {
             mut spec,
             pod_binds: own_binds,
         } = spec::build(&inputs).map_err(|e| from_spec_error("CreateContainer", e))?;
-        // NRI plugins adjust the built spec, as containerd has them do.
-        if let Some(adjust) = self.nri_create_container(pod, &record, &spec).await? {
-            *nri_saw = true;
-            self.apply_nri_adjustment(&mut spec, &adjust)?;
-        }
-        record.user = spec.process().as_ref().map(|p| {
-            let u = p.user();
-            crishim_state::records::ProcessUser {
-                uid: u.uid(),
-                gid: u.gid(),
-                groups: u.additional_gids().clone().unwrap_or_default(),
+        // NRI plugins adjust the built spec, as containerd has them do; if the create fails
+        // after that, they hear that it is gone again.
+        let adjust = self.nri_create_container(pod, &record, &spec).await?;
+        let finished = async {
+            if let Some(adjust) = &adjust {
+                self.apply_nri_adjustment(&mut spec, adjust)?;
             }
-        });
-        // Staging for the user namespace mounts on the host: done here, on the built spec, and
-        // not by the spec builder.
-        let devices = match &userns {
-            Some(maps) => Some(
-                crishim_spec::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
-                    .map_err(|e| Error::internal(format!("CreateContainer: {e}")))?,
-            ),
-            None => None,
-        };
-        // The bind mounts, staged until the shim has made the container, which keeps its own
-        // copies: the pod's idmapped for its user namespace, the node's (GPU driver,
-        // interceptor, init) host root's and locked read-only.
-        let staged = match &idmap {
-            Some(idmap) => Some(
-                crishim_spec::userns::stage_binds(
-                    &mut spec,
-                    &bundle.join("idmap"),
-                    &idmap.userns,
-                    idmap.root.1,
-                    &own_binds,
-                )
-                .map_err(|e| Error::failed_precondition(format!("CreateContainer: {e}")))?,
-            ),
-            None => None,
-        };
-        // It holds the container's environment: 0600 from the start.
-        let json = serde_json::to_vec(&spec)
-            .map_err(|e| Error::internal(format!("encoding config.json: {e}")))?;
-        crishim_sys::hostfs::write_private(&bundle.join("config.json"), &json)
-            .map_err(|e| Error::internal(format!("writing config.json: {e}")))?;
-        phases.done("spec");
+            record.user = spec.process().as_ref().map(|p| {
+                let u = p.user();
+                crishim_state::records::ProcessUser {
+                    uid: u.uid(),
+                    gid: u.gid(),
+                    groups: u.additional_gids().clone().unwrap_or_default(),
+                }
+            });
+            // Staging for the user namespace mounts on the host: done here, on the built spec, and
+            // not by the spec builder.
+            let devices = match &userns {
+                Some(maps) => Some(
+                    crishim_spec::userns::stage_devices(&mut spec, &bundle.join("devs"), maps)
+                        .map_err(|e| Error::internal(format!("CreateContainer: {e}")))?,
+                ),
+                None => None,
+            };
+            // The bind mounts, staged until the shim has made the container, which keeps its own
+            // copies: the pod's idmapped for its user namespace, the node's (GPU driver,
+            // interceptor, init) host root's and locked read-only.
+            let staged = match &idmap {
+                Some(idmap) => Some(
+                    crishim_spec::userns::stage_binds(
+                        &mut spec,
+                        &bundle.join("idmap"),
+                        &idmap.userns,
+                        idmap.root.1,
+                        &own_binds,
+                    )
+                    .map_err(|e| Error::failed_precondition(format!("CreateContainer: {e}")))?,
+                ),
+                None => None,
+            };
+            // It holds the container's environment: 0600 from the start.
+            let json = serde_json::to_vec(&spec)
+                .map_err(|e| Error::internal(format!("encoding config.json: {e}")))?;
+            crishim_sys::hostfs::write_private(&bundle.join("config.json"), &json)
+                .map_err(|e| Error::internal(format!("writing config.json: {e}")))?;
+            phases.done("spec");
 
-        let req = Request::Create {
-            id: id.to_string(),
-            bundle,
-            log_path,
-            log_root: pod.config.log_directory.clone().into(),
-            stdin: record.config.stdin,
-            tty: record.config.tty,
-            start_error_at_start: true,
-        };
-        let created = self
-            .shim_call(&pod.id, &req, self.cgroup_request_timeout())
-            .await;
-        drop(staged);
-        drop(devices);
-        match created? {
-            Response::State(s) => {
-                phases.done("shim create");
-                record.created_at = s.created_at;
-                record.last = Some(s);
-                self.store.save_container(&record)?;
-                phases.done("record created");
-                self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
-                    .await;
-                Ok(())
+            let req = Request::Create {
+                id: id.to_string(),
+                bundle,
+                log_path,
+                log_root: pod.config.log_directory.clone().into(),
+                stdin: record.config.stdin,
+                tty: record.config.tty,
+                start_error_at_start: true,
+            };
+            let created = self
+                .shim_call(&pod.id, &req, self.cgroup_request_timeout())
+                .await;
+            drop(staged);
+            drop(devices);
+            match created? {
+                Response::State(s) => {
+                    phases.done("shim create");
+                    record.created_at = s.created_at;
+                    record.last = Some(s);
+                    self.store.save_container(&record)?;
+                    phases.done("record created");
+                    self.emit_container(&record, cri::ContainerEventType::ContainerCreatedEvent)
+                        .await;
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
             }
-            other => Err(unexpected(other)),
         }
+        .await;
+        if finished.is_err() && adjust.is_some() {
+            self.nri_container_event(&record, ContainerEvent::UndoCreate)
+                .await;
+        }
+        finished
     }
 
     /// The container's annotation wins over the pod's, which wins over the config default.

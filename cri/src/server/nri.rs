@@ -144,18 +144,20 @@ impl Inner {
             return Ok(None);
         };
         let meta = crishim_nri::oci::ContainerMeta {
-            id: &record.id,
-            pod_sandbox_id: &pod.id,
+            id: record.id.clone(),
+            pod_sandbox_id: pod.id.clone(),
             name: record
                 .config
                 .metadata
                 .as_ref()
-                .map_or("", |m| m.name.as_str()),
-            labels: &record.config.labels,
-            annotations: &record.config.annotations,
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            state: api::ContainerState::ContainerCreated,
+            labels: record.config.labels.clone(),
             created_at: record.created_at,
+            ..Default::default()
         };
-        let ctr = crishim_nri::oci::container(spec, &meta);
+        let ctr = crishim_nri::oci::container(spec, meta);
         let merged = nri
             .create_container(&pod_sandbox(pod), &ctr)
             .await
@@ -175,6 +177,9 @@ impl Inner {
     ) -> Result<(), Error> {
         let applied = crishim_nri::oci::apply(spec, adjust)
             .map_err(|e| Error::failed_precondition(format!("CreateContainer: NRI: {e}")))?;
+        if !applied.ignored.is_empty() {
+            info!(ignored = ?applied.ignored, "NRI adjustments this runtime does not apply");
+        }
         if !applied.cdi_devices.is_empty() {
             let edits =
                 crishim_gpu::cdi::resolve(&self.config.gpu.cdi_spec_dirs, &applied.cdi_devices)

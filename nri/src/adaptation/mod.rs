@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::api::{self, Event, EventMask};
-use crate::conn::{code, CallError, Endpoint, Role, Status};
+use crate::conn::{CallError, Endpoint, Role};
 use crate::merge::{Merge, MergeError, Merged};
 
 use plugin::{Plugin, Registration, RuntimeHandler};
@@ -33,8 +33,6 @@ use plugin::{Plugin, Registration, RuntimeHandler};
 pub const NRI_VERSION: &str = "v0.12.2";
 /// Plugins registered at once; connections beyond are refused.
 pub const MAX_PLUGINS: usize = 32;
-/// Updates or evictions one plugin message may carry.
-pub const MAX_UPDATES: usize = 1024;
 /// A synchronization message stays under ttrpc's limit with room to spare.
 const SYNC_MESSAGE_BUDGET: usize = 3 << 20;
 
@@ -245,17 +243,8 @@ impl Nri {
                     Some(reply) => reply,
                     None => continue,
                 };
-            let name = p.name();
-            if let Some(adjust) = reply.adjust {
-                merge.adjust(&name, adjust)?;
-            }
-            check_updates(&reply.update, &reply.evict).map_err(|s| NriError::Plugin {
-                plugin: name.clone(),
-                event: "CreateContainer",
-                message: s.message,
-            })?;
-            merge.update(&name, reply.update)?;
-            merge.evict(&name, reply.evict);
+            // Bounded and checked for conflicts as it merges.
+            merge.reply(&p.name(), reply)?;
         }
         let merged = merge.finish();
         self.inner
@@ -333,7 +322,8 @@ impl Nri {
             container: Some(container.clone()),
             linux_resources: Some(resources.clone()),
         };
-        let mut merge = Merge::new(container);
+        // Not a create: updates to the container itself are what plugins answer with.
+        let mut merge = Merge::new(&api::Container::default());
         for p in self
             .inner
             .plugins()
@@ -348,13 +338,8 @@ impl Nri {
                 continue;
             };
             let name = p.name();
-            check_updates(&reply.update, &reply.evict).map_err(|s| NriError::Plugin {
-                plugin: name.clone(),
-                event: "UpdateContainer",
-                message: s.message,
-            })?;
             merge.update(&name, reply.update)?;
-            merge.evict(&name, reply.evict);
+            merge.evict(&name, reply.evict)?;
         }
         Ok(merge.finish())
     }
@@ -385,7 +370,7 @@ impl Nri {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
         };
-        let mut merge = Merge::new(container);
+        let mut merge = Merge::new(&api::Container::default());
         for p in self
             .inner
             .plugins()
@@ -404,14 +389,7 @@ impl Nri {
                     continue;
                 }
             };
-            let name = p.name();
-            if let Err(e) = check_updates(&update, &[])
-                .map_err(|s| MergeError::Invalid {
-                    plugin: name.clone(),
-                    reason: s.message,
-                })
-                .and_then(|()| merge.update(&name, update))
-            {
+            if let Err(e) = merge.update(&p.name(), update) {
                 warn!(error = %e, "NRI StopContainer: updates dropped");
             }
         }
@@ -444,24 +422,6 @@ fn legacy(
         pod: Some(pod.clone()),
         container: container.cloned(),
     })
-}
-
-/// Bounds on what a plugin may ask of other containers in one message.
-pub(crate) fn check_updates(
-    updates: &[api::ContainerUpdate],
-    evictions: &[api::ContainerEviction],
-) -> Result<(), Status> {
-    if updates.len() > MAX_UPDATES || evictions.len() > MAX_UPDATES {
-        return Err(Status::new(
-            code::RESOURCE_EXHAUSTED,
-            format!(
-                "{} updates and {} evictions, over the limit of {MAX_UPDATES} each",
-                updates.len(),
-                evictions.len()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 impl Inner {
@@ -617,6 +577,7 @@ impl Inner {
             registered: Mutex::new(Some(tx)),
             runtime: self.runtime.clone(),
             ready: ready.clone(),
+            name: Mutex::new(String::new()),
         });
         let endpoint = Endpoint::start(stream, Role::Runtime, handler);
         let (idx, base, config, child) = match launched {
@@ -751,11 +712,7 @@ impl Inner {
         if parts == 1 {
             let reply: api::SynchronizeResponse =
                 plugin.call("Synchronize", &whole, timeout).await?;
-            check_updates(&reply.update, &[]).map_err(|s| CallError::Status {
-                code: s.code,
-                message: s.message,
-            })?;
-            return Ok(reply.update);
+            return checked_sync_updates(plugin, reply.update);
         }
         let per_pods = whole.pods.len().div_ceil(parts).max(1);
         let per_containers = whole.containers.len().div_ceil(parts).max(1);
@@ -776,15 +733,20 @@ impl Inner {
                     ));
                 }
             } else {
-                check_updates(&reply.update, &[]).map_err(|s| CallError::Status {
-                    code: s.code,
-                    message: s.message,
-                })?;
-                return Ok(reply.update);
+                return checked_sync_updates(plugin, reply.update);
             }
         }
         Ok(Vec::new())
     }
+}
+
+fn checked_sync_updates(
+    plugin: &Plugin,
+    updates: Vec<api::ContainerUpdate>,
+) -> Result<Vec<api::ContainerUpdate>, CallError> {
+    crate::limits::check_updates(&plugin.name(), &updates)
+        .map_err(|e| CallError::Decode(e.to_string()))?;
+    Ok(updates)
 }
 
 fn millis(d: Duration) -> i64 {

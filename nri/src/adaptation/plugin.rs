@@ -75,6 +75,8 @@ pub(super) struct RuntimeHandler {
     pub(super) runtime: Arc<dyn Runtime>,
     /// Updates are taken only once the plugin is registered and synchronized.
     pub(super) ready: Arc<std::sync::atomic::AtomicBool>,
+    /// The name it registered with, for messages about what it sends.
+    pub(super) name: Mutex<String>,
 }
 
 impl Handler for RuntimeHandler {
@@ -99,6 +101,8 @@ impl Handler for RuntimeHandler {
                             .ok_or_else(|| {
                                 Status::new(code::FAILED_PRECONDITION, "plugin already registered")
                             })?;
+                        *self.name.lock().unwrap_or_else(|e| e.into_inner()) =
+                            format!("{}-{}", req.plugin_idx, req.plugin_name);
                         let _ = tx.send(Registration {
                             name: req.plugin_name,
                             idx: req.plugin_idx,
@@ -118,9 +122,12 @@ impl Handler for RuntimeHandler {
                     });
                 }
                 let runtime = self.runtime.clone();
+                let name = self.name.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 Box::pin(async move {
                     let req = conn::decode::<api::UpdateContainersRequest>(&payload)?;
-                    super::check_updates(&req.update, &req.evict)?;
+                    crate::limits::check_updates(&name, &req.update)
+                        .and_then(|()| crate::limits::check_evictions(&name, &req.evict))
+                        .map_err(|e| Status::new(code::INVALID_ARGUMENT, e.to_string()))?;
                     let failed = runtime.update_containers(req.update, req.evict).await;
                     Ok(api::UpdateContainersResponse { failed }
                         .encode_to_vec()

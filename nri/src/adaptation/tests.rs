@@ -4,7 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
-use crate::conn::Status;
+use crate::conn::{code, Status};
 use crate::stub::{Plugin as StubPlugin, Stub};
 
 /// The runtime, as far as NRI sees it: one pod and one container, and the updates it got.
