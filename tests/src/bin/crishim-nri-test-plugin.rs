@@ -109,7 +109,7 @@ async fn start(args: Args) -> Result<ExitCode> {
                 .with_context(|| format!("reading {}", path.display()))?;
             Config::parse(&text).with_context(|| format!("in {}", path.display()))?
         }
-        None => Config::default(),
+        None => Config::parse("{}")?,
     };
     let log = Arc::new(Log::default());
     if let Some(path) = &config.log {

@@ -34,7 +34,7 @@ pub const EVENTS: [(&str, api::Event); 14] = [
 /// RPCs that are not events but may still trigger a hostile mode.
 const OTHER_RPCS: [&str; 3] = ["Configure", "Synchronize", "Shutdown"];
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Where to append one line per event.
