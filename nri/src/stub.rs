@@ -62,10 +62,10 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StubError {
-    #[error("connecting to the NRI socket {path}: {source}")]
+    #[error("connecting to the NRI socket {path}: {error}")]
     Connect {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{var} is not set: the plugin was not launched by the runtime")]
     MissingEnv { var: &'static str },
@@ -95,6 +95,9 @@ impl<T, F: Future<Output = Result<T, Status>> + Send> Reply<T> for F {}
 /// method that waits holds only its own call. The runtime gives up on a call after its request
 /// timeout and may then drop the plugin.
 pub trait Plugin: Send + Sync + 'static {
+    /// The runtime accepted the registration. It may call `Configure` before this runs.
+    fn on_registered(&self) {}
+
     /// The runtime's configuration for the plugin. The reply's `events` subscribes to events
     /// (bit `event - 1` each, see [`api::EventMask`]); 0, the default, subscribes to all.
     fn configure(&self, _req: api::ConfigureRequest) -> impl Reply<api::ConfigureResponse> {
@@ -296,9 +299,9 @@ impl Stub {
         let path = socket.as_ref();
         let stream = UnixStream::connect(path)
             .await
-            .map_err(|source| StubError::Connect {
+            .map_err(|error| StubError::Connect {
                 path: path.to_owned(),
-                source,
+                error,
             })?;
         Stub::new(stream, name, idx)
     }
@@ -376,7 +379,7 @@ impl Stub {
     /// the plugin, or a handle closed it).
     pub async fn run<P: Plugin>(self, plugin: Arc<P>) -> Result<(), StubError> {
         let handler = Arc::new(Dispatch {
-            plugin,
+            plugin: plugin.clone(),
             shared: self.shared.clone(),
         });
         let endpoint = Endpoint::start(self.stream, Role::Plugin, handler);
@@ -400,6 +403,7 @@ impl Stub {
             return Err(StubError::Register(e));
         }
         self.shared.registered.store(true, Ordering::Release);
+        plugin.on_registered();
         endpoint.closed().await;
         Ok(())
     }
