@@ -5,6 +5,7 @@
 #
 #   hack/bench.sh                      # 50 pods, burst 10 at a time, 5 cold pulls
 #   hack/bench.sh --pods 10            # a quick run; --help lists every option
+#   hack/bench.sh --nri-plugins 3      # only what 3 NRI plugins add to CreateContainer
 #
 # Needs root. Installs containerd, runc and the rest with hack/install-deps.sh when missing, and
 # builds crishim in release mode (the figures mean little for a debug build). The static
@@ -16,8 +17,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 ./hack/install-deps.sh
 
-echo "+ cargo build --release -p crishim -p crishim-shim -p crishim-bench" >&2
+echo "+ cargo build --release -p crishim -p crishim-shim -p crishim-bench, crishim-nri-test-plugin" >&2
 cargo build --release -p crishim -p crishim-shim -p crishim-bench
+cargo build --release -p crishim-tests --bin crishim-nri-test-plugin
 
 bin="${CARGO_TARGET_DIR:-$PWD/target}/release"
 # The shim and the infra process as installed (hack/run.sh): static, side by side.

@@ -5,6 +5,7 @@ mod client;
 mod containerd;
 mod host;
 mod measure;
+mod nri;
 mod report;
 mod text;
 
@@ -81,6 +82,13 @@ struct Args {
     /// Keep each runtime's log here (they are removed with their temporary directories).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Measure only what NRI plugins add to CreateContainer, with this many plugins registered
+    /// (crishim alone, `[nri]` off against on; see docs/benchmarks.md).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=16))]
+    nri_plugins: u64,
+    /// CreateContainer calls per daemon in the NRI mode.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=2000))]
+    nri_creates: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -241,6 +249,36 @@ async fn bench(args: &Args) -> Result<()> {
     if let Some(d) = &args.log_dir {
         std::fs::create_dir_all(d)?;
     }
+    if args.nri_plugins > 0 {
+        let r = nri::run(
+            &registry.url(),
+            &cni_dir,
+            &bridge,
+            args.nri_plugins as usize,
+            args.nri_creates as usize,
+        )
+        .await?;
+        println!(
+            "\n## CreateContainer with {} NRI plugins, {} creates each\n",
+            r.plugins, r.creates
+        );
+        println!("| | [nri] off | {} plugins | added |", r.plugins);
+        println!("|---|---|---|---|");
+        println!(
+            "| p50 | {:.2} ms | {:.2} ms | {:.2} ms |",
+            r.off.p50_ms, r.on.p50_ms, r.added_p50_ms
+        );
+        println!(
+            "| p99 | {:.2} ms | {:.2} ms | {:.2} ms |",
+            r.off.p99_ms, r.on.p99_ms, r.added_p99_ms
+        );
+        if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&args.output, serde_json::to_vec_pretty(&r)?)?;
+        println!("raw samples: {}", args.output.display());
+        return Ok(());
+    }
     let mut env = Env {
         registry,
         cni_dir,
@@ -339,7 +377,7 @@ fn fmt_load(l: [f64; 3]) -> String {
     format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
 }
 
-fn progress(runtime: &str, msg: &str) {
+pub(crate) fn progress(runtime: &str, msg: &str) {
     eprintln!("[{runtime}] {msg}");
 }
 
@@ -352,7 +390,7 @@ fn pause_image() -> Image {
     Image::new(vec![layer]).cmd(&["/bin/sleep", PAUSE_ARG])
 }
 
-fn toml_str(p: &Path) -> String {
+pub(crate) fn toml_str(p: &Path) -> String {
     serde_json::to_string(&p.to_string_lossy()).expect("string to json")
 }
 

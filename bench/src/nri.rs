@@ -1,0 +1,235 @@
+//! What NRI plugins add to `CreateContainer`: two crishim daemons side by side, one with
+//! `[nri]` off and one with plugins registered (`crishim-nri-test-plugin`, each adding an env
+//! variable and subscribed to every event), take turns creating containers in a pod of their
+//! own. The difference of their latencies is what the plugins cost; taking turns puts the
+//! machine's noise on both.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use crishim_tests::daemon::{Daemon, DaemonOptions};
+use serde::Serialize;
+
+use crate::client::{pod_config, Cri};
+use crate::host::{self, Sweeper};
+use crate::report::{median, percentile};
+use crate::{progress, toml_str, BUSYBOX, CNI_BIN};
+
+/// Creates before the clock: caches, the first shim calls.
+const WARM_UP: usize = 5;
+
+#[derive(Debug, Serialize)]
+pub struct NriReport {
+    pub plugins: usize,
+    pub creates: usize,
+    pub off: Latency,
+    pub on: Latency,
+    /// `on - off`, at each quantile.
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub samples_ms: Vec<f64>,
+}
+
+impl Latency {
+    fn of(samples_ms: Vec<f64>) -> Latency {
+        Latency {
+            p50_ms: median(&samples_ms),
+            p99_ms: percentile(&samples_ms, 99.0),
+            samples_ms,
+        }
+    }
+}
+
+/// The test plugin, next to `crishim-bench`.
+fn plugin_bin() -> PathBuf {
+    std::env::current_exe()
+        .map(|p| p.with_file_name("crishim-nri-test-plugin"))
+        .unwrap_or_default()
+}
+
+struct Plugins(Vec<Child>);
+
+impl Drop for Plugins {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One daemon and its pod.
+struct Side {
+    daemon: Daemon,
+    cri: Cri,
+    pod: String,
+    pod_config: crishim_proto::cri::PodSandboxConfig,
+    _sweeper: Sweeper,
+}
+
+async fn side(
+    name: &str,
+    registry: &str,
+    cni_dir: &Path,
+    bridge: &str,
+    extra: &str,
+) -> Result<Side> {
+    let opts = DaemonOptions::new()
+        .state_on_tmpfs()
+        .mirror("docker.io", &[registry])
+        .extra_toml(&format!(
+            "[cni]\nconf_dir = {}\nbin_dirs = [{}]\n{extra}",
+            toml_str(cni_dir),
+            toml_str(Path::new(CNI_BIN))
+        ))
+        .env("RUST_LOG", "warn");
+    let daemon = Daemon::start(opts)
+        .await
+        .context("starting crishim serve")?;
+    let sweeper = Sweeper {
+        dirs: vec![daemon.dir().to_path_buf()],
+        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
+        bridge: bridge.to_string(),
+        containerd_address: None,
+        empty_dirs: Vec::new(),
+    };
+    let cri = Cri::connect(daemon.socket()).await?;
+    cri.wait_ready(Duration::from_secs(30)).await?;
+    cri.pull(BUSYBOX).await?;
+    let h = crishim_tests::random_hex;
+    let uid = format!("{}-{}-{}-{}-{}", h(4), h(2), h(2), h(2), h(6));
+    let cgroup = format!("/{}/pod{uid}", sweeper.cgroup_top);
+    host::create_pod_cgroup(&cgroup)?;
+    let logs = daemon.dir().join("pod-logs").join(name);
+    std::fs::create_dir_all(&logs)?;
+    let pod_config = pod_config(name, &uid, &logs, &cgroup);
+    let pod = cri.run_pod(&pod_config).await?;
+    Ok(Side {
+        daemon,
+        cri,
+        pod,
+        pod_config,
+        _sweeper: sweeper,
+    })
+}
+
+impl Side {
+    async fn timed_create(&self, n: usize) -> Result<f64> {
+        let config = crishim_tests::pods::container_config(
+            &format!("c{n}"),
+            BUSYBOX,
+            &["/bin/sleep", "600"],
+        );
+        let start = Instant::now();
+        self.cri
+            .create_container(&self.pod, &config, &self.pod_config)
+            .await?;
+        Ok(start.elapsed().as_secs_f64() * 1000.0)
+    }
+
+    async fn finish(self) {
+        let _ = self.cri.stop_pod(&self.pod).await;
+        let _ = self.cri.remove_pod(&self.pod).await;
+        drop(self.daemon);
+    }
+}
+
+pub async fn run(
+    registry: &str,
+    cni_dir: &Path,
+    bridge: &str,
+    plugins: usize,
+    creates: usize,
+) -> Result<NriReport> {
+    let say = |m: &str| progress("nri", m);
+    let bin = plugin_bin();
+    ensure!(
+        bin.is_file(),
+        "{} not found: build it with `cargo build --release -p crishim-tests --bin crishim-nri-test-plugin`",
+        bin.display()
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("crishim-bench-nri-")
+        .tempdir()?;
+    let socket = dir.path().join("nri.sock");
+    let nri_toml = format!(
+        "[nri]\nenable = true\nsocket_path = {}\nplugin_path = {}\n",
+        toml_str(&socket),
+        toml_str(&dir.path().join("plugins"))
+    );
+    say("starting crishim with [nri] off and with it on");
+    let off = side("nri-off", registry, cni_dir, bridge, "").await?;
+    let on = side("nri-on", registry, cni_dir, bridge, &nri_toml).await?;
+    let mut children = Plugins(Vec::new());
+    for i in 0..plugins {
+        let log = dir.path().join(format!("p{i}.log"));
+        let config = dir.path().join(format!("p{i}.json"));
+        std::fs::write(
+            &config,
+            serde_json::json!({"log": log, "adjust": {"env": {format!("NRI_BENCH_{i}"): "1"}}})
+                .to_string(),
+        )?;
+        children.0.push(
+            Command::new(&bin)
+                .arg("--socket")
+                .arg(&socket)
+                .args([
+                    "--name",
+                    &format!("bench{i}"),
+                    "--idx",
+                    &format!("{:02}", 10 + i),
+                ])
+                .arg("--config")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting crishim-nri-test-plugin")?,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("SYNC")
+        {
+            ensure!(Instant::now() < deadline, "plugin {i} did not synchronize");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    say(&format!(
+        "{plugins} plugins registered; {creates} creates each, taking turns"
+    ));
+    for n in 0..WARM_UP {
+        off.timed_create(n).await?;
+        on.timed_create(n).await?;
+    }
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for n in WARM_UP..WARM_UP + creates {
+        // Who goes first alternates too.
+        if n % 2 == 0 {
+            a.push(off.timed_create(n).await?);
+            b.push(on.timed_create(n).await?);
+        } else {
+            b.push(on.timed_create(n).await?);
+            a.push(off.timed_create(n).await?);
+        }
+    }
+    off.finish().await;
+    on.finish().await;
+    drop(children);
+    let (off, on) = (Latency::of(a), Latency::of(b));
+    Ok(NriReport {
+        plugins,
+        creates,
+        added_p50_ms: on.p50_ms - off.p50_ms,
+        added_p99_ms: on.p99_ms - off.p99_ms,
+        off,
+        on,
+    })
+}
