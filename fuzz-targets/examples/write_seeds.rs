@@ -423,6 +423,61 @@ fn nri() {
         mux::encode(conn, &m, &mut out);
     }
     seed("nri_wire", "configure", &out);
+    nri_reply();
+}
+
+/// A plugin's reply to CreateContainer that adjusts a bit of everything.
+fn nri_reply() {
+    use crishim_nri::api;
+    use prost::Message as _;
+    let adjust = api::ContainerAdjustment {
+        annotations: [("a".to_string(), "b".to_string())].into(),
+        mounts: vec![api::Mount {
+            destination: "/data".into(),
+            r#type: "bind".into(),
+            source: "/srv".into(),
+            options: vec!["rbind".into(), "ro".into()],
+        }],
+        env: vec![api::KeyValue {
+            key: "K".into(),
+            value: "V".into(),
+        }],
+        rlimits: vec![api::PosixRlimit {
+            r#type: "RLIMIT_NOFILE".into(),
+            hard: 1024,
+            soft: 1024,
+        }],
+        linux: Some(api::LinuxContainerAdjustment {
+            devices: vec![api::LinuxDevice {
+                path: "/dev/null2".into(),
+                r#type: "c".into(),
+                major: 1,
+                minor: 3,
+                ..Default::default()
+            }],
+            resources: Some(api::LinuxResources {
+                memory: Some(api::LinuxMemory {
+                    limit: Some(api::OptionalInt64 { value: 1 << 26 }),
+                    ..Default::default()
+                }),
+                cpu: Some(api::LinuxCpu {
+                    cpus: "0".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            oom_score_adj: Some(api::OptionalInt { value: 100 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let reply = api::CreateContainerResponse {
+        adjust: Some(adjust),
+        ..Default::default()
+    };
+    let mut out = vec![255u8];
+    out.extend(reply.encode_to_vec());
+    seed("nri_reply", "adjust-everything", &out);
 }
 
 fn main() {

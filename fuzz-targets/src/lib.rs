@@ -25,7 +25,7 @@ mod streaming;
 
 pub use images::{hosts_toml, image_reference, registry_reply, tar_unpack, www_authenticate};
 pub use ledger::{ledger_seed, vgpu_ledger};
-pub use nri::nri_wire;
+pub use nri::{nri_reply, nri_wire};
 pub use runtime::{cni_result, config_toml, journal, mountinfo, pod_manifest, records};
 pub use shim::shim_protocol;
 pub use streaming::{
@@ -59,4 +59,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config_toml", config_toml),
     ("vgpu_ledger", vgpu_ledger),
     ("nri_wire", nri_wire),
+    ("nri_reply", nri_reply),
 ];

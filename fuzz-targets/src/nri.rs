@@ -1,6 +1,7 @@
-//! NRI's wire: the connection multiplexer and ttrpc inside it, as a hostile plugin sends them.
+//! NRI plugins' bytes: the connection multiplexer and ttrpc inside it, and the replies a plugin
+//! answers `CreateContainer` with, merged and applied to a spec.
 
-use crishim_nri::{mux, ttrpc};
+use crishim_nri::{api, merge::Merge, mux, oci, ttrpc};
 use prost::Message as _;
 
 /// Bytes from a plugin's socket, in arbitrary pieces: mux frames, the ttrpc messages of each
@@ -36,4 +37,29 @@ pub fn nri_wire(data: &[u8]) {
         // Nothing holds more than one frame's worth of bytes.
         assert!(frames.pending() <= mux::HEADER_LEN + mux::MAX_PAYLOAD + step);
     }
+}
+
+/// Replies of plugins to one `CreateContainer`: the first byte splits the input between two
+/// plugins' replies, which are merged in order and applied to a spec. Nothing may panic, and
+/// what merges stays within the bounds.
+pub fn nri_reply(data: &[u8]) {
+    let Some((cut, rest)) = data.split_first() else {
+        return;
+    };
+    let cut = (usize::from(*cut) * rest.len() / 255).min(rest.len());
+    let (a, b) = rest.split_at(cut);
+    let container = api::Container {
+        id: "fuzzed".into(),
+        ..Default::default()
+    };
+    let mut merge = Merge::new(&container);
+    for (plugin, bytes) in [("10-a", a), ("20-b", b)] {
+        if let Ok(reply) = api::CreateContainerResponse::decode(bytes) {
+            let _ = merge.reply(plugin, reply);
+        }
+    }
+    let merged = merge.finish();
+    assert!(crishim_nri::limits::check_adjustment("merged", &merged.adjust).is_ok());
+    let mut spec = oci_spec::runtime::Spec::default();
+    let _ = oci::apply(&mut spec, &merged.adjust);
 }
