@@ -515,7 +515,8 @@ async fn a_pre_installed_plugin_is_launched_configured_and_relaunched_after_a_re
     let log = dir.path().join("pre.log");
     std::fs::write(
         dir.path().join("conf.d/10-pre.conf"),
-        json!({"log": log, "adjust": {"env": {"PRE": "launched"}}}).to_string(),
+        json!({"log": log, "adjust": {"env": {"PRE": "launched"}, "oom_score_adj": -999}})
+            .to_string(),
     )
     .unwrap();
     let mut env =
@@ -539,6 +540,14 @@ async fn a_pre_installed_plugin_is_launched_configured_and_relaunched_after_a_re
     assert_eq!(
         env.d.exec_ok(&id, &["sh", "-c", "echo $PRE"]).await.trim(),
         "launched"
+    );
+    // The plugin's OOM score is restricted as the kubelet's would be: not below the daemon's.
+    let own =
+        std::fs::read_to_string(format!("/proc/{}/oom_score_adj", env.d.pid().unwrap())).unwrap();
+    let pid = env.d.container_pid(&id).await;
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap(),
+        own
     );
 
     // A new daemon launches it again, and it learns of the pod and container that outlived the

@@ -332,6 +332,12 @@ impl Inner {
         let finished = async {
             if let Some(adjust) = &adjust {
                 self.apply_nri_adjustment(&mut spec, adjust)?;
+                // A plugin's OOM score is restricted as the CRI's is: never below the daemon's.
+                if let (Some(floor), Some(process)) = (own_oom_score_adj(), spec.process_mut()) {
+                    if process.oom_score_adj().is_some_and(|v| v < floor) {
+                        process.set_oom_score_adj(Some(floor));
+                    }
+                }
             }
             record.user = spec.process().as_ref().map(|p| {
                 let u = p.user();
