@@ -272,6 +272,12 @@ async fn bench(args: &Args) -> Result<()> {
             "| p99 | {:.2} ms | {:.2} ms | {:.2} ms |",
             r.off.p99_ms, r.on.p99_ms, r.added_p99_ms
         );
+        println!(
+            "\nthe NRI path alone ({} creates): p50 {:.3} ms, p99 {:.3} ms",
+            r.nri_path.samples_ms.len(),
+            r.nri_path.p50_ms,
+            r.nri_path.p99_ms
+        );
         if let Some(dir) = args.output.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }

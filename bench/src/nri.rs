@@ -1,8 +1,13 @@
-//! What NRI plugins add to `CreateContainer`: two crishim daemons side by side, one with
-//! `[nri]` off and one with plugins registered (`crishim-nri-test-plugin`, each adding an env
-//! variable and subscribed to every event), take turns creating containers in a pod of their
-//! own. The difference of their latencies is what the plugins cost; taking turns puts the
-//! machine's noise on both.
+//! What NRI plugins add to `CreateContainer`, two ways:
+//!
+//! - end to end: two crishim daemons side by side, one with `[nri]` off and one with plugins
+//!   registered (`crishim-nri-test-plugin`, each adding an env variable and subscribed to every
+//!   event), take turns creating containers in a pod of their own. Taking turns puts the
+//!   machine's noise on both; the difference of the medians is what the plugins cost.
+//! - the NRI path alone: the daemon's own adaptation (`crishim_nri`), in this process, with the
+//!   same plugin processes over a real socket, timed for what `CreateContainer` asks of it (the
+//!   `CreateContainer` round, validation, `PostCreateContainer`). Its tail is the added latency's
+//!   tail, which the end-to-end difference is too noisy to show.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -11,6 +16,8 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use crishim_tests::daemon::{Daemon, DaemonOptions};
 use serde::Serialize;
+
+use crishim_nri::api;
 
 use crate::client::{pod_config, Cri};
 use crate::host::{self, Sweeper};
@@ -29,6 +36,8 @@ pub struct NriReport {
     /// `on - off`, at each quantile.
     pub added_p50_ms: f64,
     pub added_p99_ms: f64,
+    /// The NRI path alone, per create.
+    pub nri_path: Latency,
 }
 
 #[derive(Debug, Serialize)]
@@ -49,6 +58,116 @@ impl Latency {
 }
 
 /// The test plugin, next to `crishim-bench`.
+/// The runtime as the in-process adaptation sees it: nothing to synchronize, nothing to update.
+struct NoRuntime;
+
+impl crishim_nri::adaptation::Runtime for NoRuntime {
+    fn snapshot(
+        &self,
+    ) -> crishim_nri::adaptation::BoxFuture<(Vec<api::PodSandbox>, Vec<api::Container>)> {
+        Box::pin(async { (Vec::new(), Vec::new()) })
+    }
+
+    fn update_containers(
+        &self,
+        updates: Vec<api::ContainerUpdate>,
+        _: Vec<api::ContainerEviction>,
+    ) -> crishim_nri::adaptation::BoxFuture<Vec<api::ContainerUpdate>> {
+        Box::pin(async { updates })
+    }
+}
+
+/// Starts `n` test plugins against `socket`, each adding one env variable; waits until each is
+/// synchronized.
+async fn start_plugins(
+    bin: &Path,
+    dir: &Path,
+    socket: &Path,
+    tag: &str,
+    n: usize,
+) -> Result<Plugins> {
+    let mut children = Plugins(Vec::new());
+    for i in 0..n {
+        let log = dir.join(format!("{tag}-p{i}.log"));
+        let config = dir.join(format!("{tag}-p{i}.json"));
+        std::fs::write(
+            &config,
+            serde_json::json!({"log": log, "adjust": {"env": {format!("NRI_BENCH_{i}"): "1"}}})
+                .to_string(),
+        )?;
+        children.0.push(
+            Command::new(bin)
+                .arg("--socket")
+                .arg(socket)
+                .args([
+                    "--name",
+                    &format!("bench{i}"),
+                    "--idx",
+                    &format!("{:02}", 10 + i),
+                ])
+                .arg("--config")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting crishim-nri-test-plugin")?,
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("SYNC")
+        {
+            ensure!(Instant::now() < deadline, "plugin {i} did not synchronize");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(children)
+}
+
+/// The NRI path of `calls` creates, in this process, with `plugins` plugin processes.
+async fn nri_path(bin: &Path, dir: &Path, plugins: usize, calls: usize) -> Result<Latency> {
+    let socket = dir.join("direct.sock");
+    let config = crishim_nri::adaptation::Config {
+        socket_path: socket.clone(),
+        plugin_path: dir.join("none"),
+        plugin_config_path: dir.join("none"),
+        registration_timeout: Duration::from_secs(5),
+        request_timeout: Duration::from_secs(2),
+        disable_connections: false,
+        runtime_name: "crishim-bench".into(),
+        runtime_version: env!("CARGO_PKG_VERSION").into(),
+    };
+    let nri = crishim_nri::adaptation::Nri::start(config, std::sync::Arc::new(NoRuntime)).await?;
+    let children = start_plugins(bin, dir, &socket, "direct", plugins).await?;
+    let pod = api::PodSandbox {
+        id: "bench-pod".into(),
+        name: "bench".into(),
+        namespace: "crishim-bench".into(),
+        ..Default::default()
+    };
+    let mut samples = Vec::with_capacity(calls);
+    for n in 0..WARM_UP + calls {
+        let container = api::Container {
+            id: format!("bench-{n}"),
+            pod_sandbox_id: pod.id.clone(),
+            name: format!("c{n}"),
+            args: vec!["/bin/sleep".into(), "600".into()],
+            env: vec!["PATH=/usr/bin:/bin".into()],
+            ..Default::default()
+        };
+        let start = Instant::now();
+        let merged = nri.create_container(&pod, &container).await?;
+        nri.post_create_container(&pod, &container).await;
+        let took = start.elapsed().as_secs_f64() * 1000.0;
+        ensure!(merged.adjust.env.len() == plugins, "every plugin adjusted");
+        if n >= WARM_UP {
+            samples.push(took);
+        }
+    }
+    nri.shutdown();
+    drop(children);
+    Ok(Latency::of(samples))
+}
+
 fn plugin_bin() -> PathBuf {
     std::env::current_exe()
         .map(|p| p.with_file_name("crishim-nri-test-plugin"))
@@ -168,40 +287,7 @@ pub async fn run(
     say("starting crishim with [nri] off and with it on");
     let off = side("nri-off", registry, cni_dir, bridge, "").await?;
     let on = side("nri-on", registry, cni_dir, bridge, &nri_toml).await?;
-    let mut children = Plugins(Vec::new());
-    for i in 0..plugins {
-        let log = dir.path().join(format!("p{i}.log"));
-        let config = dir.path().join(format!("p{i}.json"));
-        std::fs::write(
-            &config,
-            serde_json::json!({"log": log, "adjust": {"env": {format!("NRI_BENCH_{i}"): "1"}}})
-                .to_string(),
-        )?;
-        children.0.push(
-            Command::new(&bin)
-                .arg("--socket")
-                .arg(&socket)
-                .args([
-                    "--name",
-                    &format!("bench{i}"),
-                    "--idx",
-                    &format!("{:02}", 10 + i),
-                ])
-                .arg("--config")
-                .arg(&config)
-                .stdout(Stdio::null())
-                .spawn()
-                .context("starting crishim-nri-test-plugin")?,
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("SYNC")
-        {
-            ensure!(Instant::now() < deadline, "plugin {i} did not synchronize");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    let children = start_plugins(&bin, dir.path(), &socket, "daemon", plugins).await?;
     say(&format!(
         "{plugins} plugins registered; {creates} creates each, taking turns"
     ));
@@ -223,8 +309,11 @@ pub async fn run(
     off.finish().await;
     on.finish().await;
     drop(children);
+    say("the NRI path alone, in this process");
+    let nri_path = nri_path(&bin, dir.path(), plugins, creates.max(1000)).await?;
     let (off, on) = (Latency::of(a), Latency::of(b));
     Ok(NriReport {
+        nri_path,
         plugins,
         creates,
         added_p50_ms: on.p50_ms - off.p50_ms,

@@ -591,3 +591,150 @@ async fn only_root_may_connect_to_the_nri_socket() {
     assert!(err.contains("ermission denied"), "{err}");
     env.stop();
 }
+
+/// Plugins built with NRI's own Go stub, one directory per NRI version holding `adjuster` (a
+/// plugin that adds env `NRI_ADJUSTER=<version>`, annotation `nri.adjuster/seen=true` and
+/// `RLIMIT_NOFILE` 4096, and logs its events) built against that version's stub. The binaries
+/// are not part of crishim; `NRI_GO_PLUGINS` names their directory (docs/testing.md).
+#[tokio::test]
+async fn plugins_built_with_nris_go_stub_work_unchanged() {
+    let Some(root) = std::env::var_os("NRI_GO_PLUGINS").map(PathBuf::from) else {
+        eprintln!("skipped: NRI_GO_PLUGINS is not set (docs/testing.md)");
+        return;
+    };
+    let mut versions: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("adjuster").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    versions.sort();
+    assert!(
+        !versions.is_empty(),
+        "no <version>/adjuster under {}",
+        root.display()
+    );
+    let dir = nri_dir();
+    // The newest is also pre-installed, through a wrapper that names its log.
+    let newest = versions.last().unwrap().clone();
+    let pre_log = dir.path().join("pre-go.log");
+    let wrapper = dir.path().join("plugins/05-goadj");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec {} -log {}\n",
+            root.join(&newest).join("adjuster").display(),
+            pre_log.display()
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let env =
+        PodEnv::start_with(DaemonOptions::new().extra_toml(&nri_toml(dir.path(), "2s"))).await;
+    assert_eq!(
+        wait_line(&pre_log, "SYNC", Duration::from_secs(10)),
+        "SYNC 0 0"
+    );
+    let pod_cfg = env.pod_config("go-pre");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &pod_cfg);
+    let id = env
+        .d
+        .run_container(
+            &pod,
+            &env.container_config("c", &["sleep", "600"]),
+            &pod_cfg,
+        )
+        .await
+        .unwrap();
+    traces.add_container(&id);
+    let got = env
+        .d
+        .exec_ok(&id, &["sh", "-c", "echo $NRI_ADJUSTER"])
+        .await;
+    assert_eq!(
+        got.trim(),
+        newest,
+        "the pre-installed Go plugin adjusted the container"
+    );
+    traces.capture(&env.d).await;
+    env.finish_pod(&pod, traces).await;
+    std::fs::remove_file(&wrapper).unwrap();
+
+    // Each version in turn, connecting over the socket.
+    let env =
+        PodEnv::start_with(DaemonOptions::new().extra_toml(&nri_toml(dir.path(), "2s"))).await;
+    for version in &versions {
+        let log = dir.path().join(format!("{version}.log"));
+        let mut child = Command::new(root.join(version).join("adjuster"))
+            .args(["-name", "goadj", "-idx", "20", "-socket"])
+            .arg(dir.path().join("nri.sock"))
+            .arg("-log")
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_line(&log, "SYNC", Duration::from_secs(10));
+        let pod_cfg = env.pod_config(&format!("go-{}", version.replace('.', "-")));
+        let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+        let mut traces = PodTraces::new(&pod, &pod_cfg);
+        let id = env
+            .d
+            .run_container(
+                &pod,
+                &env.container_config("c", &["sleep", "600"]),
+                &pod_cfg,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{version}: {e:?}"));
+        traces.add_container(&id);
+        let got = env
+            .d
+            .exec_ok(&id, &["sh", "-c", "echo $NRI_ADJUSTER; ulimit -n"])
+            .await;
+        assert_eq!(
+            got.split_whitespace().collect::<Vec<_>>(),
+            [version.as_str(), "4096"],
+            "{version}"
+        );
+        traces.capture(&env.d).await;
+        env.d.stop_container(&id, 0).await.unwrap();
+        env.d.remove_container(&id).await.unwrap();
+        env.d.stop_pod(&pod).await.unwrap();
+        env.d.remove_pod(&pod).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let events = || -> Vec<String> {
+            read_lines(&log)
+                .iter()
+                .filter_map(|l| l.strip_prefix("EVENT "))
+                .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+                .collect()
+        };
+        while !events().contains(&"RemovePodSandbox".to_string()) {
+            assert!(Instant::now() < deadline, "{version}: {:?}", events());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_in_order(
+            &events(),
+            &[
+                "RunPodSandbox",
+                "CreateContainer",
+                "PostCreateContainer",
+                "StartContainer",
+                "PostStartContainer",
+                "StopContainer",
+                "RemoveContainer",
+                "StopPodSandbox",
+                "RemovePodSandbox",
+            ],
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        eprintln!("NRI {version}: adjustments and events as expected");
+    }
+    env.stop();
+}
