@@ -7,6 +7,46 @@ pub const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 /// The ttrpc service the runtime serves (the plugin calls it).
 pub const RUNTIME_SERVICE: &str = "nri.pkg.api.v1alpha1.Runtime";
 
+/// The NRI API level crishim speaks (the messages of `proto/nri.proto`), as both sides tell
+/// each other.
+pub const NRI_VERSION: &str = "v0.12.2";
+/// The environment of a plugin the runtime launches: its name, its index, and the number of
+/// the descriptor of its end of the connection.
+pub const PLUGIN_NAME_ENV: &str = "NRI_PLUGIN_NAME";
+pub const PLUGIN_IDX_ENV: &str = "NRI_PLUGIN_IDX";
+pub const PLUGIN_SOCKET_ENV: &str = "NRI_PLUGIN_SOCKET";
+/// Longest plugin name crishim accepts (NRI sets none).
+pub const MAX_PLUGIN_NAME: usize = 64;
+
+/// A plugin's name as NRI allows it: `[a-zA-Z0-9_.+-]`, not empty; here also bounded.
+pub fn check_plugin_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_PLUGIN_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid plugin name {:?}: 1 to {MAX_PLUGIN_NAME} of [a-zA-Z0-9_.+-]",
+            crishim_sys::shown::shown(name)
+        ))
+    }
+}
+
+/// A plugin's index: two digits, as NRI requires.
+pub fn check_plugin_index(idx: &str) -> Result<(), String> {
+    if idx.len() == 2 && idx.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid plugin index {:?}: two digits",
+            crishim_sys::shown::shown(idx)
+        ))
+    }
+}
+
 /// The events a plugin subscribed to: bit `event - 1` for each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EventMask(pub i32);
@@ -40,6 +80,20 @@ impl EventMask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugin_names_and_indexes_are_nris_and_bounded() {
+        for ok in ["a", "logger", "topology-aware_1.2+x"] {
+            assert!(check_plugin_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", "a/b", "é", &"x".repeat(65)] {
+            assert!(check_plugin_name(bad).is_err(), "{bad}");
+        }
+        assert!(check_plugin_index("07").is_ok());
+        for bad in ["7", "007", "a1", ""] {
+            assert!(check_plugin_index(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn masks_follow_nri_bit_numbering() {

@@ -47,14 +47,7 @@ use crate::conn::{self, code, CallError, Endpoint, Handler, HandlerFuture, Role,
 
 /// Where external plugins find the runtime.
 pub const DEFAULT_SOCKET_PATH: &str = "/var/run/nri/nri.sock";
-/// The plugin's name, for a plugin the runtime launched.
-pub const PLUGIN_NAME_ENV: &str = "NRI_PLUGIN_NAME";
-/// The plugin's index (two digits), for a plugin the runtime launched.
-pub const PLUGIN_IDX_ENV: &str = "NRI_PLUGIN_IDX";
-/// The number of the file descriptor of the socket the runtime connected for the plugin.
-pub const PLUGIN_SOCKET_ENV: &str = "NRI_PLUGIN_SOCKET";
-/// The NRI API version the stub speaks, sent when registering.
-pub const NRI_VERSION: &str = "v0.12.0";
+pub use crate::api::{NRI_VERSION, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV, PLUGIN_SOCKET_ENV};
 /// How long registration may take, as NRI's default.
 pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a call to the runtime may take until `Configure` says otherwise, as NRI's default.
@@ -71,9 +64,9 @@ pub enum StubError {
     MissingEnv { var: &'static str },
     #[error("{PLUGIN_SOCKET_ENV}={value} is not a connected socket: {reason}")]
     BadSocketEnv { value: String, reason: String },
-    #[error("invalid plugin name {0:?}: not empty, only [a-zA-Z0-9_.+-]")]
+    #[error("{0}")]
     InvalidName(String),
-    #[error("invalid plugin index {0:?}: two digits")]
+    #[error("{0}")]
     InvalidIndex(String),
     #[error("registering with the runtime: {0}")]
     Register(CallError),
@@ -323,16 +316,8 @@ impl Stub {
 
     /// A connection made some other way (a socket pair in tests, say).
     pub fn new(stream: UnixStream, name: &str, idx: &str) -> Result<Stub, StubError> {
-        let name_ok = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+'));
-        if !name_ok {
-            return Err(StubError::InvalidName(name.to_string()));
-        }
-        if !(idx.len() == 2 && idx.bytes().all(|b| b.is_ascii_digit())) {
-            return Err(StubError::InvalidIndex(idx.to_string()));
-        }
+        api::check_plugin_name(name).map_err(StubError::InvalidName)?;
+        api::check_plugin_index(idx).map_err(StubError::InvalidIndex)?;
         Ok(Stub {
             stream,
             name: name.to_string(),

@@ -341,13 +341,9 @@ impl Runtime for NriRuntime {
     }
 }
 
+/// A plugin's error, a conflict or a rejection: the request cannot go on as the node is set up.
 fn nri_error(rpc: &str, e: NriError) -> Error {
-    match e {
-        NriError::Merge(_) | NriError::Rejected { .. } => {
-            Error::failed_precondition(format!("{rpc}: {e}"))
-        }
-        _ => Error::failed_precondition(format!("{rpc}: {e}")),
-    }
+    Error::failed_precondition(format!("{rpc}: {e}"))
 }
 
 /// A pod as NRI shows it.

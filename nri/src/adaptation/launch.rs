@@ -11,11 +11,8 @@ use tracing::{info, warn};
 
 use super::plugin::{check_index, check_name};
 use super::Inner;
+use crate::api;
 
-/// The environment NRI gives a plugin it launches.
-pub const ENV_PLUGIN_NAME: &str = "NRI_PLUGIN_NAME";
-pub const ENV_PLUGIN_IDX: &str = "NRI_PLUGIN_IDX";
-pub const ENV_PLUGIN_SOCKET: &str = "NRI_PLUGIN_SOCKET";
 /// The fd the plugin's end of the socket pair has.
 const PLUGIN_FD: i32 = 3;
 /// A plugin's configuration file, read whole.
@@ -135,9 +132,9 @@ async fn launch(inner: &Arc<Inner>, idx: String, base: String, path: &Path) -> R
     let fd = theirs.as_raw_fd();
     let mut cmd = tokio::process::Command::new(path);
     cmd.env_clear()
-        .env(ENV_PLUGIN_NAME, &base)
-        .env(ENV_PLUGIN_IDX, &idx)
-        .env(ENV_PLUGIN_SOCKET, PLUGIN_FD.to_string())
+        .env(api::PLUGIN_NAME_ENV, &base)
+        .env(api::PLUGIN_IDX_ENV, &idx)
+        .env(api::PLUGIN_SOCKET_ENV, PLUGIN_FD.to_string())
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
     // SAFETY: between fork and exec only async-signal-safe calls: dup2 and fcntl.

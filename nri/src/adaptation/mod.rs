@@ -29,8 +29,6 @@ use crate::merge::{Merge, MergeError, Merged};
 
 use plugin::{Plugin, Registration, RuntimeHandler};
 
-/// The NRI protocol version crishim speaks, as it tells plugins.
-pub const NRI_VERSION: &str = "v0.12.2";
 /// Plugins registered at once; connections beyond are refused.
 pub const MAX_PLUGINS: usize = 32;
 /// A synchronization message stays under ttrpc's limit with room to spare.
@@ -94,9 +92,10 @@ struct Inner {
     runtime: Arc<dyn Runtime>,
     /// In index order.
     plugins: RwLock<Vec<Arc<Plugin>>>,
-    /// Events hold it shared; a plugin's synchronization holds it alone, so that it sees each
-    /// pod and container once: in its snapshot, or as an event after it.
-    gate: tokio::sync::RwLock<()>,
+    /// One event at a time, as NRI's own adaptation does (plugins keep state and count on it);
+    /// a plugin's synchronization holds it too, so that it sees each pod and container once: in
+    /// its snapshot, or as an event after it.
+    gate: tokio::sync::Mutex<()>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -109,7 +108,7 @@ impl Nri {
                 config,
                 runtime,
                 plugins: RwLock::new(Vec::new()),
-                gate: tokio::sync::RwLock::new(()),
+                gate: tokio::sync::Mutex::new(()),
                 tasks: Mutex::new(Vec::new()),
             }),
         };
@@ -227,7 +226,7 @@ impl Nri {
         pod: &api::PodSandbox,
         container: &api::Container,
     ) -> Result<Merged, NriError> {
-        let _events = self.inner.gate.read().await;
+        let _events = self.inner.gate.lock().await;
         let req = api::CreateContainerRequest {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
@@ -316,7 +315,7 @@ impl Nri {
         container: &api::Container,
         resources: &api::LinuxResources,
     ) -> Result<Merged, NriError> {
-        let _events = self.inner.gate.read().await;
+        let _events = self.inner.gate.lock().await;
         let req = api::UpdateContainerRequest {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
@@ -365,7 +364,7 @@ impl Nri {
         pod: &api::PodSandbox,
         container: &api::Container,
     ) -> Vec<api::ContainerUpdate> {
-        let _events = self.inner.gate.read().await;
+        let _events = self.inner.gate.lock().await;
         let req = api::StopContainerRequest {
             pod: Some(pod.clone()),
             container: Some(container.clone()),
@@ -492,7 +491,7 @@ impl Inner {
         req: &impl prost::Message,
         legacy: Option<api::StateChangeEvent>,
     ) -> Result<(), NriError> {
-        let _events = self.gate.read().await;
+        let _events = self.gate.lock().await;
         for p in self.plugins().iter().filter(|p| p.subscribed(event)) {
             self.call::<api::Empty>(p, method, req, legacy.clone().map(|l| (event, l)))
                 .await?;
@@ -584,13 +583,13 @@ impl Inner {
             Some(l) => (l.idx, l.base, l.config, Some(l.child)),
             None => (String::new(), String::new(), String::new(), None),
         };
-        let plugin = Arc::new(Plugin {
+        let mut plugin = Plugin {
             idx,
             base,
             endpoint: endpoint.clone(),
             events: EventMask::default(),
             child: Mutex::new(child),
-        });
+        };
         let fail = |plugin: &Plugin, why: String| {
             plugin.close(&why);
             NriError::Registration(why)
@@ -605,7 +604,6 @@ impl Inner {
             },
             _ = endpoint.closed() => return Err(fail(&plugin, "closed before registering".into())),
         };
-        let mut plugin = Arc::into_inner(plugin).expect("not shared yet");
         if plugin.idx.is_empty() {
             plugin.idx = registration.idx;
             plugin.base = registration.name;
@@ -630,7 +628,7 @@ impl Inner {
             runtime_version: self.config.runtime_version.clone(),
             registration_timeout: millis(self.config.registration_timeout),
             request_timeout: millis(self.config.request_timeout),
-            nri_version: NRI_VERSION.to_string(),
+            nri_version: api::NRI_VERSION.to_string(),
         };
         let reply: api::ConfigureResponse = match plugin
             .call("Configure", &configure, self.config.request_timeout)
@@ -658,7 +656,7 @@ impl Inner {
 
         // No event passes while it synchronizes: it sees each pod and container once.
         let updates = {
-            let _alone = self.gate.write().await;
+            let _alone = self.gate.lock().await;
             let (pods, containers) = self.runtime.snapshot().await;
             let updates = match self.synchronize(&plugin, pods, containers).await {
                 Ok(u) => u,

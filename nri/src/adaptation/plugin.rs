@@ -14,9 +14,6 @@ use crate::conn::{self, code, CallError, Endpoint, Handler, HandlerFuture, Statu
 
 use super::Runtime;
 
-/// Longest plugin name accepted at registration.
-pub const MAX_NAME: usize = 64;
-
 pub(super) struct Plugin {
     pub(super) idx: String,
     pub(super) base: String,
@@ -149,37 +146,12 @@ fn unimplemented(service: String, method: String) -> HandlerFuture {
     })
 }
 
-/// A plugin's name: what NRI allows, bounded.
+/// A plugin's name, as a status for its registration.
 pub(super) fn check_name(name: &str) -> Result<(), Status> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Status::new(
-            code::INVALID_ARGUMENT,
-            format!(
-                "invalid plugin name {:?}: 1 to {MAX_NAME} letters, digits, '-', '_' or '.'",
-                crishim_sys::shown::shown(name)
-            ),
-        ))
-    }
+    api::check_plugin_name(name).map_err(|m| Status::new(code::INVALID_ARGUMENT, m))
 }
 
-/// A plugin's index: exactly two digits, as NRI requires.
+/// A plugin's index, as a status for its registration.
 pub(super) fn check_index(idx: &str) -> Result<(), Status> {
-    if idx.len() == 2 && idx.bytes().all(|b| b.is_ascii_digit()) {
-        Ok(())
-    } else {
-        Err(Status::new(
-            code::INVALID_ARGUMENT,
-            format!(
-                "invalid plugin index {:?}: two digits",
-                crishim_sys::shown::shown(idx)
-            ),
-        ))
-    }
+    api::check_plugin_index(idx).map_err(|m| Status::new(code::INVALID_ARGUMENT, m))
 }
