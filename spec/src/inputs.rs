@@ -71,6 +71,9 @@ pub struct SpecInputs<'a> {
     /// Run the program under crishim's init: this host binary, bind-mounted read-only at
     /// [`INIT_PATH`](crate::INIT_PATH).
     pub init: Option<PathBuf>,
+    /// `crishim-init`, for what only it can do when `init` is not asked for: give the process an
+    /// environment value that is not UTF-8.
+    pub init_binary: Option<PathBuf>,
     /// What the GPUs give the container, prepared on the host; its edits are made after init's.
     pub gpu: Option<&'a crishim_gpu::Plan>,
     /// Annotations added last, where the spec has no such key: a runtime handler's pod

@@ -59,7 +59,7 @@ pub const ANNOTATION_SANDBOX_UID: &str = "io.kubernetes.cri.sandbox-uid";
 pub const ANNOTATION_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
 
 /// Where the init binary appears inside the container.
-pub const INIT_PATH: &str = "/.crishim/init";
+pub const INIT_PATH: &str = crishim_proto::init::PATH;
 
 /// Builds the OCI runtime spec for one container.
 /// `noNewPrivileges` as libcontainer needs it: absent unless set. libcontainer installs a seccomp
@@ -199,8 +199,22 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Built, SpecEr
         }
     }
     let pod_binds = userns::PodBinds::of(&spec);
-    if let Some(binary) = &inputs.init {
-        add_init(&mut spec, binary)?;
+    let raw_env = spec
+        .process()
+        .as_ref()
+        .and_then(|p| p.env().as_ref())
+        .is_some_and(|env| env.iter().any(|e| process::is_raw_env(e)));
+    match (&inputs.init, &inputs.init_binary) {
+        (Some(binary), _) => add_init(&mut spec, binary, false)?,
+        // Only init can give the process a value that is not UTF-8.
+        (None, Some(binary)) if raw_env => add_init(&mut spec, binary, true)?,
+        (None, None) if raw_env => {
+            return Err(SpecError::Invalid(
+                "an environment value that is not UTF-8 reaches the process through                  crishim-init, which is not installed"
+                    .into(),
+            ))
+        }
+        _ => {}
     }
     if let Some(plan) = inputs.gpu {
         plan.apply_to(&mut spec).map_err(|e| match e {
@@ -221,8 +235,9 @@ fn build_with(inputs: &SpecInputs<'_>, host: &HostFacts) -> Result<Built, SpecEr
     Ok(Built { spec, pod_binds })
 }
 
-/// Run the program under `binary`, bind-mounted read-only at [`INIT_PATH`].
-fn add_init(spec: &mut Spec, binary: &std::path::Path) -> Result<(), SpecError> {
+/// Run the program under `binary`, bind-mounted read-only at [`INIT_PATH`]: as PID 1 that reaps,
+/// or (`exec_only`) only to set the environment and exec the program in place.
+fn add_init(spec: &mut Spec, binary: &std::path::Path, exec_only: bool) -> Result<(), SpecError> {
     let mount = oci_spec::runtime::MountBuilder::default()
         .destination(INIT_PATH)
         .typ("bind")
@@ -239,7 +254,11 @@ fn add_init(spec: &mut Spec, binary: &std::path::Path) -> Result<(), SpecError> 
     mounts.push(mount);
     spec.set_mounts(Some(mounts));
     if let Some(process) = spec.process_mut() {
-        let mut args = vec![INIT_PATH.to_string(), "--".to_string()];
+        let mut args = vec![INIT_PATH.to_string()];
+        if exec_only {
+            args.push(crishim_proto::init::EXEC_FLAG.to_string());
+        }
+        args.push("--".to_string());
         args.extend(process.args().clone().unwrap_or_default());
         process.set_args(Some(args));
     }

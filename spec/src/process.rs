@@ -67,19 +67,56 @@ pub(super) fn env(
         &mut env,
         image.and_then(|c| c.env().clone()).unwrap_or_default(),
     );
-    // The CRI carries values as bytes (1.36 and later); an OCI environment holds strings.
+    // The CRI carries values as bytes (1.36 and later); an OCI environment holds strings. A value
+    // that is not UTF-8 goes, exactly, in the one entry that crishim-init decodes.
+    if config
+        .envs
+        .iter()
+        .map(|kv| kv.key.as_str())
+        .chain(
+            env.iter()
+                .map(|e| e.split_once('=').map_or(e.as_str(), |(k, _)| k)),
+        )
+        .any(|k| k == crishim_proto::init::RAW_ENV)
+    {
+        return Err(SpecError::Invalid(format!(
+            "environment variable {} is reserved: crishim-init reads it",
+            crishim_proto::init::RAW_ENV
+        )));
+    }
     let mut ours = Vec::with_capacity(config.envs.len());
+    let mut raw: Vec<Vec<u8>> = Vec::new();
     for kv in &config.envs {
-        let value = std::str::from_utf8(&kv.value).map_err(|_| {
-            SpecError::Invalid(format!(
-                "the value of environment variable {:?} is not UTF-8, which an OCI runtime \
-                 cannot pass on",
-                crishim_sys::shown::shown(&kv.key)
-            ))
-        })?;
-        ours.push(format!("{}={value}", kv.key));
+        match std::str::from_utf8(&kv.value) {
+            Ok(value) => {
+                raw.retain(|e| !e.starts_with(format!("{}=", kv.key).as_bytes()));
+                ours.push(format!("{}={value}", kv.key));
+            }
+            Err(_) => {
+                if kv.key.is_empty() || kv.key.contains(['=', '\0']) || kv.value.contains(&0) {
+                    return Err(SpecError::Invalid(format!(
+                        "environment variable {:?}: an empty name, '=' in the name or a NUL \
+                         byte, which no process can be given",
+                        crishim_sys::shown::shown(&kv.key)
+                    )));
+                }
+                // A bare name unsets what the image or an earlier entry set.
+                ours.push(kv.key.clone());
+                raw.retain(|e| !e.starts_with(format!("{}=", kv.key).as_bytes()));
+                let mut entry = format!("{}=", kv.key).into_bytes();
+                entry.extend_from_slice(&kv.value);
+                raw.push(entry);
+            }
+        }
     }
     merge_env(&mut env, ours);
+    if !raw.is_empty() {
+        env.push(format!(
+            "{}={}",
+            crishim_proto::init::RAW_ENV,
+            crishim_proto::init::encode_raw_env(&raw)
+        ));
+    }
     // What the runtime's init cannot set (it aborts the create, its error unread until the
     // create returns): an empty name, or a NUL anywhere. From the request or from the image.
     if let Some(bad) = env.iter().find(|e| {
@@ -93,6 +130,13 @@ pub(super) fn env(
         )));
     }
     Ok(env)
+}
+
+/// Whether `entry` is the one that carries the values that are not UTF-8.
+pub(super) fn is_raw_env(entry: &str) -> bool {
+    entry
+        .strip_prefix(crishim_proto::init::RAW_ENV)
+        .is_some_and(|rest| rest.starts_with('='))
 }
 
 /// Sets or replaces `KEY=value` entries; a bare `KEY` (possible in an image's Env) unsets it.

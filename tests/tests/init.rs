@@ -3,6 +3,7 @@
 //!
 //! Needs the static init that `hack/test.sh` builds (`CRISHIM_INIT_BIN`); skipped without it.
 
+use crishim_proto::cri;
 use std::time::{Duration, Instant};
 
 use crishim_tests::pods::{
@@ -91,6 +92,71 @@ async fn init_reaps_orphans_and_forwards_stop_signals() {
         status.exit_code,
         128 + 15,
         "killed by the forwarded SIGTERM"
+    );
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    assert_no_leaks(&env.d, &traces).await;
+    env.stop();
+}
+
+/// The CRI carries env values as bytes. One that is not UTF-8 (an OCI spec cannot hold it)
+/// reaches the container's process and every exec'd process exactly, through crishim-init, with
+/// or without init asked for; the process's PID 1 stays the program when it was not.
+#[tokio::test]
+async fn an_env_value_that_is_not_utf8_reaches_the_process_and_execs_exactly() {
+    if std::env::var_os("CRISHIM_INIT_BIN").is_none() {
+        eprintln!("skipped: CRISHIM_INIT_BIN is not set (run through hack/test.sh)");
+        return;
+    }
+    let env = PodEnv::start().await;
+    let pod_cfg = env.pod_config("rawenv");
+    let mut cfg = env.container_config(
+        "rawenv",
+        &[
+            "sh",
+            "-c",
+            "printf %s \"$BLOB\" > /tmp/blob; exec sleep 3600",
+        ],
+    );
+    cfg.envs.push(cri::KeyValue {
+        key: "BLOB".into(),
+        value: vec![b'a', 0xff, 0xfe, b'\n', b'z'],
+    });
+    cfg.envs.push(cri::KeyValue {
+        key: "PLAIN".into(),
+        value: b"yes".to_vec(),
+    });
+    let (pod, ctr, traces) = env.run_traced(&pod_cfg, &cfg).await;
+    let hex = |cmd: &str| {
+        let env = &env;
+        let ctr = ctr.clone();
+        let cmd = cmd.to_string();
+        async move {
+            env.d
+                .exec_ok(&ctr, &["sh", "-c", &cmd])
+                .await
+                .trim()
+                .to_string()
+        }
+    };
+    // The container's own process.
+    assert_eq!(
+        hex("od -An -tx1 /tmp/blob | tr -d ' \\n'").await,
+        "61fffe0a7a"
+    );
+    // An exec'd process, and the carrier is gone from both.
+    assert_eq!(
+        hex("printf %s \"$BLOB\" | od -An -tx1 | tr -d ' \\n'").await,
+        "61fffe0a7a"
+    );
+    assert_eq!(
+        hex("echo $PLAIN ${CRISHIM_RAW_ENV:-unset}").await,
+        "yes unset"
+    );
+    let pid1 = env.d.exec_ok(&ctr, &["cat", "/proc/1/cmdline"]).await;
+    assert!(
+        pid1.starts_with("sleep"),
+        "init execs in place: PID 1 is {pid1:?}"
     );
     env.d.stop_pod(&pod).await.unwrap();
     env.d.remove_pod(&pod).await.unwrap();

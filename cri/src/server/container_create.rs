@@ -296,6 +296,8 @@ impl Inner {
             apparmor_profile,
             selinux: selinux.as_ref(),
             init,
+            // For an env value that is not UTF-8 (the spec refuses it when init is missing).
+            init_binary: Some(self.init_binary.clone()).filter(|b| b.is_file()),
             gpu: None,
             passed_annotations,
             sandbox_id: Some(&pod.id),

@@ -407,11 +407,18 @@ pub(super) fn container(c: &ContainerRecord, pod: &PodRecord) -> api::Container 
             .chain(&c.config.args)
             .cloned()
             .collect(),
+        // NRI carries strings: a value that is not UTF-8 is left out, never altered.
         env: c
             .config
             .envs
             .iter()
-            .map(|kv| format!("{}={}", kv.key, String::from_utf8_lossy(&kv.value)))
+            .filter_map(|kv| {
+                Some(format!(
+                    "{}={}",
+                    kv.key,
+                    std::str::from_utf8(&kv.value).ok()?
+                ))
+            })
             .collect(),
         mounts: c
             .config

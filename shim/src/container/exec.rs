@@ -221,6 +221,25 @@ fn exec_with_libcontainer(
 
 /// Write the exec'd process's spec (the container's, with `args`) to `out`, and return the
 /// executor that gives it the container's seccomp filter, if the container has one.
+/// `args`, run through `crishim-init --exec` when the container's environment has values that
+/// are not UTF-8: an exec'd process gets them exactly, as the container's own did.
+fn with_raw_env(process: &oci_spec::runtime::Process, args: Vec<String>) -> Vec<String> {
+    use crishim_proto::init;
+    let carrier = format!("{}=", init::RAW_ENV);
+    let raw = process
+        .env()
+        .as_ref()
+        .is_some_and(|env| env.iter().any(|e| e.starts_with(&carrier)));
+    if !raw {
+        return args;
+    }
+    [init::PATH, init::EXEC_FLAG, "--"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(args)
+        .collect()
+}
+
 fn write_exec_process(
     bundle: &Path,
     out: &Path,
@@ -231,7 +250,7 @@ fn write_exec_process(
     let spec = oci_spec::runtime::Spec::load(bundle.join("config.json"))
         .map_err(|e| internal(&format!("reading {}/config.json", bundle.display()), e))?;
     let mut process = spec.process().clone().unwrap_or_default();
-    process.set_args(Some(args));
+    process.set_args(Some(with_raw_env(&process, args)));
     process.set_terminal(Some(tty));
     let profile = spec
         .linux()

@@ -59,17 +59,55 @@ fn no_command_anywhere_is_invalid() {
     assert!(msg.starts_with("no command specified"), "{msg}");
 }
 
-/// The CRI carries env values as bytes (1.36); one that is not UTF-8 cannot reach an OCI process
-/// and is refused by name, not mangled.
+/// The CRI carries env values as bytes; one that is not UTF-8 reaches the process exactly
+/// through crishim-init (the spec carries it hex-encoded in one entry), and is never mangled.
 #[test]
-fn an_env_value_that_is_not_utf8_is_refused() {
+fn an_env_value_that_is_not_utf8_goes_exactly_through_init() {
     let mut f = Fixture::new();
-    f.config.envs = vec![cri::KeyValue {
-        key: "BLOB".to_string(),
-        value: vec![b'a', 0xff, 0xfe],
-    }];
+    f.image
+        .set_env(Some(vec!["BLOB=from-image".into(), "KEEP=1".into()]));
+    f.config.envs = vec![
+        cri::KeyValue {
+            key: "BLOB".to_string(),
+            value: vec![b'a', 0xff, 0xfe],
+        },
+        cri::KeyValue {
+            key: "PLAIN".to_string(),
+            value: b"yes".to_vec(),
+        },
+    ];
+    // Without crishim-init it cannot be done: refused, saying why.
     let msg = f.invalid();
-    assert!(msg.contains("BLOB") && msg.contains("UTF-8"), "{msg}");
+    assert!(
+        msg.contains("UTF-8") && msg.contains("crishim-init"),
+        "{msg}"
+    );
+
+    f.init_binary = Some("/usr/libexec/crishim/init".into());
+    let spec = f.build().unwrap();
+    let process = spec.process().as_ref().unwrap();
+    let env = process.env().as_ref().unwrap();
+    assert!(env.contains(&"PLAIN=yes".to_string()) && env.contains(&"KEEP=1".to_string()));
+    assert!(
+        !env.iter().any(|e| e.starts_with("BLOB=")),
+        "the image's value is replaced: {env:?}"
+    );
+    assert!(env.contains(&format!(
+        "{}={}",
+        crishim_proto::init::RAW_ENV,
+        crishim_proto::init::encode_raw_env(&[b"BLOB=a\xff\xfe".to_vec()])
+    )));
+    let args = process.args().as_ref().unwrap();
+    assert_eq!(args[..3], [INIT_PATH, "--exec", "--"], "{args:?}");
+
+    // A NUL no process can be given, and the carrier's name is reserved.
+    f.config.envs[0].value = vec![0xff, 0];
+    assert!(f.invalid().contains("NUL"));
+    f.config.envs = vec![cri::KeyValue {
+        key: crishim_proto::init::RAW_ENV.to_string(),
+        value: b"41".to_vec(),
+    }];
+    assert!(f.invalid().contains("reserved"));
 }
 
 /// An env entry with an empty name or a NUL byte made the runtime's init abort the create with a
