@@ -9,6 +9,8 @@ fn main() {
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         // Its Debug hides the secrets (see `cri_auth_debug` in lib.rs).
         .skip_debug([".runtime.v1.AuthConfig"])
+        // A request that does not decode is the caller's fault: InvalidArgument (src/codec.rs).
+        .codec_path("crate::codec::CriCodec")
         .compile_protos(&[proto], &["cri"])
         .unwrap_or_else(|e| panic!("compiling {proto} (is protoc installed?): {e}"));
 }

@@ -33,6 +33,7 @@ impl std::fmt::Debug for cri::AuthConfig {
 /// The `k8s.io/cri-api` release whose `runtime.v1` the proto follows.
 pub const CRI_API_VERSION: &str = "v0.37.0";
 pub mod cgroups_path;
+pub mod codec;
 pub mod init;
 pub mod net;
 pub mod shim;

@@ -1042,3 +1042,106 @@ async fn out_of_range_ids_and_climbing_unified_keys_are_invalid_argument() {
 
     env.finish_pod(&pod, traces).await;
 }
+
+/// Labels and annotations are strings in the CRI; OCI needs them so. Ones that are not UTF-8 (a
+/// client that encodes bytes where the API has strings) are `InvalidArgument`, saying what
+/// failed, not the `Internal` of a decoding error.
+#[tokio::test]
+async fn labels_and_annotations_that_are_not_utf8_are_invalid_argument() {
+    use std::collections::HashMap;
+
+    /// `PodSandboxMetadata` / `ContainerMetadata` (name 1, uid or attempt 2, namespace 3).
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Metadata {
+        #[prost(string, tag = "1")]
+        name: String,
+        #[prost(string, tag = "2")]
+        uid: String,
+        #[prost(string, tag = "3")]
+        namespace: String,
+    }
+    /// `PodSandboxConfig` with labels (6) and annotations (7) as bytes on the same wire.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct PodConfig {
+        #[prost(message, optional, tag = "1")]
+        metadata: Option<Metadata>,
+        #[prost(map = "string, bytes", tag = "6")]
+        labels: HashMap<String, Vec<u8>>,
+        #[prost(map = "string, bytes", tag = "7")]
+        annotations: HashMap<String, Vec<u8>>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct RunPod {
+        #[prost(message, optional, tag = "1")]
+        config: Option<PodConfig>,
+    }
+    /// `ContainerConfig` with annotations (10) as bytes.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct ContainerConfig {
+        #[prost(map = "string, bytes", tag = "10")]
+        annotations: HashMap<String, Vec<u8>>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct CreateContainer {
+        #[prost(string, tag = "1")]
+        pod_sandbox_id: String,
+        #[prost(message, optional, tag = "2")]
+        config: Option<ContainerConfig>,
+    }
+
+    let d = crishim_tests::Daemon::start(crishim_tests::DaemonOptions::new())
+        .await
+        .unwrap();
+    let channel = crishim_tests::daemon::connect_unix(d.socket())
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let bad = HashMap::from([("k".to_string(), vec![b'a', 0xff])]);
+    let pod = RunPod {
+        config: Some(PodConfig {
+            metadata: Some(Metadata {
+                name: "p".into(),
+                uid: "u".into(),
+                namespace: "n".into(),
+            }),
+            labels: bad.clone(),
+            annotations: HashMap::new(),
+        }),
+    };
+    grpc.ready().await.unwrap();
+    let e = grpc
+        .unary::<_, cri::RunPodSandboxResponse, _>(
+            tonic::Request::new(pod.clone()),
+            http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/RunPodSandbox"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("UTF-8"), "{}", e.message());
+
+    let ctr = CreateContainer {
+        pod_sandbox_id: "x".into(),
+        config: Some(ContainerConfig { annotations: bad }),
+    };
+    grpc.ready().await.unwrap();
+    let e = grpc
+        .unary::<_, cri::CreateContainerResponse, _>(
+            tonic::Request::new(ctr),
+            http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/CreateContainer"),
+            tonic_prost::ProstCodec::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // Nothing was made.
+    let pods = d
+        .runtime_client()
+        .list_pod_sandbox(cri::ListPodSandboxRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .items;
+    assert!(pods.is_empty());
+    d.stop();
+}
