@@ -15,7 +15,7 @@ const RAW_ENV: &str = "CRISHIM_RAW_ENV";
 
 /// The `KEY=VALUE` entries of `hex`: NUL-separated entries, hex-encoded.
 fn raw_entries(hex: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);

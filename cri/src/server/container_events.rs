@@ -97,6 +97,9 @@ impl Inner {
         if exited {
             self.emit_container(&record, ContainerEventType::ContainerStoppedEvent)
                 .await;
+            // However it stopped (StopContainer, or its program ended), as containerd tells NRI.
+            self.nri_container_event(&record, super::nri::ContainerEvent::Stop)
+                .await;
         }
         Some(record)
     }

@@ -21,11 +21,6 @@ impl RuntimeService {
         let c = inner.store.container(&req.container_id)?;
         let _guard = inner.store.lock(&c.id).await;
         inner.stop_container(&c, request_secs(req.timeout)).await?;
-        if let Ok(c) = inner.store.container(&c.id) {
-            inner
-                .nri_container_event(&c, super::nri::ContainerEvent::Stop)
-                .await;
-        }
         Ok(StopContainerResponse {})
     }
 }

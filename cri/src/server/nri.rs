@@ -242,6 +242,11 @@ impl Inner {
                 continue;
             };
             let result = match self.store.container(&u.container_id) {
+                // Only a running container's cgroup can change; and the caller may hold the
+                // lock of one that just stopped.
+                Ok(c) if c.last.as_ref().map(|s| &s.status) != Some(&ShimStatus::Running) => Err(
+                    Error::failed_precondition(format!("container {} is not running", c.id)),
+                ),
                 Ok(c) => {
                     let mut resources = c
                         .config
