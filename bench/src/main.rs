@@ -413,26 +413,8 @@ async fn run_crishim(env: &Env) -> Result<Results> {
     let say = |m: &str| progress("crishim", m);
     say("starting crishim serve");
     let mirror = env.registry.url();
-    let opts = DaemonOptions::new()
-        .state_on_tmpfs()
-        .mirror("docker.io", &[&mirror])
-        .mirror("registry.k8s.io", &[&mirror])
-        .extra_toml(&format!(
-            "[cni]\nconf_dir = {}\nbin_dirs = [{}]\n",
-            toml_str(&env.cni_dir),
-            toml_str(Path::new(CNI_BIN))
-        ))
-        .env("RUST_LOG", &env.crishim_log);
-    let daemon = Daemon::start(opts)
-        .await
-        .context("starting crishim serve")?;
-    let sweeper = Sweeper {
-        dirs: vec![daemon.dir().to_path_buf()],
-        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
-        bridge: env.bridge.clone(),
-        containerd_address: None,
-        empty_dirs: Vec::new(),
-    };
+    let (daemon, sweeper) =
+        start_crishim(&mirror, &env.cni_dir, &env.bridge, &env.crishim_log, "").await?;
     let result = async {
         let cri = Cri::connect(daemon.socket()).await?;
         cri.wait_ready(Duration::from_secs(30)).await?;
@@ -455,6 +437,38 @@ async fn run_crishim(env: &Env) -> Result<Results> {
     drop(daemon);
     drop(sweeper);
     result.map_err(|e| e.context(format!("crishim's log ends:\n{}", text::tail(&log, 4000))))
+}
+
+/// `crishim serve` on a tmpfs state directory, pulling through `registry` and networking with
+/// the bench's CNI config, with `extra` in its config; and what cleans up after it.
+pub(crate) async fn start_crishim(
+    registry: &str,
+    cni_dir: &Path,
+    bridge: &str,
+    log: &str,
+    extra: &str,
+) -> Result<(Daemon, Sweeper)> {
+    let opts = DaemonOptions::new()
+        .state_on_tmpfs()
+        .mirror("docker.io", &[registry])
+        .mirror("registry.k8s.io", &[registry])
+        .extra_toml(&format!(
+            "[cni]\nconf_dir = {}\nbin_dirs = [{}]\n{extra}",
+            toml_str(cni_dir),
+            toml_str(Path::new(CNI_BIN))
+        ))
+        .env("RUST_LOG", log);
+    let daemon = Daemon::start(opts)
+        .await
+        .context("starting crishim serve")?;
+    let sweeper = Sweeper {
+        dirs: vec![daemon.dir().to_path_buf()],
+        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
+        bridge: bridge.to_string(),
+        containerd_address: None,
+        empty_dirs: Vec::new(),
+    };
+    Ok((daemon, sweeper))
 }
 
 async fn run_containerd(env: &Env) -> Result<Results> {

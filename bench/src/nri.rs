@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use crishim_tests::daemon::{Daemon, DaemonOptions};
+use crishim_tests::daemon::Daemon;
 use serde::Serialize;
 
 use crishim_nri::api;
@@ -22,7 +22,7 @@ use crishim_nri::api;
 use crate::client::{pod_config, Cri};
 use crate::host::{self, Sweeper};
 use crate::report::{median, percentile};
-use crate::{progress, toml_str, BUSYBOX, CNI_BIN};
+use crate::{progress, toml_str, BUSYBOX};
 
 /// What the plugins subscribe to: every event but validation, as a resource-placement plugin
 /// built with NRI's stub does (the stub subscribes to the events a plugin implements).
@@ -223,25 +223,7 @@ async fn side(
     bridge: &str,
     extra: &str,
 ) -> Result<Side> {
-    let opts = DaemonOptions::new()
-        .state_on_tmpfs()
-        .mirror("docker.io", &[registry])
-        .extra_toml(&format!(
-            "[cni]\nconf_dir = {}\nbin_dirs = [{}]\n{extra}",
-            toml_str(cni_dir),
-            toml_str(Path::new(CNI_BIN))
-        ))
-        .env("RUST_LOG", "warn");
-    let daemon = Daemon::start(opts)
-        .await
-        .context("starting crishim serve")?;
-    let sweeper = Sweeper {
-        dirs: vec![daemon.dir().to_path_buf()],
-        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
-        bridge: bridge.to_string(),
-        containerd_address: None,
-        empty_dirs: Vec::new(),
-    };
+    let (daemon, sweeper) = crate::start_crishim(registry, cni_dir, bridge, "warn", extra).await?;
     let cri = Cri::connect(daemon.socket()).await?;
     cri.wait_ready(Duration::from_secs(30)).await?;
     cri.pull(BUSYBOX).await?;

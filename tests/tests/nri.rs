@@ -525,18 +525,9 @@ async fn a_pre_installed_plugin_is_launched_configured_and_relaunched_after_a_re
     assert_eq!(wait_line(&log, "SYNC", Duration::from_secs(10)), "SYNC 0 0");
 
     let pod_cfg = env.pod_config("pre");
-    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-    let mut traces = PodTraces::new(&pod, &pod_cfg);
-    let id = env
-        .d
-        .run_container(
-            &pod,
-            &env.container_config("c", &["sleep", "600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
-    traces.add_container(&id);
+    let (pod, id, mut traces) = env
+        .run_traced(&pod_cfg, &env.container_config("c", &["sleep", "600"]))
+        .await;
     assert_eq!(
         env.d.exec_ok(&id, &["sh", "-c", "echo $PRE"]).await.trim(),
         "launched"
@@ -639,18 +630,9 @@ async fn plugins_built_with_nris_go_stub_work_unchanged() {
         "SYNC 0 0"
     );
     let pod_cfg = env.pod_config("go-pre");
-    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-    let mut traces = PodTraces::new(&pod, &pod_cfg);
-    let id = env
-        .d
-        .run_container(
-            &pod,
-            &env.container_config("c", &["sleep", "600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
-    traces.add_container(&id);
+    let (pod, id, mut traces) = env
+        .run_traced(&pod_cfg, &env.container_config("c", &["sleep", "600"]))
+        .await;
     let got = env
         .d
         .exec_ok(&id, &["sh", "-c", "echo $NRI_ADJUSTER"])

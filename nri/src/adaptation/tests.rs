@@ -206,6 +206,15 @@ impl Setup {
     }
 }
 
+/// A plugin that sets env `key=value`.
+fn adjusting(name: &str, key: &str, value: &str) -> TestPlugin {
+    TestPlugin {
+        name: name.into(),
+        adjust: Some(env(key, value)),
+        ..Default::default()
+    }
+}
+
 fn env(key: &str, value: &str) -> api::ContainerAdjustment {
     api::ContainerAdjustment {
         env: vec![api::KeyValue {
@@ -285,24 +294,8 @@ async fn a_plugin_hears_only_the_events_it_subscribed_to() {
 #[tokio::test]
 async fn adjustments_merge_and_two_plugins_setting_one_field_fail_naming_both() {
     let s = setup(T).await;
-    s.connect(
-        "10",
-        TestPlugin {
-            name: "a".into(),
-            adjust: Some(env("A", "1")),
-            ..Default::default()
-        },
-    )
-    .await;
-    s.connect(
-        "20",
-        TestPlugin {
-            name: "b".into(),
-            adjust: Some(env("B", "2")),
-            ..Default::default()
-        },
-    )
-    .await;
+    s.connect("10", adjusting("a", "A", "1")).await;
+    s.connect("20", adjusting("b", "B", "2")).await;
     let merged = s
         .nri
         .create_container(&pod(), &container("c1"))
@@ -312,15 +305,7 @@ async fn adjustments_merge_and_two_plugins_setting_one_field_fail_naming_both() 
     keys.sort();
     assert_eq!(keys, ["A", "B"]);
 
-    s.connect(
-        "30",
-        TestPlugin {
-            name: "c".into(),
-            adjust: Some(env("A", "3")),
-            ..Default::default()
-        },
-    )
-    .await;
+    s.connect("30", adjusting("c", "A", "3")).await;
     let e = s
         .nri
         .create_container(&pod(), &container("c2"))
@@ -342,15 +327,7 @@ async fn a_plugin_that_hangs_costs_its_timeout_once_and_is_dropped() {
         },
     )
     .await;
-    s.connect(
-        "20",
-        TestPlugin {
-            name: "fine".into(),
-            adjust: Some(env("OK", "1")),
-            ..Default::default()
-        },
-    )
-    .await;
+    s.connect("20", adjusting("fine", "OK", "1")).await;
     let start = Instant::now();
     let merged = s
         .nri
@@ -393,15 +370,7 @@ async fn a_plugin_without_an_events_own_rpc_gets_state_change() {
 #[tokio::test]
 async fn a_validator_rejects_a_merged_adjustment_by_name() {
     let s = setup(T).await;
-    s.connect(
-        "10",
-        TestPlugin {
-            name: "a".into(),
-            adjust: Some(env("A", "1")),
-            ..Default::default()
-        },
-    )
-    .await;
+    s.connect("10", adjusting("a", "A", "1")).await;
     let validator = TestPlugin {
         name: "policy".into(),
         events: vec![Event::ValidateContainerAdjustment],
