@@ -4,6 +4,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 use super::*;
+use crate::api::{Event, EventMask};
 use crate::conn::{code, Status};
 use crate::stub::{Plugin as StubPlugin, Stub};
 
