@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the cargo-fuzz targets (fuzz/fuzz_targets/*.rs), one after another, for SECONDS each:
 #   hack/fuzz.sh [SECONDS] [TARGET...]      # default: $FUZZ_SECONDS, else 60; all targets
-# FUZZ_RUNS=N also stops a target after N inputs, whichever comes first (the bar of issue 14 is
+# FUZZ_RUNS=N also stops a target after N inputs, whichever comes first (the long run is
 # 10 minutes or 10 million inputs: FUZZ_RUNS=10000000 hack/fuzz.sh 600).
 # New inputs go to fuzz/corpus-new/<target>; the seeds and them are then merged (only inputs
 # adding coverage) into fuzz/corpus-min/<target>. Both are ignored by git: commit from
@@ -9,7 +9,7 @@
 # left in fuzz/artifacts/<target>/: copy them to fuzz/regressions/<target>/ once fixed.
 # Prints, per target: seconds, inputs run, and the outcome; exits non-zero on any finding.
 # Builds into $CARGO_TARGET_DIR/fuzz when CARGO_TARGET_DIR is set, else fuzz/target.
-# Limits (the bar of issue 14): 1 s per input, 256 MiB of memory.
+# Limits: 1 s per input, 256 MiB of memory.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

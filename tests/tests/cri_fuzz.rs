@@ -1,4 +1,4 @@
-//! The CRI request fuzzer (issue 14): random and garbage values for the fields of every
+//! The CRI request fuzzer: random and garbage values for the fields of every
 //! RuntimeService and ImageService RPC, sent to a live daemon: empty, 1 MiB, negative and
 //! extreme numbers, control characters and odd Unicode, unknown ids, wrong ids (a pod's where a
 //! container's is expected), big maps. The bar for every call: a status within its deadline;
@@ -726,7 +726,7 @@ async fn fuzz(seed: u64) {
     let started = Instant::now();
     let mut failures = Vec::new();
     // Always one known extreme: StopContainer of a running container with i64::MAX seconds
-    // (issue 14: the deadline arithmetic overflowed and the handler panicked).
+    // (the deadline arithmetic overflowed and the handler panicked).
     if let Err(e) = stop_running_container_with_max_timeout(&env, &mut g).await {
         failures.push(e);
     }

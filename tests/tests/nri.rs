@@ -153,6 +153,23 @@ devices:
       env: ["FROM_NRI_CDI=dev0"]
 "#;
 
+/// Runs `sleep` as container `name` in `pod`, started and traced.
+async fn run_sleep(
+    env: &PodEnv,
+    pod: &str,
+    pod_cfg: &cri::PodSandboxConfig,
+    name: &str,
+    traces: &mut PodTraces,
+) -> String {
+    let id = env
+        .d
+        .run_container(pod, &env.container_config(name, &["sleep", "600"]), pod_cfg)
+        .await
+        .unwrap();
+    traces.add_container(&id);
+    id
+}
+
 fn nri_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for d in ["plugins", "conf.d", "cdi"] {
@@ -332,16 +349,7 @@ async fn every_adjustment_and_update_reaches_the_running_container() {
         .expect("UpdatePodSandboxResources");
 
     // Another container in the pod, not matched: untouched.
-    let plain = env
-        .d
-        .run_container(
-            &pod,
-            &env.container_config("plain", &["sleep", "3600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
-    traces.add_container(&plain);
+    let plain = run_sleep(&env, &pod, &pod_cfg, "plain", &mut traces).await;
     assert_eq!(
         env.d
             .exec_ok(&plain, &["sh", "-c", "echo x$NRI_ENV"])
@@ -479,16 +487,7 @@ async fn hostile_plugins_cost_at_most_their_timeout_and_are_dropped() {
     );
     // They are gone: the next create does not wait for them.
     let start = Instant::now();
-    let second = env
-        .d
-        .run_container(
-            &pod,
-            &env.container_config("d", &["sleep", "600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
-    traces.add_container(&second);
+    let second = run_sleep(&env, &pod, &pod_cfg, "d", &mut traces).await;
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "{:?}",
