@@ -225,6 +225,16 @@ async fn every_adjustment_and_update_reaches_the_running_container() {
         true,
     );
 
+    // `crictl info` shows the registered plugins.
+    let status = env
+        .d
+        .runtime_client()
+        .status(cri::StatusRequest { verbose: true })
+        .await
+        .unwrap();
+    let nri: serde_json::Value = serde_json::from_str(&status.into_inner().info["nri"]).unwrap();
+    assert_eq!(nri["plugins"], json!(["10-adjuster"]), "{nri}");
+
     let pod_cfg = env.pod_config("nri");
     let pod = env.d.run_pod(&pod_cfg).await.unwrap();
     let mut traces = PodTraces::new(&pod, &pod_cfg);

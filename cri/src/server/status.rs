@@ -36,6 +36,17 @@ impl RuntimeService {
                 serde_json::json!({ "cniConfDir": self.inner.config.cni.conf_dir, "rootDir": self.inner.config.root_dir })
                     .to_string(),
             );
+            // Which NRI plugins are registered, as `crictl info` shows containerd's.
+            let nri = &self.inner.config.nri;
+            info.insert(
+                "nri".into(),
+                serde_json::json!({
+                    "enable": nri.enable,
+                    "socketPath": nri.socket_path,
+                    "plugins": self.inner.nri.get().map(|n| n.plugins()).unwrap_or_default(),
+                })
+                .to_string(),
+            );
         }
         Ok(StatusResponse {
             status: Some(RuntimeStatus {
