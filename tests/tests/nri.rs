@@ -497,7 +497,7 @@ async fn hostile_plugins_cost_at_most_their_timeout_and_are_dropped() {
     );
     // They are gone: the next create does not wait for them.
     let start = Instant::now();
-    let second = run_sleep(&env, &pod, &pod_cfg, "d", &mut traces).await;
+    run_sleep(&env, &pod, &pod_cfg, "d", &mut traces).await;
     assert!(
         start.elapsed() < Duration::from_secs(3),
         "{:?}",
