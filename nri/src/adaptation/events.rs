@@ -290,8 +290,9 @@ fn legacy(
 }
 
 impl Inner {
-    /// One call to `p`. A plugin that is gone, late or speaks nonsense is dropped (`None`: go
-    /// on without it); one that answers with an error fails the event.
+    /// One call to `p`. `None`: go on without its answer, because it does not have the RPC, or
+    /// because it is gone, late or speaks nonsense (it is then dropped). A plugin that answers
+    /// with an error fails the event.
     async fn call<R: prost::Message + Default>(
         &self,
         p: &Arc<Plugin>,
@@ -312,6 +313,8 @@ impl Inner {
         }
         match reply {
             Ok(r) => Ok(Some(r)),
+            // Subscribed to everything (events 0) but without this RPC: it has nothing to say.
+            Err(e) if e.is_unimplemented() => Ok(None),
             Err(e) if e.is_fatal() => {
                 warn!(plugin = %p.name(), %method, error = %e, "dropping NRI plugin");
                 self.drop_plugin(p, &format!("{method}: {e}"));

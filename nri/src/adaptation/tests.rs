@@ -132,6 +132,16 @@ impl StubPlugin for TestPlugin {
         Ok(Default::default())
     }
 
+    async fn update_pod_sandbox(
+        &self,
+        _: api::UpdatePodSandboxRequest,
+    ) -> Result<api::UpdatePodSandboxResponse, Status> {
+        if self.legacy {
+            return Err(Status::new(code::UNIMPLEMENTED, "unknown method"));
+        }
+        Ok(Default::default())
+    }
+
     async fn state_change(&self, req: api::StateChangeEvent) -> Result<api::Empty, Status> {
         self.note(format!("StateChange {:?}", req.event()));
         Ok(api::Empty {})
@@ -366,6 +376,9 @@ async fn a_plugin_without_an_events_own_rpc_gets_state_change() {
     s.nri.post_create_container(&pod(), &container("c1")).await;
     assert_eq!(s.log(), ["10-old StateChange PostCreateContainer"]);
     assert_eq!(s.nri.plugins(), ["10-old"], "not dropped for it");
+    // An event it has neither RPC nor StateChange for: nothing to say, and no failure.
+    s.nri.update_pod_sandbox(&pod(), None, None).await.unwrap();
+    assert_eq!(s.nri.plugins(), ["10-old"]);
 }
 
 #[tokio::test]
