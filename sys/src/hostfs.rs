@@ -5,7 +5,7 @@
 //! there is no moment where a directory exists with a looser mode.
 
 use std::fs::{DirBuilder, OpenOptions, Permissions};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -13,6 +13,23 @@ use std::path::Path;
 pub const DIR_MODE: u32 = 0o700;
 /// Files holding a container's config or environment: only root may read them.
 pub const FILE_MODE: u32 = 0o600;
+
+/// A configuration file the node's admin wrote (a registry's `hosts.toml`, a PEM, an NRI
+/// plugin's configuration), read whole up to `max` bytes: a larger one is an `InvalidData`
+/// error, "larger than `max` bytes", before more than `max + 1` bytes are held.
+pub fn read_capped(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        ));
+    }
+    Ok(out)
+}
 
 /// Create `path` and any missing parents with mode `mode` (never wider, whatever the umask), then
 /// set `path` itself to exactly `mode`, which also tightens a directory that already existed.
@@ -99,6 +116,23 @@ mod tests {
         let d = std::env::temp_dir().join(format!("crishim-hostfs-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn capped_reads_take_the_whole_file_up_to_the_cap_and_refuse_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, [7u8; 16]).unwrap();
+        assert_eq!(read_capped(&p, 16).unwrap(), [7u8; 16]);
+        let e = read_capped(&p, 15).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(e.to_string(), "larger than 15 bytes");
+        assert_eq!(
+            read_capped(&dir.path().join("absent"), 1)
+                .unwrap_err()
+                .kind(),
+            std::io::ErrorKind::NotFound
+        );
     }
 
     #[test]

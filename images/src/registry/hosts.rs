@@ -157,16 +157,11 @@ fn default_server_url(host: &str) -> String {
 
 /// Read and parse one file; `host` is the registry its directory names.
 pub fn parse_file(path: &Path, host: &str) -> Result<HostsFile, String> {
-    use std::io::Read as _;
     let fail = |m: String| format!("{}: {m}", path.display());
-    let file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
-    let mut text = String::new();
-    file.take(MAX_FILE + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| fail(e.to_string()))?;
-    if text.len() as u64 > MAX_FILE {
-        return Err(fail(format!("larger than {MAX_FILE} bytes")));
-    }
+    let bytes =
+        crishim_sys::hostfs::read_capped(path, MAX_FILE).map_err(|e| fail(e.to_string()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| fail("stream did not contain valid UTF-8".to_string()))?;
     let base = path.parent().unwrap_or(Path::new("/"));
     parse(&text, host, base).map_err(fail)
 }

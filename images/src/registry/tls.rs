@@ -1,7 +1,6 @@
 //! The TLS material a `hosts.toml` host names: extra root certificates (`ca`) and a client
 //! certificate (`client`), read once, when the client is built at start-up.
 
-use std::io::Read as _;
 use std::path::Path;
 
 use super::hosts::{HostEntry, MAX_PEM_FILE};
@@ -46,16 +45,6 @@ pub(super) fn with_host_certificates(
 
 /// A PEM file, read up to [`MAX_PEM_FILE`] bytes.
 fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut out = Vec::new();
-    file.take(MAX_PEM_FILE + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if out.len() as u64 > MAX_PEM_FILE {
-        return Err(format!(
-            "{}: larger than {MAX_PEM_FILE} bytes",
-            path.display()
-        ));
-    }
-    Ok(out)
+    crishim_sys::hostfs::read_capped(path, MAX_PEM_FILE)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -99,7 +99,7 @@ pub(super) fn discover(dir: &Path) -> std::io::Result<Vec<(String, String, PathB
 fn config(dir: &Path, idx: &str, base: &str) -> Result<String, String> {
     for file in [format!("{idx}-{base}.conf"), format!("{base}.conf")] {
         let path = dir.join(&file);
-        match read_capped(&path) {
+        match crishim_sys::hostfs::read_capped(&path, MAX_CONFIG_BYTES) {
             Ok(bytes) => {
                 return String::from_utf8(bytes)
                     .map_err(|_| format!("{} is not UTF-8", path.display()))
@@ -109,20 +109,6 @@ fn config(dir: &Path, idx: &str, base: &str) -> Result<String, String> {
         }
     }
     Ok(String::new())
-}
-
-fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(std::io::Error::other(format!(
-            "over the limit of {MAX_CONFIG_BYTES} bytes"
-        )));
-    }
-    Ok(bytes)
 }
 
 async fn launch(inner: &Arc<Inner>, idx: String, base: String, path: &Path) -> Result<(), String> {
