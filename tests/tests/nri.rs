@@ -439,6 +439,35 @@ async fn two_plugins_setting_one_field_fail_the_create_naming_both_and_leave_not
 }
 
 #[tokio::test]
+async fn a_plugins_eviction_stops_the_container() {
+    let dir = nri_dir();
+    let env =
+        PodEnv::start_with(DaemonOptions::new().extra_toml(&nri_toml(dir.path(), "2s"))).await;
+    let _plugin = PluginProc::start(
+        dir.path(),
+        "evictor",
+        "10",
+        json!({"unsolicited_update": {"after_event": "PostStartContainer", "delay_ms": 100, "evict": true}}),
+        true,
+    );
+    let pod_cfg = env.pod_config("evict");
+    let (pod, id, traces) = env
+        .run_traced(&pod_cfg, &env.container_config("c", &["sleep", "600"]))
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = env.d.container_status(&id).await.unwrap();
+        if st.state == cri::ContainerState::ContainerExited as i32 {
+            assert_eq!(st.exit_code, 128 + 9, "killed with no grace period");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not evicted: {st:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.finish_pod(&pod, traces).await;
+}
+
+#[tokio::test]
 async fn hostile_plugins_cost_at_most_their_timeout_and_are_dropped() {
     let dir = nri_dir();
     let env =

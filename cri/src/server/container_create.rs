@@ -276,6 +276,8 @@ impl Inner {
             .filter(|(key, _)| handler.passes_annotation(key))
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect();
+        // The daemon's own: no container gets less, from the CRI or from an NRI plugin.
+        let oom_floor = own_oom_score_adj();
         let mut inputs = SpecInputs {
             container_id: id,
             config: &record.config,
@@ -291,7 +293,7 @@ impl Inner {
             },
             image_volumes: &image_volumes,
             cgroups_path: pod.cgroup_driver.container_path(&pod.cgroup_parent, id),
-            min_oom_score_adj: own_oom_score_adj(),
+            min_oom_score_adj: oom_floor,
             privileged_host_devices: !handler.privileged_without_host_devices,
             apparmor_profile,
             selinux: selinux.as_ref(),
@@ -335,7 +337,7 @@ impl Inner {
             if let Some(adjust) = &adjust {
                 self.apply_nri_adjustment(&mut spec, adjust)?;
                 // A plugin's OOM score is restricted as the CRI's is: never below the daemon's.
-                if let (Some(floor), Some(process)) = (own_oom_score_adj(), spec.process_mut()) {
+                if let (Some(floor), Some(process)) = (oom_floor, spec.process_mut()) {
                     if process.oom_score_adj().is_some_and(|v| v < floor) {
                         process.set_oom_score_adj(Some(floor));
                     }

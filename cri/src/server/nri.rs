@@ -269,31 +269,32 @@ impl Inner {
         for e in evictions {
             warn!(container = %e.container_id, reason = %crishim_sys::shown::shown(&e.reason), "NRI: plugin evicts container");
             if let Ok(c) = self.store.container(&e.container_id) {
-                if let Err(err) = self.stop_for_nri(&c).await {
-                    warn!(container = %c.id, error = %err, "NRI: eviction failed");
-                }
+                self.evict(c);
             }
         }
         failed
     }
 
-    async fn stop_for_nri(&self, c: &ContainerRecord) -> Result<(), Error> {
+    /// An eviction is a `StopContainer` with no grace period, under the container's lock, run in
+    /// the background so that no event or plugin call waits for it. One that is not running is
+    /// left alone: there is nothing to stop.
+    fn evict(&self, c: ContainerRecord) {
         let running = c
             .last
             .as_ref()
             .is_some_and(|s| s.status == ShimStatus::Running);
-        if !running {
-            return Ok(());
-        }
-        self.shim_ok(
-            &c.pod_id,
-            crishim_proto::shim::Request::Kill {
-                id: c.id.clone(),
-                signal: libc::SIGKILL,
-                all: true,
-            },
-        )
-        .await
+        let Some(me) = self.me.upgrade().filter(|_| running) else {
+            return;
+        };
+        // Boxed: stopping records the exit, which tells NRI, whose plugins may evict again.
+        let stop: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            Box::pin(async move {
+                let _guard = me.store.lock(&c.id).await;
+                if let Err(e) = me.stop_container(&c, std::time::Duration::ZERO).await {
+                    warn!(container = %c.id, error = %e, "NRI: eviction failed");
+                }
+            });
+        tokio::spawn(stop);
     }
 }
 

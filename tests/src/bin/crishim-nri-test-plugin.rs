@@ -291,12 +291,20 @@ impl TestPlugin {
 
     fn schedule_update(&self, u: &config::Unsolicited, container: &api::Container) {
         let (handle, log) = (self.handle.clone(), self.log.clone());
-        let update = u.resources.update(&container.id);
+        let (updates, evictions) = if u.evict {
+            let evict = api::ContainerEviction {
+                container_id: container.id.clone(),
+                reason: "evicted by the test plugin".into(),
+            };
+            (Vec::new(), vec![evict])
+        } else {
+            (vec![u.resources.update(&container.id)], Vec::new())
+        };
         let delay = Duration::from_millis(u.delay_ms);
         let name = container.name.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            let result = match handle.update_containers(vec![update], Vec::new()).await {
+            let result = match handle.update_containers(updates, evictions).await {
                 Ok(failed) if failed.is_empty() => "OK".to_string(),
                 Ok(_) => "FAILED".to_string(),
                 Err(e) => format!("ERROR {e}"),

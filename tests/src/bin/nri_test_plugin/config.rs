@@ -207,6 +207,8 @@ impl Resources {
 pub struct Unsolicited {
     pub after_event: String,
     pub delay_ms: u64,
+    /// Evict the container instead of updating it.
+    pub evict: bool,
     pub resources: Resources,
 }
 
@@ -216,6 +218,8 @@ struct UnsolicitedKeys {
     after_event: String,
     #[serde(default)]
     delay_ms: u64,
+    #[serde(default)]
+    evict: bool,
 }
 
 impl TryFrom<Map<String, Value>> for Unsolicited {
@@ -226,6 +230,7 @@ impl TryFrom<Map<String, Value>> for Unsolicited {
         Ok(Unsolicited {
             after_event: keys.after_event,
             delay_ms: keys.delay_ms,
+            evict: keys.evict,
             resources,
         })
     }
