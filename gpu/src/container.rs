@@ -395,6 +395,7 @@ mod tests {
             uuid: [1; 16],
             used,
             host_pid: 0,
+            window: 0,
             throttled_us: 0,
         };
         let dead = Entry {
@@ -403,6 +404,7 @@ mod tests {
             uuid: [1; 16],
             used: 1 << 20,
             host_pid: 0,
+            window: 0,
             throttled_us: 0,
         };
         // Throttled time counts from process records, live, dead or the totals.
@@ -412,6 +414,7 @@ mod tests {
             uuid: PROCESS,
             used: 0,
             host_pid: 77,
+            window: 0,
             throttled_us,
         };
         let mut file = Vec::new();
@@ -433,12 +436,14 @@ mod tests {
                     container_id: "cores".into(),
                     limit_bytes: None,
                     used_bytes: 0,
+                    window: 0,
                     throttled_us: 0,
                 },
                 GpuUsage {
                     container_id: "limited".into(),
                     limit_bytes: Some(2 << 30),
                     used_bytes: 123,
+                    window: 0,
                     throttled_us: 1023,
                 }
             ]

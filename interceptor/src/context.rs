@@ -209,6 +209,8 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: *mut c_void) -> CUresult {
         slots::CU_CTX_DESTROY_V2,
         unsafe extern "C" fn(*mut c_void) -> CUresult
     );
+    // Its events go with it: the reaper must not read them after.
+    crate::timing::forget_context(ctx as usize);
     // SAFETY: forwarding the caller's argument.
     change(None, false, || unsafe { f(ctx) })
 }
@@ -217,6 +219,8 @@ type OnDevice = unsafe extern "C" fn(CUdevice) -> CUresult;
 
 fn on_device(slot: &Slot, dev: CUdevice) -> CUresult {
     let f = real!(slot, OnDevice);
+    // The primary context may go, and its events with it.
+    crate::timing::forget_all();
     // SAFETY: forwarding the caller's argument.
     change(Some(dev), false, || unsafe { f(dev) })
 }

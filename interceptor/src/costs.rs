@@ -92,8 +92,8 @@ pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
     held.push(Box::new(lock(&COSTS)));
 }
 
-/// What a launch of `exec` costs in blocks: its kernels', or 1 for a graph instantiated before
-/// any hook saw it.
+/// The blocks of `exec`'s kernels (1 for a graph instantiated before any hook saw it): with the
+/// graph, what names a launch of it for the core limiter's estimates.
 pub(crate) fn cost(exec: CUgraphExec) -> u64 {
     lock(&COSTS)
         .as_ref()

@@ -9,11 +9,10 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::ffi::c_void;
-use std::time::Instant;
 
 use crate::account::{device_uuid, reserve, On};
 use crate::cuda::*;
-use crate::limiter::{blocks, note_throttled, Bucket, BUCKET};
+use crate::limiter::{blocks, Key};
 use crate::lock;
 use crate::real::{Lib, Slot};
 use crate::state::{core_limit, mode, Mode};
@@ -661,49 +660,28 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     }
 }
 
-/// Wait for the tokens a launch costs (`blocks`, asked only when a core limit is in force).
-fn throttle(blocks: impl FnOnce() -> u64) -> Option<CUresult> {
-    let l = match mode() {
-        Mode::Broken(_) => return Some(CUDA_ERROR_NOT_PERMITTED),
-        Mode::PassThrough => return None,
-        Mode::Limited(l) => l,
-    };
-    let percent = core_limit(l)?;
-    crate::nvml::ensure_watcher(l, percent, &BUCKET);
-    // Outside the bucket's lock: working out the cost may ask the driver.
-    let cost = blocks();
-    let wait = {
-        let mut b = lock(&BUCKET);
-        let now = Instant::now();
-        b.get_or_insert_with(|| Bucket::new(now)).take(cost, now)
-    };
-    if !wait.is_zero() {
-        note_throttled(wait);
-        std::thread::sleep(wait);
-    }
-    None
-}
-
-/// Wait for the tokens a launch of `cost` blocks on `stream` takes, then make it with the real
-/// entry point in `slot`; `F` is that entry point's C signature. A launch into a stream being
-/// captured only records it in a graph: it costs nothing (the graph's launches will).
+/// Make a launch with the real entry point in `slot` (`F` is its C signature): in a container
+/// with a core limit, it waits for the container's share and its GPU time is measured (see
+/// `timing`); `key` names what it runs. A launch into a stream being captured only records it
+/// in a graph: it runs nothing, and the graph's launches are measured.
 fn throttled<F: Copy>(
     slot: &Slot,
     stream: (CUstream, bool),
-    cost: impl FnOnce() -> u64,
+    key: impl FnOnce() -> Key,
     launch: impl FnOnce(F) -> CUresult,
 ) -> CUresult {
     let real = real!(slot, F);
-    if let Some(r) = throttle(|| {
-        if capturing(stream.0, stream.1) {
-            0
-        } else {
-            cost()
+    let l = match mode() {
+        Mode::Broken(_) => return CUDA_ERROR_NOT_PERMITTED,
+        Mode::PassThrough => return launch(real),
+        Mode::Limited(l) => l,
+    };
+    match core_limit(l) {
+        Some(percent) if !capturing(stream.0, stream.1) => {
+            crate::timing::launch(l, percent, stream, key(), || launch(real))
         }
-    }) {
-        return r;
+        _ => launch(real),
     }
-    launch(real)
 }
 
 /// Whether `stream` (in the per-thread default stream's sense where `per_thread`) is being
@@ -727,19 +705,19 @@ fn capturing(stream: CUstream, per_thread: bool) -> bool {
 }
 
 /// Hooked launch entry points, `name: slot: per-thread stream` each, with one C signature:
-/// `cost` (an expression of the arguments) blocks are taken from the core limiter's bucket
-/// before the real one runs with the same arguments, unless `stream` is being captured.
+/// `key` (an expression of the arguments) names the launch for the core limiter, and the real
+/// one runs with the same arguments.
 macro_rules! launch_hooks {
-    ($($name:ident: $slot:ident: $ptsz:expr),+; $args:tt, $stream:expr, $cost:expr) => {
-        $(launch_hooks!(@one $name, $slot, $ptsz, $args, $stream, $cost);)+
+    ($($name:ident: $slot:ident: $ptsz:expr),+; $args:tt, $stream:expr, $key:expr) => {
+        $(launch_hooks!(@one $name, $slot, $ptsz, $args, $stream, $key);)+
     };
-    (@one $name:ident, $slot:ident, $ptsz:expr, ($($arg:ident: $ty:ty),*), $stream:expr, $cost:expr) => {
+    (@one $name:ident, $slot:ident, $ptsz:expr, ($($arg:ident: $ty:ty),*), $stream:expr, $key:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
             throttled(
                 &slots::$slot,
                 ($stream, $ptsz),
-                || $cost,
+                || $key,
                 |real: unsafe extern "C" fn($($ty),*) -> CUresult| {
                     // SAFETY: forwarding the caller's arguments to the real entry point.
                     unsafe { real($($arg),*) }
@@ -766,25 +744,26 @@ launch_hooks!(
     (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
      stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void),
     stream,
-    blocks(gx, gy, gz)
+    (f as usize, blocks(gx, gy, gz))
 );
-// A cooperative launch is a kernel launch like any other: its blocks count against the limit.
+// A cooperative launch is a kernel launch like any other: its GPU time counts against the limit.
 launch_hooks!(
     cuLaunchCooperativeKernel: CU_LAUNCH_COOPERATIVE_KERNEL: false,
     cuLaunchCooperativeKernel_ptsz: CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ: true;
     (f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, shared: u32,
      stream: CUstream, params: *mut *mut c_void),
     stream,
-    blocks(gx, gy, gz)
+    (f as usize, blocks(gx, gy, gz))
 );
-/// A graph's kernels are launched by the driver: a graph launch costs them all, and the graph
-/// memory it maps must fit the memory limit (see `graph`).
+/// A graph's kernels are launched by the driver: a graph launch is measured as a whole, and the
+/// graph memory it maps must fit the memory limit (see `graph`).
 fn graph_launch(slot: &Slot, exec: CUgraphExec, stream: CUstream, per_thread: bool) -> CUresult {
     type F = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
     throttled(
         slot,
         (stream, per_thread),
-        || crate::costs::cost(exec),
+        // An update or new parameters change its kernels: a new key, a new estimate.
+        || (exec as usize, crate::costs::cost(exec)),
         // SAFETY: forwarding the caller's arguments to the real entry point.
         |real: F| crate::graph::mapping(exec, || unsafe { real(exec, stream) }),
     )
@@ -804,5 +783,5 @@ launch_hooks!(
     (config: *const CUlaunchConfigHead, f: CUfunction, params: *mut *mut c_void,
      extra: *mut *mut c_void),
     config_stream(config),
-    config_blocks(config)
+    (f as usize, config_blocks(config))
 );

@@ -135,6 +135,32 @@ impl Ledger {
         })
     }
 
+    /// Add `gpu_ns` of GPU time and `throttled_us` of held-back launches to this process's
+    /// record, and set its last whole second's share (`(second, permille)`) where there is one.
+    /// Returns the GPU time charged to the container's other processes, live and gone, ns.
+    pub fn flush_gpu_time(
+        &mut self,
+        gpu_ns: u64,
+        throttled_us: u64,
+        window: Option<(u64, u32)>,
+    ) -> io::Result<u64> {
+        self.update(|me, table| {
+            table.process(me, |r| {
+                r.used = r.used.saturating_add(gpu_ns);
+                r.throttled_us = r.throttled_us.saturating_add(throttled_us);
+                if let Some((second, permille)) = window {
+                    r.window = crishim_proto::vgpu::ledger::window(second, permille);
+                }
+            });
+            table
+                .slots
+                .iter()
+                .flatten()
+                .filter(|r| r.uuid == PROCESS && (r.pid, r.start) != me)
+                .fold(0u64, |sum, r| sum.saturating_add(r.used))
+        })
+    }
+
     /// The host pids of the container's live processes that have one recorded.
     pub fn host_pids(&mut self) -> io::Result<Vec<u32>> {
         self.update(|_, table| {
@@ -199,20 +225,25 @@ impl Table {
         Table { slots, dirty }
     }
 
-    /// Free the records of processes that are gone; their throttled time moves to the totals.
+    /// Free the records of processes that are gone; their throttled and GPU time move to the
+    /// totals.
     fn reclaim(&mut self, alive: impl Fn(&Record) -> bool) {
-        let mut gone_throttled = 0u64;
+        let (mut gone_throttled, mut gone_gpu_ns) = (0u64, 0u64);
         for (i, s) in self.slots.iter_mut().enumerate() {
-            if s.as_ref().is_some_and(|r| !r.is_totals() && !alive(r)) {
-                gone_throttled = gone_throttled.saturating_add(s.map_or(0, |r| r.throttled_us));
+            if let Some(r) = s.filter(|r| !r.is_totals() && !alive(r)) {
+                gone_throttled = gone_throttled.saturating_add(r.throttled_us);
+                if r.uuid == PROCESS {
+                    gone_gpu_ns = gone_gpu_ns.saturating_add(r.used);
+                }
                 *s = None;
                 self.dirty.insert(i, ());
             }
         }
-        if gone_throttled > 0 {
+        if gone_throttled > 0 || gone_gpu_ns > 0 {
             let i = self.slot_of((0, 0), &PROCESS);
             if let Some(r) = &mut self.slots[i] {
                 r.throttled_us = r.throttled_us.saturating_add(gone_throttled);
+                r.used = r.used.saturating_add(gone_gpu_ns);
             }
         }
     }
@@ -246,6 +277,7 @@ impl Table {
                 uuid: *uuid,
                 used: 0,
                 host_pid: 0,
+                window: 0,
                 throttled_us: 0,
             });
             i
@@ -380,6 +412,7 @@ mod tests {
                 uuid: GPU0.bytes,
                 used: 1 << 63,
                 host_pid: 0,
+                window: 0,
                 throttled_us: 0,
             }
             .encode()

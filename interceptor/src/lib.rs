@@ -76,6 +76,7 @@ pub mod pool;
 pub mod real;
 pub mod state;
 pub mod table;
+pub mod timing;
 
 /// One line on stderr, prefixed so users know who speaks.
 pub(crate) fn warn(msg: std::fmt::Arguments<'_>) {

@@ -1,114 +1,343 @@
-//! The core limit: a token bucket on kernel launches, as vcuda and HAMi-core do.
+//! The core limit's arithmetic, with no driver calls (see `timing` for those): a container is
+//! charged the GPU time its kernels take, measured with events on its own streams, and its
+//! launches are paced so that this time over any window stays at its share of the wall clock.
 //!
-//! A launch costs its grid size in blocks. Tokens refill at a rate that a watcher thread tunes
-//! from the GPU's utilization (NVML) each time it has a new reading. The rate moves in
-//! proportion to how far the reading is from the target, in log space, so that it settles
-//! where the readings *average* the target: a time-slicing GPU attributes each of its samples
-//! to one process, and the container's readings then jump between 0 and 99. Without NVML there
-//! is nothing to steer by, and launches are not throttled (said once on stderr).
+//! Nothing here depends on the GPU's size: a launch costs nanoseconds of GPU time, whatever the
+//! number of SMs that ran it.
+//!
+//! - [`Pacer`]: a virtual-time token bucket (GCRA) in GPU time. Each nanosecond charged moves the
+//!   container's virtual clock on by `1 / share` ns; a launch waits while that clock is ahead of
+//!   the wall clock, at most [`MAX_WAIT`].
+//! - [`Estimates`]: what a launch will cost, charged when it is made, so that the kernels in
+//!   flight count before their events are read back; the difference is settled at completion.
+//! - [`Dilation`]: under time-slicing, a kernel preempted mid-way by another context's time slice
+//!   shows that slice in its events' elapsed time. NVML's per-process samples that fall while the
+//!   container's kernels were in flight tell which part was its own; without such evidence the
+//!   whole elapsed time is charged (never less strict than the limit).
+//! - [`Windows`]: the GPU time of each whole second, for the measured share shown beside the limit.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// How often the watcher looks for a new utilization reading.
-pub const PERIOD: Duration = Duration::from_millis(100);
-/// The bucket holds this much time's worth of tokens: bursts stay short.
-const BURST: Duration = Duration::from_millis(50);
-const MIN_RATE: f64 = 1000.0;
-/// No launch waits longer: a controller that steered too far must not hang a process.
-const MAX_WAIT: Duration = Duration::from_secs(1);
-const MAX_RATE: f64 = 1e12;
-/// The log of the rate moves by this times the error relative to the target, per reading.
-const GAIN: f64 = 0.3;
-/// The most one reading moves the rate: halved at most, or grown by half.
-const MAX_STEP_DOWN: f64 = -std::f64::consts::LN_2;
-const MAX_STEP_UP: f64 = 0.4;
+/// No launch waits longer: a container charged far ahead (one huge kernel) must not hang.
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
+/// Idle time a container may bank: after a pause it may run this long at full speed times its
+/// share. Small, so that a 1-second window holds the share within a point or two.
+const BURST: Duration = Duration::from_millis(20);
+/// A launch need not wait for less than this: sleeping costs more than the GPU time it saves.
+const SLACK: Duration = Duration::from_micros(200);
 
+/// The virtual clock of one container's GPU time, relative to a fixed origin.
 #[derive(Debug)]
-pub struct Bucket {
-    /// Blocks per second.
-    rate: f64,
-    tokens: f64,
-    last: Instant,
-    /// Blocks taken since the last steer, and when that was: the rate the process really used.
-    taken: f64,
-    steered: Instant,
+pub struct Pacer {
+    origin: Instant,
+    /// Percent of one GPU, 1..=100.
+    share: f64,
+    /// The virtual clock, ns since `origin`: when the GPU time charged so far is paid for.
+    virtual_ns: f64,
 }
 
-impl Bucket {
-    /// Unthrottled until the watcher has seen the GPU busy.
-    pub fn new(now: Instant) -> Self {
-        Bucket {
-            rate: MAX_RATE,
-            tokens: MAX_RATE * BURST.as_secs_f64(),
-            last: now,
-            taken: 0.0,
-            steered: now,
+impl Pacer {
+    pub fn new(percent: u32, now: Instant) -> Self {
+        Pacer {
+            origin: now,
+            share: f64::from(percent.clamp(1, 100)) / 100.0,
+            virtual_ns: 0.0,
         }
     }
 
-    pub fn rate(&self) -> f64 {
-        self.rate
+    fn wall_ns(&self, now: Instant) -> f64 {
+        now.saturating_duration_since(self.origin).as_nanos() as f64
     }
 
-    fn capacity(&self) -> f64 {
-        (self.rate * BURST.as_secs_f64()).max(1.0)
+    /// Charge `gpu_ns` of GPU time (negative: give back an over-estimate) at `now`.
+    pub fn charge(&mut self, gpu_ns: f64, now: Instant) {
+        let floor = self.wall_ns(now) - BURST.as_nanos() as f64;
+        let debt_cap = self.wall_ns(now) + 60e9;
+        self.virtual_ns = (self.virtual_ns.max(floor) + gpu_ns / self.share).min(debt_cap);
     }
 
-    fn refill(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + dt * self.rate).min(self.capacity());
-        self.last = now;
+    /// How long a launch made at `now` must wait: zero while the container is within its share.
+    pub fn wait(&self, now: Instant) -> Duration {
+        let ahead = self.virtual_ns - self.wall_ns(now);
+        if ahead <= SLACK.as_nanos() as f64 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(ahead as u64).min(MAX_WAIT)
+    }
+}
+
+/// What identifies a launch's cost: a kernel and its grid, or an instantiated graph.
+pub type Key = (usize, u64);
+
+/// Most keys remembered; past that the map starts again (an application generating kernels
+/// without end must not grow the process).
+const MAX_KEYS: usize = 4096;
+
+/// The expected GPU time of launches by key: an exponential average of what each took.
+#[derive(Debug, Default)]
+pub struct Estimates {
+    by_key: HashMap<Key, f64>,
+    /// Of every launch: for a key not seen yet.
+    overall: f64,
+}
+
+impl Estimates {
+    pub fn expect(&self, key: Key) -> f64 {
+        self.by_key.get(&key).copied().unwrap_or(self.overall)
     }
 
-    /// Take `cost` tokens at `now`: how long the launch must wait first (zero when tokens were
-    /// there). The bucket may go negative, so a launch bigger than the bucket still runs, later,
-    /// but never more than [`MAX_WAIT`] later.
-    pub fn take(&mut self, cost: u64, now: Instant) -> Duration {
-        self.refill(now);
-        self.taken += cost as f64;
-        self.tokens = (self.tokens - cost as f64).max(-self.rate * MAX_WAIT.as_secs_f64());
-        if self.tokens >= 0.0 {
-            Duration::ZERO
+    /// What `key`'s launches took, if one has completed.
+    pub fn known(&self, key: Key) -> Option<f64> {
+        self.by_key.get(&key).copied()
+    }
+
+    pub fn learn(&mut self, key: Key, gpu_ns: f64) {
+        if self.by_key.len() >= MAX_KEYS && !self.by_key.contains_key(&key) {
+            self.by_key.clear();
+        }
+        let e = self.by_key.entry(key).or_insert(gpu_ns);
+        *e += 0.25 * (gpu_ns - *e);
+        self.overall += 0.05 * (gpu_ns - self.overall);
+    }
+}
+
+/// Host wall-clock spans (µs since the epoch) during which this process had a kernel in flight.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    spans: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// Spans remembered: a few seconds' worth, as NVML's samples arrive a second or so late.
+const MAX_SPANS: usize = 4096;
+const SPAN_HORIZON_US: u64 = 5_000_000;
+/// See [`InFlight::contains`].
+const EDGE_US: u64 = 1_000;
+
+impl InFlight {
+    /// Add `[start, end]`, merging it with the last span where they touch.
+    pub fn add(&mut self, start: u64, end: u64) {
+        if let Some(last) = self.spans.back_mut() {
+            if start <= last.1 && end >= last.0 {
+                *last = (last.0.min(start), last.1.max(end));
+                return;
+            }
+        }
+        self.spans.push_back((start, end));
+        while self.spans.len() > MAX_SPANS
+            || self
+                .spans
+                .front()
+                .is_some_and(|s| s.1.saturating_add(SPAN_HORIZON_US) < end)
+        {
+            self.spans.pop_front();
+        }
+    }
+
+    /// Whether `t` falls inside a span, at least [`EDGE_US`] from its ends: the reaper sees a
+    /// completion up to a poll late, and at an edge the GPU may already be another context's.
+    /// A span shorter than a time slice holds none of another context's slices anyway.
+    pub fn contains(&self, t: u64) -> bool {
+        self.spans
+            .iter()
+            .any(|&(a, b)| a.saturating_add(EDGE_US) <= t && t.saturating_add(EDGE_US) <= b)
+    }
+}
+
+/// How much of the time the container's kernels are in flight is its own GPU time.
+#[derive(Debug)]
+pub struct Dilation {
+    own: f64,
+    other: f64,
+}
+
+/// Each sample's weight decays by this per newer sample: about the last 60 samples count.
+const DECAY: f64 = 1.0 - 1.0 / 60.0;
+
+impl Default for Dilation {
+    fn default() -> Self {
+        Dilation {
+            own: 0.0,
+            other: 0.0,
+        }
+    }
+}
+
+impl Dilation {
+    /// A sample that fell while a kernel of ours was in flight: `own` if NVML gave it to one of
+    /// the container's processes, else another process held the GPU then.
+    pub fn observe(&mut self, own: bool) {
+        self.own *= DECAY;
+        self.other *= DECAY;
+        if own {
+            self.own += 1.0;
         } else {
-            Duration::from_secs_f64(-self.tokens / self.rate)
+            self.other += 1.0;
         }
     }
 
-    /// Steer the rate towards `target` percent from a new `utilization` reading, percent.
-    pub fn steer(&mut self, target: u32, utilization: u32, now: Instant) {
-        self.refill(now);
-        let target = f64::from(target.clamp(1, 100));
-        let observed = f64::from(utilization.min(100));
-        let since = now.saturating_duration_since(self.steered).as_secs_f64();
-        if observed > target && since > 0.0 {
-            // Slow down from what the process used, not from a rate it never reached (the
-            // bucket starts unthrottled).
-            let used = std::mem::take(&mut self.taken) / since;
-            self.rate = self.rate.min((2.0 * used).max(MIN_RATE));
-        }
-        self.taken = 0.0;
-        self.steered = now;
-        let step = (GAIN * (target - observed) / target).clamp(MAX_STEP_DOWN, MAX_STEP_UP);
-        self.rate = (self.rate * step.exp()).clamp(MIN_RATE, MAX_RATE);
-        self.tokens = self.tokens.min(self.capacity());
+    /// The part of the in-flight time that is the container's: 1 until samples say otherwise
+    /// (one own sample is assumed, so a few foreign ones cannot swing it), never under 1/8.
+    pub fn factor(&self) -> f64 {
+        ((self.own + 1.0) / (self.own + self.other + 1.0)).clamp(0.125, 1.0)
     }
 }
 
-/// A launch's grid size: what it costs, in blocks.
-pub(crate) fn blocks(x: u32, y: u32, z: u32) -> u64 {
-    u64::from(x)
-        .saturating_mul(u64::from(y))
-        .saturating_mul(u64::from(z))
+/// GPU time by whole seconds of the wall clock: the last complete second's share.
+#[derive(Debug, Default)]
+pub struct Windows {
+    /// (second, ns) of the second being filled; none before the first launch completed.
+    current: Option<(u64, f64)>,
+    /// (second, permille) of the last complete one.
+    last: Option<(u64, u32)>,
 }
 
-/// The core limiter's bucket, shared by the process's threads.
-pub(crate) static BUCKET: Mutex<Option<Bucket>> = Mutex::new(None);
+impl Windows {
+    /// Add `gpu_ns` that completed during wall-clock second `second` (since the epoch).
+    pub fn add(&mut self, second: u64, gpu_ns: f64) {
+        self.roll(second);
+        let current = self.current.get_or_insert((second, 0.0));
+        current.1 += gpu_ns;
+    }
 
-/// Hold the bucket's lock across a `fork` (see `state::register_fork_handlers`).
-pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
-    held.push(Box::new(crate::lock(&BUCKET)));
+    /// The last complete second and its share, permille of one GPU, as of `second`.
+    pub fn last(&mut self, second: u64) -> Option<(u64, u32)> {
+        self.roll(second);
+        self.last
+    }
+
+    fn roll(&mut self, second: u64) {
+        let Some((at, ns)) = self.current else {
+            return;
+        };
+        if second > at {
+            let permille = (ns / 1e6).round().clamp(0.0, 1000.0) as u32;
+            self.last = Some(if second == at + 1 {
+                (at, permille)
+            } else {
+                // A second with nothing completed in it.
+                (second - 1, 0)
+            });
+            self.current = Some((second, 0.0));
+        }
+    }
+}
+
+/// One process's core limiter: what its launches are charged and how long they wait.
+#[derive(Debug)]
+pub struct Limiter {
+    pub pacer: Pacer,
+    pub estimates: Estimates,
+    pub in_flight: InFlight,
+    pub dilation: Dilation,
+    pub windows: Windows,
+    /// GPU time charged, ns, not yet written to the ledger.
+    pub unwritten_ns: f64,
+    /// Launches in flight that were admitted with no estimate for their key.
+    unknown_in_flight: u32,
+}
+
+/// How often a launch of a kernel with no estimate yet looks again whether it may go.
+const UNKNOWN_POLL: Duration = Duration::from_millis(1);
+
+/// What a launch was admitted with, settled when it completes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admission {
+    pub key: Key,
+    /// GPU time charged for it in advance, ns.
+    pub estimate: f64,
+    /// No launch of its key had completed.
+    pub unknown: bool,
+}
+
+impl Limiter {
+    pub fn new(percent: u32, now: Instant) -> Self {
+        Limiter {
+            pacer: Pacer::new(percent, now),
+            estimates: Estimates::default(),
+            in_flight: InFlight::default(),
+            dilation: Dilation::default(),
+            windows: Windows::default(),
+            unwritten_ns: 0.0,
+            unknown_in_flight: 0,
+        }
+    }
+
+    /// Admit a launch of `key` at `now`, the launch having `waited` so far: its [`Admission`],
+    /// charged, or how long to wait first. A launch waits for the pacer once; a launch of a key
+    /// with no estimate yet also waits, up to [`MAX_WAIT`] in all, while another such launch is
+    /// in flight, so that a new kernel cannot be queued by the thousand before the first of
+    /// them says what it takes.
+    pub fn admit(
+        &mut self,
+        key: Key,
+        now: Instant,
+        waited: Duration,
+    ) -> Result<Admission, Duration> {
+        if waited.is_zero() {
+            let wait = self.pacer.wait(now);
+            if !wait.is_zero() {
+                return Err(wait);
+            }
+        }
+        let estimate = self.estimates.known(key);
+        if estimate.is_none() && self.unknown_in_flight > 0 && waited < MAX_WAIT {
+            return Err(UNKNOWN_POLL.min(MAX_WAIT - waited));
+        }
+        if estimate.is_none() {
+            self.unknown_in_flight += 1;
+        }
+        let a = Admission {
+            key,
+            estimate: estimate.unwrap_or_else(|| self.estimates.expect(key)),
+            unknown: estimate.is_none(),
+        };
+        self.pacer.charge(a.estimate, now);
+        Ok(a)
+    }
+
+    /// An admitted launch will not complete here: the driver refused it (`made` false: its
+    /// estimate is given back), or it went unmeasured (its estimate stands).
+    pub fn abandon(&mut self, a: Admission, made: bool, now: Instant) {
+        if !made {
+            self.pacer.charge(-a.estimate, now);
+        }
+        if a.unknown {
+            self.unknown_in_flight = self.unknown_in_flight.saturating_sub(1);
+        }
+    }
+
+    /// A launch of `key` admitted with `estimate` completed: its events were `elapsed_ns` apart,
+    /// and the end was seen at `end_us` (wall clock, µs since the epoch). What it is charged:
+    /// its own part of that time.
+    pub fn complete(&mut self, a: Admission, elapsed_ns: f64, end_us: u64, now: Instant) -> f64 {
+        let elapsed_ns = elapsed_ns.clamp(0.0, 3600e9);
+        let own = elapsed_ns * self.dilation.factor();
+        self.pacer.charge(own - a.estimate, now);
+        self.estimates.learn(a.key, own);
+        if a.unknown {
+            self.unknown_in_flight = self.unknown_in_flight.saturating_sub(1);
+        }
+        self.windows.add(end_us / 1_000_000, own);
+        self.in_flight
+            .add(end_us.saturating_sub((elapsed_ns / 1e3) as u64), end_us);
+        self.unwritten_ns += own;
+        own
+    }
+
+    /// GPU time the container's other processes were charged (from the ledger).
+    pub fn charge_others(&mut self, gpu_ns: f64, now: Instant) {
+        self.pacer.charge(gpu_ns, now);
+    }
+
+    /// An NVML sample at `at_us` (wall clock) gave the GPU to one of the container's processes
+    /// (`own`) or to another.
+    pub fn sample(&mut self, own: bool, at_us: u64) {
+        if self.in_flight.contains(at_us) {
+            self.dilation.observe(own);
+        }
+    }
 }
 
 /// Microseconds this process's launches waited, not yet written to the ledger.
@@ -129,106 +358,12 @@ pub(crate) fn forget_throttled() {
     THROTTLED_US.store(0, Ordering::Relaxed);
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn launches_within_the_bucket_do_not_wait_and_beyond_it_they_do() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        assert_eq!(b.take(1000, t0), Duration::ZERO);
-        // Steer down hard: 100% busy against 25%.
-        for i in 0..200 {
-            b.steer(25, 100, t0 + PERIOD * i);
-        }
-        assert_eq!(b.rate(), MIN_RATE);
-        let t = t0 + PERIOD * 200;
-        b.take(MIN_RATE as u64 / 20, t);
-        let wait = b.take(MIN_RATE as u64 / 2, t);
-        assert!(wait >= Duration::from_millis(450), "{wait:?}");
-        assert_eq!(b.take(u64::MAX, t), MAX_WAIT, "bounded");
-    }
-
-    #[test]
-    fn steering_converges_both_ways() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        b.steer(50, 100, t0);
-        let slowed = b.rate();
-        assert!(slowed < MAX_RATE);
-        b.steer(50, 10, t0 + PERIOD);
-        assert!(b.rate() > slowed);
-        let r = b.rate();
-        b.steer(50, 50, t0 + PERIOD * 2);
-        assert_eq!(b.rate(), r, "at the target: unchanged");
-    }
-
-    /// Drive a bucket for `steps` readings 200 ms apart (NVML's sample period), with a process
-    /// that launches all its tokens allow, at most `cap` blocks a second. `reading` maps the
-    /// share of the GPU the process got in a step (0..=1) and the step's number to the reading
-    /// NVML gives. The mean share over the second half of the steps.
-    fn drive(target: u32, steps: u32, cap: f64, reading: impl Fn(f64, u32) -> u32) -> f64 {
-        const FULL: f64 = 1e6; // blocks a second the GPU runs alone
-        let dt = Duration::from_millis(200);
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        let mut shares = Vec::new();
-        for i in 0..steps {
-            let used = b.rate().min(cap) * dt.as_secs_f64();
-            b.take(used as u64, t0 + dt * i);
-            let share = used / dt.as_secs_f64() / FULL;
-            if i >= steps / 2 {
-                shares.push(share);
-            }
-            b.steer(target, reading(share, i), t0 + dt * (i + 1));
-        }
-        shares.iter().sum::<f64>() / shares.len() as f64
-    }
-
-    #[test]
-    fn alone_the_share_settles_at_the_target() {
-        for target in [10, 30, 70] {
-            let got = drive(target, 100, 1e6, |share, _| (share * 100.0) as u32);
-            let want = f64::from(target) / 100.0;
-            assert!((got - want).abs() < 0.03, "{target}%: got {got:.3}");
-        }
-    }
-
-    #[test]
-    fn time_sliced_samples_that_read_all_or_nothing_average_to_the_target() {
-        // A busy neighbour time-slices with the process: NVML gives each sample to one
-        // process, at 99. The process gets a sample in proportion to its share of the GPU's
-        // time; a fixed pseudo-random sequence decides which.
-        let mut seed = 0x2545_f491_u64;
-        let draws: Vec<f64> = (0..400)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed % 10_000) as f64 / 10_000.0
-            })
-            .collect();
-        let got = drive(30, 400, 0.5e6, |share, i| {
-            if draws[i as usize] < share {
-                99
-            } else {
-                0
-            }
-        });
-        assert!((0.25..=0.33).contains(&got), "got {got:.3} for 30%");
-    }
-
-    #[test]
-    fn tokens_refill_with_time() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        for i in 0..100 {
-            b.steer(10, 100, t0 + PERIOD * i);
-        }
-        let t = t0 + PERIOD * 100;
-        assert!(!b.take(1_000_000, t).is_zero());
-        let later = t + MAX_WAIT + Duration::from_millis(100);
-        assert_eq!(b.take(1, later), Duration::ZERO);
-    }
+/// A launch's grid size, in blocks: part of its [`Key`].
+pub(crate) fn blocks(x: u32, y: u32, z: u32) -> u64 {
+    u64::from(x)
+        .saturating_mul(u64::from(y))
+        .saturating_mul(u64::from(z))
 }
+
+#[cfg(test)]
+mod tests;

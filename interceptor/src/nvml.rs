@@ -6,14 +6,11 @@
 
 #![allow(clippy::missing_safety_doc)]
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use crate::cuda::{format_uuid, parse_uuid, CUuuid};
-use crate::limiter::{Bucket, PERIOD};
 use crate::lock;
 use crate::real::{Lib, Slot};
 use crate::state::{mode, Limited, Mode};
@@ -46,13 +43,6 @@ pub struct NvmlMemoryV2 {
     pub reserved: u64,
     pub free: u64,
     pub used: u64,
-}
-
-#[repr(C)]
-#[derive(Default)]
-struct NvmlUtilization {
-    gpu: u32,
-    memory: u32,
 }
 
 pub mod slots {
@@ -292,7 +282,7 @@ pub(crate) fn set_host_pid(pid: u32) {
 }
 
 /// The container's processes as NVML names them: every host pid its live processes recorded.
-fn own_pids(l: &Limited) -> Vec<u32> {
+pub(crate) fn own_pids(l: &Limited) -> Vec<u32> {
     let mut own = lock(&l.ledger).host_pids().unwrap_or_default();
     own.extend(host_pid());
     own
@@ -419,184 +409,73 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     unsafe { hand_out(&raw, SAMPLE, &own_pids(l), count, samples) }
 }
 
-/// The pid whose watcher thread runs (a forked child starts its own).
-static WATCHER: AtomicU32 = AtomicU32::new(0);
-
-/// Start the thread that steers the core limiter's bucket, once per process.
-///
-/// It steers by the SM use of the container's own processes (NVML's per-process utilization,
-/// for the host pids the container's processes recorded), so a busy neighbour on the same GPU
-/// does not slow the container. Where per-process utilization is not available, or the
-/// container's pids are not known, it steers by the whole GPU's utilization instead (said once
-/// on stderr): never less strict than the limit.
-pub(crate) fn ensure_watcher(
-    l: &'static Limited,
-    percent: u32,
-    bucket: &'static Mutex<Option<Bucket>>,
-) {
-    let me = std::process::id();
-    if WATCHER.swap(me, Ordering::AcqRel) == me {
-        return;
-    }
-    let Some(sample) = Sampler::new(&l.config.device_uuids) else {
-        crate::warn(format_args!(
-            "core limit {percent}% not enforced: NVML utilization is not available"
-        ));
-        return;
-    };
-    let spawned = std::thread::Builder::new()
-        .name("crishim-vgpu".into())
-        .spawn(move || {
-            let mut said = false;
-            let mut seen = vec![Seen::default(); sample.devices.len()];
-            loop {
-                std::thread::sleep(PERIOD);
-                let util = match sample.own_utilization(&own_pids(l), &mut seen) {
-                    Ok(u) => u,
-                    Err(why) => {
-                        if !said {
-                            said = true;
-                            crate::warn(format_args!(
-                                "core limit {percent}% steered by the whole GPU's utilization: {why}"
-                            ));
-                        }
-                        Some(sample.utilization())
-                    }
-                };
-                // No new sample: steering again on the last one would act on it twice.
-                if let Some(util) = util {
-                    let mut b = lock(bucket);
-                    let now = Instant::now();
-                    b.get_or_insert_with(|| Bucket::new(now))
-                        .steer(percent, util, now);
-                }
-                let waited = crate::limiter::take_throttled();
-                if waited > 0 {
-                    let _ = lock(&l.ledger).add_throttled(waited);
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        crate::warn(format_args!("core limit {percent}% not enforced: {e}"));
-    }
+/// NVML's per-process utilization samples of the granted GPUs, read as they come: whose
+/// context held the GPU at each sample's instant. A time-slicing GPU gives each sample to one
+/// process (at about 99): the samples that fall while the container's kernels are in flight say
+/// how much of that time was its own (see `limiter::Dilation`).
+pub(crate) struct Samples {
+    /// (device, NVML's timestamp of the newest sample read, µs).
+    devices: Vec<(usize, u64)>,
+    get: ProcessUtilization,
 }
 
-/// Reads the granted GPUs' utilization.
-struct Sampler {
-    devices: Vec<usize>,
-    get: unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> NvmlReturn,
+/// Samples are read no further back than this.
+const HORIZON_US: u64 = 5_000_000;
+
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
-impl Sampler {
-    fn new(uuids: &[String]) -> Option<Sampler> {
-        type Get = unsafe extern "C" fn(NvmlDevice, *mut NvmlUtilization) -> NvmlReturn;
-        // SAFETY: the type is nvml.h's signature of this symbol.
-        let get = unsafe { slots::GET_UTILIZATION.get::<Get>() }?;
-        let devices: Vec<usize> = uuids
+impl Samples {
+    pub(crate) fn new(uuids: &[String]) -> Option<Samples> {
+        // SAFETY: the nvml.h signature.
+        let get = unsafe { slots::GET_PROCESS_UTILIZATION.get::<ProcessUtilization>() }?;
+        let devices: Vec<(usize, u64)> = uuids
             .iter()
             .filter_map(|u| parse_uuid(u))
             .filter_map(|u| device(&u))
-            .map(|d| d as usize)
+            .map(|d| (d as usize, 0))
             .collect();
-        (!devices.is_empty()).then_some(Sampler { devices, get })
+        (!devices.is_empty()).then_some(Samples { devices, get })
     }
 
-    /// The busiest granted GPU's utilization, percent.
-    fn utilization(&self) -> u32 {
-        self.devices
-            .iter()
-            .filter_map(|d| {
-                let mut u = NvmlUtilization::default();
-                // SAFETY: a device handle from NVML and an output it fills.
-                (unsafe { (self.get)(*d as NvmlDevice, &mut u) } == NVML_SUCCESS).then_some(u.gpu)
-            })
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The container's share of the busiest granted GPU, percent, from the per-process samples
-    /// NVML made since the ones `seen` records; `None` while there are none (NVML samples every
-    /// 1/6 to 1/5 s). A GPU with no sample for [`STALE`] ran nothing: 0.
-    fn own_utilization(&self, own: &[u32], seen: &mut [Seen]) -> Result<Option<u32>, &'static str> {
-        if own.is_empty() {
-            return Err("the container's processes are not known to the driver yet");
-        }
-        // SAFETY: the nvml.h signature.
-        let f = unsafe { slots::GET_PROCESS_UTILIZATION.get::<ProcessUtilization>() }
-            .ok_or("the driver has no per-process utilization")?;
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        let now = Instant::now();
-        let mut busiest: Option<u32> = None;
-        for (d, seen) in self.devices.iter().zip(seen.iter_mut()) {
-            // Samples after the newest already used, and none older than a second.
-            let after = seen
-                .newest
-                .max(wall.saturating_sub(STALE.as_micros() as u64));
+    /// (host pid, µs since the epoch) of each sample newer than those read before in which a
+    /// process used the SMs.
+    pub(crate) fn read(&mut self) -> Vec<(u32, u64)> {
+        let get = self.get;
+        let wall = wall_us();
+        let mut out = Vec::new();
+        for (d, newest) in &mut self.devices {
+            let after = (*newest).max(wall.saturating_sub(HORIZON_US));
             // SAFETY: NVML fills at most `count` samples.
-            let raw = match read_list(SAMPLE, |c, b| unsafe { f(*d as NvmlDevice, b, c, after) }) {
-                Ok(raw) => raw,
-                Err(NVML_ERROR_NOT_FOUND) => Vec::new(),
-                Err(_) => return Err("per-process utilization failed"),
+            let Ok(raw) = read_list(SAMPLE, |c, b| unsafe { get(*d as NvmlDevice, b, c, after) })
+            else {
+                continue;
             };
-            let share = match own_share(&raw, own, after) {
-                Some((share, newest)) => {
-                    // A timestamp from the future (a clock step, a bad driver) must not hide
-                    // every later sample.
-                    let newest = newest.min(wall.saturating_add(STALE.as_micros() as u64));
-                    *seen = Seen {
-                        newest,
-                        at: Some(now),
-                    };
-                    share
-                }
-                None if seen.at.is_some_and(|at| now.duration_since(at) < STALE) => continue,
-                None => {
-                    seen.at = Some(now);
-                    0
-                }
-            };
-            busiest = Some(busiest.map_or(share, |b| b.max(share)));
+            *newest = fresh(&raw, after, wall, &mut out).max(*newest);
         }
-        Ok(busiest)
+        out
     }
 }
 
-/// A GPU with no new per-process sample for this long ran nothing.
-const STALE: Duration = Duration::from_secs(1);
-
-/// The per-process samples of one GPU the watcher has used.
-#[derive(Clone, Copy, Default)]
-struct Seen {
-    /// NVML's timestamp of the newest, microseconds.
-    newest: u64,
-    /// When the watcher last had a new one, or read the GPU as idle.
-    at: Option<Instant>,
-}
-
-/// The SM use of `own`'s processes in raw `nvmlProcessUtilizationSample_t`s newer than `after`,
-/// averaged over the distinct sample times, at most 100; and the newest time. `None` when no
-/// sample is newer.
-///
-/// Each sample time is one slice of the GPU's time. A time-slicing GPU gives each slice to the
-/// one process whose context ran, at about 99; a neighbour's slice counts 0 for the container.
-/// Where several processes share a slice, the container's processes' use in it is summed.
-fn own_share(raw: &[u8], own: &[u32], after: u64) -> Option<(u32, u64)> {
-    let mut slices: HashMap<u64, u32> = HashMap::new();
+/// Append the (pid, time) of `raw`'s samples newer than `after` with SM use to `out`; the
+/// newest time, no later than a second past `wall` (a timestamp from the future, from a clock
+/// step or a bad driver, must not hide every later sample).
+fn fresh(raw: &[u8], after: u64, wall: u64, out: &mut Vec<(u32, u64)>) -> u64 {
+    let mut newest = after;
     for e in raw.chunks_exact(SAMPLE) {
         let (pid, at, sm) = (u32_at(e, 0), u64_at(e, 8), u32_at(e, 16));
         if at <= after {
             continue;
         }
-        let mine = slices.entry(at).or_default();
-        if own.contains(&pid) {
-            *mine = (*mine + sm.min(100)).min(100);
+        newest = newest.max(at.min(wall.saturating_add(1_000_000)));
+        if sm > 0 {
+            out.push((pid, at));
         }
     }
-    let newest = *slices.keys().max()?;
-    let sum: u64 = slices.values().map(|&v| u64::from(v)).sum();
-    Some(((sum / slices.len() as u64) as u32, newest))
+    newest
 }
 
 #[cfg(test)]
@@ -612,42 +491,25 @@ mod tests {
     }
 
     #[test]
-    fn own_share_averages_the_containers_use_over_the_sample_times() {
-        // A slice per process on a time-slicing GPU: two of the container's, one neighbour's.
-        let sliced: Vec<u8> = [
+    fn only_new_samples_with_sm_use_are_kept_and_the_future_is_clamped() {
+        let raw: Vec<u8> = [
             sample(10, 5, 99),
-            sample(99, 6, 99), // a neighbour
+            sample(99, 6, 0), // idle
             sample(11, 7, 99),
+            sample(12, u64::MAX, 99), // from the future
         ]
         .concat();
-        assert_eq!(own_share(&sliced, &[10, 11], 0), Some((66, 7)));
+        let mut out = Vec::new();
+        let newest = fresh(&raw, 5, 100, &mut out);
+        assert_eq!(out, vec![(11, 7), (12, u64::MAX)]);
+        assert_eq!(newest, 1_000_100);
+        let mut none = Vec::new();
         assert_eq!(
-            own_share(&sliced, &[12], 0),
-            Some((0, 7)),
-            "a neighbour's only"
-        );
-        // Only samples after the last one used count; none newer is no reading.
-        assert_eq!(own_share(&sliced, &[10, 11], 5), Some((49, 7)));
-        assert_eq!(own_share(&sliced, &[10, 11], 7), None);
-        // Processes that share one sample time (a fake driver, MPS): their use is summed.
-        let shared: Vec<u8> = [
-            sample(10, 1, 20),
-            sample(11, 1, 15),
-            sample(99, 1, 100),
-            sample(10, 2, 80),
-            sample(11, 2, 80),
-        ]
-        .concat();
-        assert_eq!(
-            own_share(&shared, &[10, 11], 0),
-            Some((67, 2)),
-            "(35 + 100) / 2"
-        );
-        assert_eq!(
-            own_share(&[0u8; SAMPLE - 1], &[10], 0),
-            None,
+            fresh(&[0u8; SAMPLE - 1], 3, 100, &mut none),
+            3,
             "a torn entry"
         );
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -110,7 +110,7 @@ extern "C" fn before_fork() {
         held.push(Box::new(lock(&l.ledger)));
         held.push(Box::new(lock(&l.uuids)));
     }
-    crate::limiter::hold_for_fork(&mut held);
+    crate::timing::hold_for_fork(&mut held);
     held.push(Box::new(lock(&HANDLES)));
     crate::costs::hold_for_fork(&mut held);
     HELD_ACROSS_FORK.with(|h| *h.borrow_mut() = held);

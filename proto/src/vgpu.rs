@@ -29,6 +29,27 @@ pub struct Config {
     pub libnvidia_ml: Option<PathBuf>,
     /// The accounting file all the container's processes share.
     pub accounting_file: PathBuf,
+    /// When the core limit holds; absent: [`CorePolicy::Force`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_policy: Option<CorePolicy>,
+    /// The node runs MPS: the core limit is MPS's active thread percentage, so the interceptor
+    /// measures GPU time but does not hold launches back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mps: bool,
+}
+
+/// When a container's core limit holds (`[gpu] core_policy`), after HAMi-core's
+/// `GPU_CORE_UTILIZATION_POLICY`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CorePolicy {
+    /// Always, alone on the GPU or not: a limit a user can plan on.
+    #[default]
+    Force,
+    /// Only while another process uses the GPU: a container alone may use what would sit idle.
+    Shared,
+    /// Never: GPU time is measured and shown, launches are not held back.
+    Disable,
 }
 
 /// The accounting file every process of a GPU container shares (written by the interceptor,
@@ -43,13 +64,15 @@ pub struct Config {
 /// | 16..32 | GPU UUID                                               |
 /// | 32..40 | bytes held                                             |
 /// | 40..44 | the process's pid as the driver (NVML) names it: the host's; 0 if not known |
+/// | 44..48 | process records: the share of the GPU its kernels took in the last whole second, permille (low 16 bits), and that second since the epoch mod 65536 (high 16 bits); 0 if none |
 /// | 48..56 | microseconds the core limiter has held its kernel launches back |
 /// | 56..64 | FNV-1a checksum of bytes 0..56                         |
 ///
-/// A record whose UUID is all zeros is a *process record*: it holds no memory, only the host pid
-/// and the throttled time. The process record with pid 0 and start 0 keeps the throttled time of
-/// the container's processes that are gone, folded in when their records are reclaimed, so the
-/// container's total only grows.
+/// A record whose UUID is all zeros is a *process record*: it holds no memory, but the host pid,
+/// the throttled time, the last second's share and, in bytes 32..40, the GPU time its kernels
+/// took, in nanoseconds. The process record with pid 0 and start 0 keeps the throttled and GPU
+/// time of the container's processes that are gone, folded in when their records are reclaimed,
+/// so the container's totals only grow.
 pub mod ledger {
     pub const MAGIC: u32 = 0x5647_5055;
     pub const RECORD: usize = 64;
@@ -62,7 +85,21 @@ pub mod ledger {
         pub uuid: [u8; 16],
         pub used: u64,
         pub host_pid: u32,
+        /// Process records: (second mod 65536) << 16 | permille of the GPU.
+        pub window: u32,
         pub throttled_us: u64,
+    }
+
+    /// A process record's `window`: the share of `second`, permille.
+    pub fn window(second: u64, permille: u32) -> u32 {
+        ((second as u32) << 16) | permille.min(0xffff)
+    }
+
+    /// The share in `window`, permille, if its second is within `fresh` seconds of `now`.
+    pub fn fresh_share(window: u32, now: u64, fresh: u64) -> Option<u32> {
+        let second = u64::from(window >> 16);
+        let age = (now.wrapping_sub(second)) & 0xffff;
+        (window != 0 && age <= fresh).then_some(window & 0xffff)
     }
 
     /// The UUID of process records.
@@ -84,6 +121,7 @@ pub mod ledger {
             b[16..32].copy_from_slice(&self.uuid);
             b[32..40].copy_from_slice(&self.used.to_le_bytes());
             b[40..44].copy_from_slice(&self.host_pid.to_le_bytes());
+            b[44..48].copy_from_slice(&self.window.to_le_bytes());
             b[48..56].copy_from_slice(&self.throttled_us.to_le_bytes());
             let sum = fnv1a(&b[..56]);
             b[56..64].copy_from_slice(&sum.to_le_bytes());
@@ -105,6 +143,7 @@ pub mod ledger {
                 uuid,
                 used: u64_at(32),
                 host_pid: u32_at(40),
+                window: u32_at(44),
                 throttled_us: u64_at(48),
             })
         }
@@ -128,6 +167,7 @@ pub mod ledger {
                 uuid: [9; 16],
                 used: 123,
                 host_pid: 4242,
+                window: window(70_000, 300),
                 throttled_us: 99,
             };
             let mut b = e.encode();
@@ -136,6 +176,14 @@ pub mod ledger {
             assert_eq!(Entry::decode(&b[..RECORD - 1]), None);
             b[33] ^= 1;
             assert_eq!(Entry::decode(&b), None, "a torn write fails its checksum");
+            assert_eq!(fresh_share(e.window, 70_002, 3), Some(300));
+            assert_eq!(fresh_share(e.window, 70_010, 3), None, "stale");
+            assert_eq!(
+                fresh_share(window(65_535, 10), 65_537, 3),
+                Some(10),
+                "wraps"
+            );
+            assert_eq!(fresh_share(0, 0, 3), None);
         }
     }
 }

@@ -137,6 +137,7 @@ fn ledger_of_this_process(mib: u64) -> Vec<u8> {
         uuid: [7; 16],
         used: mib << 20,
         host_pid: 0,
+        window: 0,
         throttled_us: 0,
     }
     .encode()
