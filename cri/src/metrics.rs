@@ -286,6 +286,50 @@ impl Metrics {
                 g.throttled_us as f64 / 1e6
             );
         }
+        let cores = || shown().filter_map(|g| Some((g, g.core_percent?)));
+        head(
+            &mut out,
+            "crishim_gpu_core_limit_percent",
+            "gauge",
+            "A container's core limit, percent of one GPU.",
+        );
+        for (g, limit) in cores() {
+            let _ = writeln!(
+                out,
+                "crishim_gpu_core_limit_percent{{container=\"{}\"}} {limit}",
+                g.container_id
+            );
+        }
+        head(
+            &mut out,
+            "crishim_gpu_core_share_percent",
+            "gauge",
+            "The share of one GPU a container's kernels took in the last whole second, as the core limiter measured it.",
+        );
+        for (g, _) in cores() {
+            if let Some(p) = g.share_permille {
+                let _ = writeln!(
+                    out,
+                    "crishim_gpu_core_share_percent{{container=\"{}\"}} {}",
+                    g.container_id,
+                    f64::from(p) / 10.0
+                );
+            }
+        }
+        head(
+            &mut out,
+            "crishim_gpu_time_seconds_total",
+            "counter",
+            "GPU time a container's kernels took, as the core limiter measured it.",
+        );
+        for (g, _) in cores() {
+            let _ = writeln!(
+                out,
+                "crishim_gpu_time_seconds_total{{container=\"{}\"}} {}",
+                g.container_id,
+                g.gpu_ns as f64 / 1e9
+            );
+        }
         out
     }
 }
@@ -386,12 +430,18 @@ mod tests {
                     limit_bytes: Some(256 << 20),
                     used_bytes: 100 << 20,
                     throttled_us: 2_500_000,
+                    core_percent: Some(30),
+                    gpu_ns: 1_500_000_000,
+                    share_permille: Some(298),
                 },
                 crishim_gpu::container::GpuUsage {
                     container_id: "bad\"}\n1".into(),
                     limit_bytes: Some(1),
                     used_bytes: 1,
                     throttled_us: 1,
+                    core_percent: Some(1),
+                    gpu_ns: 1,
+                    share_permille: Some(1),
                 },
             ],
         };
@@ -411,6 +461,9 @@ mod tests {
             "crishim_gpu_memory_limit_bytes{container=\"abc123\"} 268435456",
             "crishim_gpu_memory_used_bytes{container=\"abc123\"} 104857600",
             "crishim_gpu_throttled_seconds_total{container=\"abc123\"} 2.5",
+            "crishim_gpu_core_limit_percent{container=\"abc123\"} 30",
+            "crishim_gpu_core_share_percent{container=\"abc123\"} 29.8",
+            "crishim_gpu_time_seconds_total{container=\"abc123\"} 1.5",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

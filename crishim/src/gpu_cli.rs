@@ -66,6 +66,13 @@ struct Holder {
     /// limit.
     #[serde(skip_serializing_if = "Option::is_none")]
     throttled_seconds: Option<f64>,
+    /// With a core limit: the share of one GPU its kernels took in the last whole second,
+    /// percent, as the limiter measured it (absent while none ran in the last few seconds).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    core_share_percent: Option<f64>,
+    /// With a core limit: the GPU time its kernels took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_seconds: Option<f64>,
 }
 
 pub fn main(args: GpuArgs) -> Result<i32> {
@@ -145,6 +152,13 @@ fn list(cfg: &Config) -> Result<Listing> {
                 throttled_seconds: grant
                     .core_percent
                     .map(|_| u.map_or(0.0, |u| u.throttled_us as f64 / 1e6)),
+                core_share_percent: grant
+                    .core_percent
+                    .and_then(|_| u?.share_permille)
+                    .map(|p| f64::from(p) / 10.0),
+                gpu_seconds: grant
+                    .core_percent
+                    .map(|_| u.map_or(0.0, |u| u.gpu_ns as f64 / 1e9)),
                 grant,
             }
         })
@@ -197,6 +211,9 @@ fn holder(holder: &Holder) -> String {
     }
     if let Some(c) = h.core_percent {
         let _ = write!(s, ", cores {c}%");
+        if let Some(m) = holder.core_share_percent {
+            let _ = write!(s, " (measured {m:.1}%)");
+        }
     }
     if let Some(t) = holder.throttled_seconds {
         let _ = write!(s, ", throttled {t:.1} s");

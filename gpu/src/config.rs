@@ -42,6 +42,28 @@ pub struct GpuConfig {
     /// pod's author cannot raise.
     #[serde(default = "yes")]
     pub limit_annotations: bool,
+    /// When a container's core limit holds: `force` (always, alone on the GPU or not), `shared`
+    /// (only while another process uses the GPU), `disable` (measured, never enforced).
+    #[serde(default)]
+    pub core_policy: CorePolicy,
+    /// Whether the node's GPUs run under MPS: `auto` (the MPS control daemon's pipe, `control`
+    /// in `/tmp/nvidia-mps` under `driver_root`, exists), `on`, `off`. Under MPS a container's
+    /// limits are also passed to MPS (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`,
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`).
+    #[serde(default)]
+    pub mps: MpsMode,
+}
+
+pub use crishim_proto::vgpu::CorePolicy;
+
+/// See [`GpuConfig::mps`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MpsMode {
+    #[default]
+    Auto,
+    On,
+    Off,
 }
 
 /// How the interceptor is put between applications and the driver.
@@ -67,6 +89,8 @@ impl Default for GpuConfig {
             cdi_spec_dirs: default_cdi_spec_dirs(),
             accept_env_requests: true,
             limit_annotations: true,
+            core_policy: CorePolicy::default(),
+            mps: MpsMode::default(),
         }
     }
 }

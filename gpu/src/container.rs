@@ -186,7 +186,26 @@ pub struct GpuUsage {
     pub limit_bytes: Option<u64>,
     pub used_bytes: u64,
     pub throttled_us: u64,
+    /// The core limit, percent of one GPU.
+    pub core_percent: Option<u32>,
+    /// GPU time the container's kernels took, ns.
+    pub gpu_ns: u64,
+    /// The share of one GPU its kernels took in the last whole second, permille; `None` when no
+    /// process wrote one in the last few seconds.
+    pub share_permille: Option<u32>,
 }
+
+/// What one accounting file says.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct LedgerSums {
+    used_bytes: u64,
+    throttled_us: u64,
+    gpu_ns: u64,
+    share_permille: Option<u32>,
+}
+
+/// A process's last-second share counts this many seconds after that second.
+const FRESH_SECONDS: u64 = 3;
 
 /// The usage of every container with a GPU memory or core limit, from its grant and its
 /// accounting file (`shared/usage`). The file is the container's to write, so one over
@@ -213,18 +232,21 @@ pub fn usage(containers_dir: &Path) -> Vec<GpuUsage> {
         .map(|g| {
             let gpus = g.uuids.len().max(1) as u64;
             let dir = containers_dir.join(&g.container_id);
-            let (used_bytes, throttled_us) = match read_ledger(&dir, &live) {
+            let sums = match read_ledger(&dir, &live, now_second()) {
                 Ok(u) => u,
                 Err(e) => {
                     if !e.is_missing() {
                         tracing::debug!(container = %g.container_id, error = %e, "the GPU accounting file is not read");
                     }
-                    (0, 0)
+                    LedgerSums::default()
                 }
             };
             GpuUsage {
-                used_bytes,
-                throttled_us,
+                used_bytes: sums.used_bytes,
+                throttled_us: sums.throttled_us,
+                gpu_ns: sums.gpu_ns,
+                share_permille: sums.share_permille,
+                core_percent: g.core_percent,
                 limit_bytes: g.memory_limit_bytes.map(|l| l.saturating_mul(gpus)),
                 container_id: g.container_id,
             }
@@ -307,14 +329,24 @@ pub fn usage_within(containers_dir: &Path, deadline: std::time::Duration) -> Opt
     rx.recv_timeout(deadline).ok()
 }
 
+fn now_second() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// From a container directory's accounting file (`shared/usage`, read beneath the directory
 /// through no symlink, a regular file of at most [`MAX_LEDGER_RECORDS`] records): the bytes the
-/// records of live processes hold, and the throttled time of every process record, each summed.
+/// memory records of live processes hold; the throttled and GPU time of every process record;
+/// and the last-second shares of live processes written within [`FRESH_SECONDS`] of `now`
+/// (seconds since the epoch), at most one GPU's worth per process. Each sum saturates: the
+/// records are the container's to write.
 fn read_ledger(
     container_dir: &Path,
     live: &std::collections::HashSet<(u32, u64)>,
-) -> Result<(u64, u64), crishim_sys::confined::ReadError> {
-    use crishim_proto::vgpu::ledger::{Entry, PROCESS, RECORD};
+    now: u64,
+) -> Result<LedgerSums, crishim_sys::confined::ReadError> {
+    use crishim_proto::vgpu::ledger::{fresh_share, Entry, PROCESS, RECORD};
     use crishim_sys::confined::{self, Limits};
     let raw = confined::read(
         container_dir,
@@ -324,18 +356,20 @@ fn read_ledger(
     Ok(raw
         .chunks(RECORD)
         .filter_map(Entry::decode)
-        .fold((0u64, 0u64), |(used, throttled), e| {
-            let used = if live.contains(&(e.pid, e.start)) {
-                used.saturating_add(e.used)
-            } else {
-                used
-            };
-            let throttled = if e.uuid == PROCESS {
-                throttled.saturating_add(e.throttled_us)
-            } else {
-                throttled
-            };
-            (used, throttled)
+        .fold(LedgerSums::default(), |mut s, e| {
+            let alive = live.contains(&(e.pid, e.start));
+            if e.uuid != PROCESS {
+                if alive {
+                    s.used_bytes = s.used_bytes.saturating_add(e.used);
+                }
+                return s;
+            }
+            s.throttled_us = s.throttled_us.saturating_add(e.throttled_us);
+            s.gpu_ns = s.gpu_ns.saturating_add(e.used);
+            if let Some(p) = fresh_share(e.window, now, FRESH_SECONDS).filter(|_| alive) {
+                s.share_permille = Some(s.share_permille.unwrap_or(0).saturating_add(p.min(1000)));
+            }
+            s
         }))
 }
 
@@ -407,21 +441,24 @@ mod tests {
             window: 0,
             throttled_us: 0,
         };
-        // Throttled time counts from process records, live, dead or the totals.
-        let process = |pid, start, throttled_us| Entry {
+        // Throttled and GPU time count from process records, live, dead or the totals; the last
+        // second's share from live ones, and fresh.
+        let now = now_second();
+        let process = |pid, start, throttled_us, gpu_ns, window| Entry {
             pid,
             start,
             uuid: PROCESS,
-            used: 0,
+            used: gpu_ns,
             host_pid: 77,
-            window: 0,
+            window,
             throttled_us,
         };
+        use crishim_proto::vgpu::ledger::window;
         let mut file = Vec::new();
         file.extend(dead.encode());
-        file.extend(process(me, start, 1000).encode());
-        file.extend(process(me, start + 1, 20).encode());
-        file.extend(process(0, 0, 3).encode());
+        file.extend(process(me, start, 1000, 5_000_000, window(now - 1, 300)).encode());
+        file.extend(process(me, start + 1, 20, 7, window(now - 1, 500)).encode());
+        file.extend(process(0, 0, 3, 11, 0).encode());
         file.extend(entry(100).encode());
         let mut torn = entry(1 << 40).encode();
         torn[40] ^= 1;
@@ -436,15 +473,19 @@ mod tests {
                     container_id: "cores".into(),
                     limit_bytes: None,
                     used_bytes: 0,
-                    window: 0,
                     throttled_us: 0,
+                    core_percent: Some(30),
+                    gpu_ns: 0,
+                    share_permille: None,
                 },
                 GpuUsage {
                     container_id: "limited".into(),
                     limit_bytes: Some(2 << 30),
                     used_bytes: 123,
-                    window: 0,
                     throttled_us: 1023,
+                    core_percent: None,
+                    gpu_ns: 5_000_018,
+                    share_permille: Some(300),
                 }
             ]
         );

@@ -102,6 +102,33 @@ const TOOLKIT_PATHS: &[(&str, bool)] = &[
     ("/tmp/nvidia-mps", true),
 ];
 
+/// The MPS control daemon's pipe in its pipe directory: MPS runs on the node.
+const MPS_CONTROL: &str = "tmp/nvidia-mps/control";
+
+/// A container's limits as MPS takes them, for its clients under MPS: the core limit as the
+/// active thread percentage (the SMs its kernels may use), the memory limit as the pinned
+/// device memory limit of each of its GPUs, by the ordinals it sees them with.
+fn mps_limits(grant: &Grant) -> Vec<Edit> {
+    let mut edits = Vec::new();
+    if let Some(c) = grant.core_percent {
+        edits.push(Edit::env(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+            &c.to_string(),
+        ));
+    }
+    if let Some(m) = grant.memory_limit_bytes {
+        let per_gpu = (m >> 20).max(1);
+        let limits: Vec<String> = (0..grant.uuids.len().max(1))
+            .map(|i| format!("{i}={per_gpu}MB"))
+            .collect();
+        edits.push(Edit::env(
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            &limits.join(","),
+        ));
+    }
+    edits
+}
+
 /// Host directory of the per-container GPU directories, under the daemon's state dir.
 pub fn containers_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("gpu/containers")
@@ -352,6 +379,17 @@ impl Gpus {
         Ok(plan)
     }
 
+    /// Whether the node's GPUs run under MPS (`[gpu] mps`).
+    fn runs_mps(&self) -> bool {
+        match self.config.mps {
+            config::MpsMode::On => true,
+            config::MpsMode::Off => false,
+            config::MpsMode::Auto => {
+                std::fs::symlink_metadata(self.config.driver_root.join(MPS_CONTROL)).is_ok()
+            }
+        }
+    }
+
     /// The persistence daemon's and the fabric manager's sockets (read-only: connecting needs
     /// no write access to the mount), and the MPS pipe directory, each where it exists under
     /// `driver_root`, at the same path in the container.
@@ -521,6 +559,7 @@ impl Gpus {
             Tree::Origin => mirror::CONTAINER_LIB,
         };
         let has = |c: Capability| capabilities.contains(&c);
+        let mps = self.runs_mps();
         let config = dir.write_config(&VgpuConfig {
             version: container::VGPU_CONFIG_VERSION,
             container_id: t.container_id.to_string(),
@@ -532,6 +571,8 @@ impl Gpus {
             libnvidia_ml: has(Capability::Utility)
                 .then(|| format!("{real_lib}/libnvidia-ml.so.1").into()),
             accounting_file: container::ACCOUNTING_FILE.into(),
+            core_policy: Some(self.config.core_policy),
+            mps: mps && grant.core_percent.is_some(),
         })?;
         edits.push(Edit::bind(&config, container::CONFIG_PATH, false));
         let shared = dir.create_accounting()?;
@@ -541,6 +582,9 @@ impl Gpus {
         }
         if let Some(c) = grant.core_percent {
             edits.push(Edit::env("CRISHIM_VGPU_CORE_LIMIT", &c.to_string()));
+        }
+        if mps {
+            edits.extend(mps_limits(grant));
         }
         if self.config.inject == InjectMode::Preload {
             let inside = format!("{}/{}", container::VGPU_DIR, config::INTERCEPTOR_NAME);

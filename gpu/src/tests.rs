@@ -265,6 +265,44 @@ fn limits_in_preload_mode() {
         inject::env_value(&spec, "CRISHIM_VGPU_CORE_LIMIT").as_deref(),
         Some("50")
     );
+    assert_eq!(config["core_policy"], "force");
+    assert!(config.get("mps").is_none(), "no MPS on this node");
+    assert!(inject::env_value(&spec, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").is_none());
+}
+
+/// Where the MPS control daemon runs, a container's limits are also MPS's: the core limit as
+/// its active thread percentage, the memory limit per GPU as its pinned device memory limit;
+/// and the interceptor is told, so that it measures GPU time without holding launches back.
+#[test]
+fn under_mps_the_limits_are_passed_to_mps() {
+    let Some(n) = node(InjectMode::Preload) else {
+        return;
+    };
+    let pipes = n.gpus.config.driver_root.join("tmp/nvidia-mps");
+    std::fs::create_dir_all(&pipes).unwrap();
+    std::fs::write(pipes.join("control"), "").unwrap();
+    let c = container(
+        &[("NVIDIA_VISIBLE_DEVICES", "0")],
+        &[
+            ("gpu.crishim.io/memory", "768Mi"),
+            ("gpu.crishim.io/cores", "30"),
+        ],
+    );
+    let mut spec = base_spec(&[]);
+    apply(&n, &c, &[], &mut spec).unwrap().unwrap();
+    assert_eq!(
+        inject::env_value(&spec, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").as_deref(),
+        Some("30")
+    );
+    assert_eq!(
+        inject::env_value(&spec, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").as_deref(),
+        Some("0=768MB")
+    );
+    let dir = n.state.join("gpu/containers/ctr1");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["mps"], true);
+    n.gpus.release("ctr1");
 }
 
 #[test]
