@@ -39,12 +39,20 @@
  *                                   and whether this process is among them (with $CUDATEST_PIDS
  *                                   set, every pid)
  *   cudatest util                   NVML's utilization of device 0, the whole device's
- *   cudatest burn SECONDS BLOCKS    launch kernels of BLOCKS blocks without pause; prints the
- *                                   rate of the second half as a percent of the fake device's
- *                                   1,000,000 blocks a second. With $CUDATEST_PTX set (a real
- *                                   GPU), each launch runs a kernel whose blocks spin that many
- *                                   iterations and is waited for, and the rate is printed as
- *                                   blocks a second instead. With $CUDATEST_COOP set, the
+ *   cudatest burn SECONDS BLOCKS    launch kernels of BLOCKS blocks without pause; prints
+ *                                   "burn P": this process's share of the fake GPU's time in
+ *                                   the second half, percent (the GPU time the fake driver's
+ *                                   cuFakeOwnTime counts, over the wall time). With
+ *                                   $CUDATEST_WINDOWS set, also "window I S" for each whole
+ *                                   second I from the start (0, 1, ...): the share in it, with
+ *                                   one decimal (a thread reads cuFakeOwnTime once a second).
+ *                                   With $FAKE_CUDA_CAPTURING set (launches only recorded into
+ *                                   a graph, no GPU time), P is the launch rate of the second
+ *                                   half as a percent of 1,000,000 blocks a second instead.
+ *                                   With $CUDATEST_PTX set (a real GPU), each launch runs a
+ *                                   kernel whose blocks spin that many iterations and is
+ *                                   waited for, and the rate is printed as blocks a second
+ *                                   instead. With $CUDATEST_COOP set, the
  *                                   launches are cuLaunchCooperativeKernel's; with
  *                                   $CUDATEST_GRAPH set, each is a cuGraphLaunch of a graph
  *                                   holding one block in a kernel node and the rest in a
@@ -55,6 +63,9 @@
  *                                   real grid and child with
  *                                   cuGraphExec{Kernel,ChildGraph}NodeSetParams, setparams with
  *                                   all but one block in the outer kernel)
+ *   cudatest busy SECONDS BLOCKS    burn, but each launch is waited for (cuCtxSynchronize):
+ *                                   one kernel in flight at a time; prints "busy P" (and the
+ *                                   same windows)
  *   cudatest forks N                fork N children while a thread allocates and frees without
  *                                   pause; each child asks for its memory info and exits; the
  *                                   first still running after 2 s is killed, counted as hung,
@@ -209,6 +220,38 @@ static const char SPIN_PTX[] =
     "  ld.param.u64 lim, [n];\n  ld.param.u64 o, [out];\n  mov.u64 i, 0;\n"
     "LOOP:\n  add.u64 i, i, 1;\n  setp.lt.u64 p, i, lim;\n  @p bra LOOP;\n"
     "  st.global.u64 [o], i;\n  ret;\n}\n";
+
+/* The fake driver's count of this process's GPU time on device 0, ns. */
+static CUresult (*own_time)(int, unsigned long long *);
+
+static unsigned long long own_ns(void) {
+    unsigned long long ns = 0;
+    CUresult r = own_time(0, &ns);
+    if (r != 0) {
+        printf("own time %d\n", r);
+        exit(19);
+    }
+    return ns;
+}
+
+/* burn's $CUDATEST_WINDOWS: each whole second from t0, this process's share of the GPU's time. */
+struct windows { double t0; int count; };
+static void *share_windows(void *arg) {
+    const struct windows *w = arg;
+    unsigned long long before = own_ns();
+    double at = w->t0;
+    for (int i = 0; i < w->count; i++) {
+        double until = w->t0 + i + 1;
+        struct timespec t = {(time_t)until, (long)((until - (double)(time_t)until) * 1e9)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) != 0) {}
+        unsigned long long own = own_ns();
+        double now = seconds();
+        printf("window %d %.1f\n", i, (double)(own - before) / 1e9 / (now - at) * 100);
+        before = own;
+        at = now;
+    }
+    return NULL;
+}
 
 static volatile int stop_churn;
 
@@ -473,7 +516,8 @@ int main(int argc, char **argv) {
         self = 0;
         for (unsigned i = 0; i < n1 && r1 == 0; i++) self |= p1[i].pid == (unsigned)getpid();
         printf("procs v1 %d %u self %d\n", r1, n1, self);
-    } else if (strcmp(cmd, "burn") == 0 && argc == 4) {
+    } else if ((strcmp(cmd, "burn") == 0 || strcmp(cmd, "busy") == 0) && argc == 4) {
+        int busy = strcmp(cmd, "busy") == 0;
         CUresult (*launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
                            void **, void **) = sym("cuLaunchKernel");
         const char *ptx = getenv("CUDATEST_PTX");
@@ -542,24 +586,45 @@ int main(int argc, char **argv) {
             }
             graph_launch = sym("cuGraphLaunch");
         }
-        double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total;
-        unsigned long long counted = 0;
+        /* The fake's GPU time: what this process ran (nothing while capturing: launches are
+         * only recorded then, and the launch rate is printed as before). */
+        int rate = ptx || getenv("FAKE_CUDA_CAPTURING");
+        own_time = rate ? NULL : sym("cuFakeOwnTime");
+        double total = atof(argv[2]), t0 = seconds(), half = t0 + total / 2, end = t0 + total, t_half = 0;
+        unsigned long long counted = 0, own_half = 0;
         double now;
+        pthread_t windows;
+        struct windows w = {t0, (int)total};
+        int windowed = !rate && getenv("CUDATEST_WINDOWS") && w.count > 0;
+        if (windowed) pthread_create(&windows, NULL, share_windows, &w);
         while ((now = seconds()) < end) {
             CUresult r = exec   ? graph_launch(exec, NULL)
                          : coop ? coop(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params)
                                 : launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
             if (r != 0) {
-                printf("burn launch %d\n", r);
+                printf("%s launch %d\n", cmd, r);
                 return 16;
             }
-            if (ptx) sync();
-            if (now >= half) counted += blocks;
+            if (ptx || busy) sync();
+            if (now >= half) {
+                if (!t_half && own_time) {
+                    own_half = own_ns();
+                    t_half = seconds();
+                }
+                counted += blocks;
+            }
         }
-        if (ptx)
-            printf("burn %.0f blocks/s\n", (double)counted / (end - half));
-        else
-            printf("burn %.0f\n", (double)counted / (end - half) / 1e6 * 100);
+        if (windowed) pthread_join(windows, NULL);
+        if (ptx) {
+            printf("%s %.0f blocks/s\n", cmd, (double)counted / (end - half));
+        } else if (rate) {
+            printf("%s %.0f\n", cmd, (double)counted / (end - half) / 1e6 * 100);
+        } else {
+            unsigned long long own_end = own_ns();
+            double t_end = seconds();
+            if (!t_half) t_half = t_end;
+            printf("%s %.0f\n", cmd, t_end > t_half ? (double)(own_end - own_half) / 1e9 / (t_end - t_half) * 100 : 0);
+        }
     } else if (strcmp(cmd, "forks") == 0 && argc == 3) {
         CUresult (*info)(size_t *, size_t *) = sym("cuMemGetInfo_v2");
         pthread_t t;

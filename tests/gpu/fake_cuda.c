@@ -4,26 +4,48 @@
  * "device" is a /dev/nvidia<minor> character node (major 195) that the process can see, and
  * device memory is a per-process counter of FAKE_MEMORY bytes per device. It exports every
  * entry point crishim's interceptor hooks, cuGetProcAddress with the driver's _v2/_ptsz rules,
- * and two names the interceptor does not know (a function and a data symbol), to show that
- * they pass through.
+ * and names the interceptor does not know (cuFakeIdentify, cuFakeOwnTime and a data symbol,
+ * cuFakeData), to show that they pass through.
  *
  * The device root is /dev, or $FAKE_NVIDIA_DEVICE_ROOT (the daemon's NVML probe runs on a
  * host whose fake nodes live in a temporary directory).
  *
- * What the fake NVML reports about processes comes from here: each process with a context
- * keeps a file <state>/<pid>-<minor> ("<bytes held> <SM percent> <updated, ms> <start time>"), where <state>
- * is $FAKE_NVIDIA_STATE or /tmp/fake-nvidia. Processes in different containers see each other
- * only if that directory is shared, and their pids mean the same only in one pid namespace
- * (tests give such pods the host's). A context takes $FAKE_CUDA_CONTEXT_MIB MiB (default 0),
- * as a real one takes a few hundred. A kernel of N blocks is N blocks of work on a device that
- * does FAKE_CAPACITY blocks a second; a process's SM percent is its rate of the last 100 ms.
- * Memory pools keep freed memory up to their release threshold (default 0), in 2 MiB steps.
- * A graph's memory allocation nodes are mapped from the device's graph memory when the graph is
- * first launched or uploaded, and stay mapped to it (in use) across its launches, as the real
- * driver keeps them, until cuDeviceGraphMemTrim or its destruction; the graph memory keeps
- * what it holds until cuDeviceGraphMemTrim.
+ * What the fake NVML reports about processes' memory comes from here: each process with a
+ * context keeps a file <state>/<pid>-<minor> ("<bytes held> <SM percent> <updated, ms> <start
+ * time>"; the SM percent is its launch rate of the last 100 ms as a percent of FAKE_CAPACITY
+ * blocks a second, which nothing reads any more), where <state> is $FAKE_NVIDIA_STATE or
+ * /tmp/fake-nvidia. Processes in different containers see each other only if that directory
+ * is shared, and their pids mean the same only in one pid namespace (tests give such pods the
+ * host's). A context takes $FAKE_CUDA_CONTEXT_MIB MiB (default 0), as a real one takes a few
+ * hundred. Memory pools keep freed memory up to their release threshold (default 0), in 2 MiB
+ * steps. A graph's memory allocation nodes are mapped from the device's graph memory when the
+ * graph is first launched or uploaded, and stay mapped to it (in use) across its launches, as
+ * the real driver keeps them, until cuDeviceGraphMemTrim or its destruction; the graph memory
+ * keeps what it holds until cuDeviceGraphMemTrim.
+ *
+ * GPU time is simulated: every device is one time-sliced GPU shared by every process using it
+ * (<state>/gpu-<minor>.sim; see fake_common.h for the scheduler and the knobs kept there,
+ * $FAKE_GPU_SLICE_US and $FAKE_NVML_SAMPLE_MS). Each process has one in-order queue a device
+ * for all its streams (SIM_QUEUE items; a launch into a full queue waits for room, sleeping).
+ * - Every launch (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch,
+ *   and their _ptsz) queues one kernel of ceil(blocks / $FAKE_CUDA_SMS) waves of
+ *   $FAKE_CUDA_WAVE_US us (defaults 132 and 10; a graph's blocks are its kernels', child
+ *   graphs' included), read from the launching process's environment. While
+ *   $FAKE_CUDA_CAPTURING is set, launches and event records are only captured into a graph:
+ *   nothing is queued.
+ * - Events: cuEventRecord[WithFlags][_ptsz] queues a marker, done (with its time) when the GPU
+ *   reaches it; cuEventQuery, cuEventSynchronize, cuEventElapsedTime[_v2] (ms between two done
+ *   events; CUDA_ERROR_NOT_READY while either is pending, CUDA_ERROR_INVALID_HANDLE if either
+ *   was never recorded or times nothing); an event never recorded is done.
+ * - cuStreamSynchronize, cuStreamQuery and cuCtxSynchronize wait for (or ask about) the
+ *   process's queue on the stream's (context's) device. Streams from cuStreamCreate name their
+ *   device; the null and special streams are the current context's.
+ * - cuFakeOwnTime(device, &ns): the GPU time this process's kernels have run on it, ns.
+ * Where the state directory cannot hold the simulation, kernels take no time and markers are
+ * done at once.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +79,10 @@ typedef struct { unsigned gx, gy, gz, bx, by, bz, shared; CUstream stream; void 
 #define CUDA_ERROR_NO_DEVICE 100
 #define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_OPERATING_SYSTEM 304
+#define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_READY 600
 
 #define FAKE_MEMORY (1ull << 30)
 #define FAKE_CAPACITY 1000000ull
@@ -87,10 +112,7 @@ static unsigned long long now_ms(void) {
     return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
 }
 
-static const char *state_dir(void) {
-    const char *d = getenv("FAKE_NVIDIA_STATE");
-    return d && *d ? d : "/tmp/fake-nvidia";
-}
+static const char *state_dir(void) { return fake_state_dir(); }
 
 /* Publish this process's use of device `dev` for the fake NVML (nothing without a context). */
 static void publish(int dev) {
@@ -101,7 +123,7 @@ static void publish(int dev) {
         unlink(path);
         return;
     }
-    mkdir(state_dir(), 0777);
+    if (mkdir(state_dir(), 0777) == 0 && chmod(state_dir(), 0777) != 0) {}
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (fd < 0) return;
     int n = snprintf(line, sizeof line, "%llu %llu %llu %llu\n", used[dev], sm[dev], now_ms(), start_time(getpid()));
@@ -312,7 +334,16 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     *d = current;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    *ctx = current < 0 ? NULL : (CUcontext)(intptr_t)(current + 1);
+    return CUDA_SUCCESS;
+}
+static void drain(int dev);
+/* Waits until this process's queue on the current device is empty (the simulated GPU ran it). */
+EXPORT CUresult cuCtxSynchronize(void) {
+    if (current >= 0) drain(current);
+    return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) { return alloc_on(current, size, p); }
 EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int size) {
@@ -467,25 +498,253 @@ EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
     return r;
 }
 /* A launch is work for the SM percent this process publishes, over 100 ms windows. */
-static CUresult launched(unsigned long long blocks) {
-    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+static void publish_launch(int dev, unsigned long long blocks) {
     unsigned long long now = now_ms();
-    window_blocks[current] += blocks;
-    if (window_start[current] == 0) window_start[current] = now;
-    unsigned long long elapsed = now - window_start[current];
+    window_blocks[dev] += blocks;
+    if (window_start[dev] == 0) window_start[dev] = now;
+    unsigned long long elapsed = now - window_start[dev];
     if (elapsed >= 100) {
-        unsigned long long pct = window_blocks[current] * 1000 / elapsed * 100 / FAKE_CAPACITY;
-        sm[current] = pct > 100 ? 100 : pct;
-        window_start[current] = now;
-        window_blocks[current] = 0;
-        publish(current);
+        unsigned long long pct = window_blocks[dev] * 1000 / elapsed * 100 / FAKE_CAPACITY;
+        sm[dev] = pct > 100 ? 100 : pct;
+        window_start[dev] = now;
+        window_blocks[dev] = 0;
+        publish(dev);
+    }
+}
+
+/* The simulated GPU (fake_common.h): this process's side. Each device's simulation is mapped
+ * once per process (a forked child maps its own, and has no slot until it uses the GPU), and
+ * taken under sim_mu, then its file lock (which does not exclude this process's threads). */
+#define EVENT_MAGIC 0xe7e47e57u
+#define EV_NONE 0
+#define EV_PENDING 1
+#define EV_DONE 2
+#define CU_EVENT_DISABLE_TIMING 0x2
+/* A CUevent: its last record's marker (device, sequence number), and once it is done, when. A
+ * destroyed event stays allocated while markers in flight name it (refs). */
+typedef struct {
+    unsigned magic, flags;
+    int state, dev, refs, destroyed;
+    uint64_t seq, gen, stamp;
+} fake_event;
+/* A marker in flight for event e's record number gen. */
+struct pending { fake_event *e; uint64_t gen, seq; };
+static struct {
+    struct sim *s;
+    int fd, writable, slot;
+    pid_t owner;
+    uint64_t token;
+    /* This process's markers in flight, in queue order: at most a queue's worth. */
+    struct pending fifo[SIM_QUEUE];
+    uint64_t fhead, ftail;
+} sims[MAX_DEVICES];
+static pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t sms, wave_ns;
+
+static void nap(void) {
+    struct timespec t = {0, 100000};
+    nanosleep(&t, NULL);
+}
+
+static void settle(struct pending p, uint64_t stamp) {
+    fake_event *e = p.e;
+    e->refs--;
+    if (p.gen == e->gen && e->state == EV_PENDING) {
+        e->state = EV_DONE;
+        e->stamp = stamp;
+    }
+    if (e->destroyed && e->refs == 0) {
+        e->magic = 0;
+        free(e);
+    }
+}
+
+/* Every marker in flight on dev is done at `stamp` (its queue is gone). */
+static void settle_all(int dev, uint64_t stamp) {
+    while (sims[dev].fhead != sims[dev].ftail) settle(sims[dev].fifo[sims[dev].fhead++ % SIM_QUEUE], stamp);
+}
+
+/* Take device dev's simulation under sim_mu: mapped (created) if need be, locked, advanced to
+ * now, and the events whose markers are done settled (before their queue items can be reused:
+ * only this process queues on its slot, always after this). With `reg`, this process gets a slot
+ * if it has none. Returns CUDA_SUCCESS holding the file lock, or an error holding nothing. */
+static CUresult sim_enter(int dev, int reg) {
+    pid_t me = getpid();
+    if (dev < 0 || dev >= ndev) return CUDA_ERROR_INVALID_CONTEXT;
+    if (sims[dev].owner != me) {
+        if (sims[dev].s) sim_close(sims[dev].s, sims[dev].fd);
+        settle_all(dev, sim_clock(CLOCK_MONOTONIC));
+        sims[dev].s = NULL;
+        sims[dev].slot = -1;
+        sims[dev].owner = me;
+    }
+    if (!sims[dev].s) {
+        sims[dev].s = sim_open(minors[dev], 1, &sims[dev].fd, &sims[dev].writable);
+        if (sims[dev].s && !sims[dev].writable) {
+            sim_close(sims[dev].s, sims[dev].fd);
+            sims[dev].s = NULL;
+        }
+        if (!sims[dev].s) return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    struct sim *s = sims[dev].s;
+    sim_lock(sims[dev].fd);
+    uint64_t now = sim_clock(CLOCK_MONOTONIC);
+    sim_advance(s, now);
+    int i = sims[dev].slot;
+    if (i >= 0 && (s->slots[i].token != sims[dev].token || s->slots[i].pid != (uint64_t)me)) {
+        /* Taken for a process that was gone (seen from another pid namespace): start again. */
+        settle_all(dev, now);
+        i = sims[dev].slot = -1;
+    }
+    if (i >= 0) {
+        struct sim_slot *c = &s->slots[i];
+        while (sims[dev].fhead != sims[dev].ftail && sims[dev].fifo[sims[dev].fhead % SIM_QUEUE].seq < c->head) {
+            struct pending p = sims[dev].fifo[sims[dev].fhead++ % SIM_QUEUE];
+            settle(p, c->items[p.seq % SIM_QUEUE].value);
+        }
+    } else if (reg) {
+        for (int pass = 0; pass < 2 && i < 0; pass++) {
+            if (pass) sim_reap(s, now);
+            for (int j = 0; j < SIM_SLOTS && i < 0; j++)
+                if (!s->slots[j].pid) i = j;
+        }
+        if (i < 0) {
+            sim_unlock(sims[dev].fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        struct sim_slot *c = &s->slots[i];
+        memset(c, 0, sizeof *c - sizeof c->items);
+        c->pid = (uint64_t)me;
+        c->start = start_time(me);
+        c->pidns = sim_pidns();
+        c->token = sims[dev].token = ++s->tokens;
+        sims[dev].slot = i;
     }
     return CUDA_SUCCESS;
 }
+
+static void sim_leave(int dev) { sim_unlock(sims[dev].fd); }
+
+/* Queue a kernel of `ns` (or, with e, e's marker) on this process's queue for dev, waiting while
+ * the queue is full as a driver waits for room in its pushbuffer. */
+static CUresult enqueue(int dev, uint64_t kind, uint64_t ns, fake_event *e) {
+    pthread_mutex_lock(&sim_mu);
+    CUresult r = sim_enter(dev, 1);
+    while (r == CUDA_SUCCESS) {
+        struct sim_slot *c = &sims[dev].s->slots[sims[dev].slot];
+        if (c->tail - c->head < SIM_QUEUE) break;
+        sim_leave(dev);
+        pthread_mutex_unlock(&sim_mu);
+        nap();
+        pthread_mutex_lock(&sim_mu);
+        r = sim_enter(dev, 1);
+    }
+    if (r == CUDA_ERROR_OPERATING_SYSTEM) {
+        /* No simulation to be had (the state directory is not writable): the kernel ran at once,
+         * in no time, and the marker is done now. */
+        if (e) {
+            e->gen++;
+            e->state = EV_DONE;
+            e->dev = dev;
+            e->stamp = sim_clock(CLOCK_MONOTONIC);
+        }
+        r = CUDA_SUCCESS;
+    } else if (r == CUDA_SUCCESS) {
+        struct sim_slot *c = &sims[dev].s->slots[sims[dev].slot];
+        uint64_t seq = c->tail;
+        c->items[seq % SIM_QUEUE] = (struct sim_item){kind, ns};
+        c->tail++;
+        if (e) {
+            e->gen++;
+            e->state = EV_PENDING;
+            e->dev = dev;
+            e->seq = seq;
+            e->refs++;
+            sims[dev].fifo[sims[dev].ftail++ % SIM_QUEUE] = (struct pending){e, e->gen, seq};
+        }
+        sim_leave(dev);
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return r;
+}
+
+/* Whether this process's queue on dev is empty (advancing the simulation to now); if not, how
+ * long to wait before asking again: until its kernel running now ends, 20 to 100 us. */
+static int drained(int dev, long *wait_ns) {
+    int done = 1;
+    *wait_ns = 100000;
+    pthread_mutex_lock(&sim_mu);
+    if (sims[dev].owner == getpid() && sims[dev].slot >= 0 && sim_enter(dev, 0) == CUDA_SUCCESS) {
+        if (sims[dev].slot >= 0) {
+            struct sim *s = sims[dev].s;
+            struct sim_slot *c = &s->slots[sims[dev].slot];
+            done = c->head == c->tail;
+            if (!done && s->cur == (uint64_t)sims[dev].slot + 1 && c->items[c->head % SIM_QUEUE].kind == SIM_KERNEL) {
+                uint64_t left = c->items[c->head % SIM_QUEUE].value;
+                *wait_ns = left < 20000 ? 20000 : left > 100000 ? 100000 : (long)left;
+            }
+        }
+        sim_leave(dev);
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return done;
+}
+
+static void drain(int dev) {
+    long ns;
+    while (!drained(dev, &ns)) {
+        struct timespec t = {0, ns};
+        nanosleep(&t, NULL);
+    }
+}
+
+/* A fork must not copy sim_mu held; a process that exits gives its slots (and queued work) up. */
+static void sim_prepare(void) { pthread_mutex_lock(&sim_mu); }
+static void sim_resume(void) { pthread_mutex_unlock(&sim_mu); }
+__attribute__((constructor)) static void sim_init(void) { pthread_atfork(sim_prepare, sim_resume, sim_resume); }
+__attribute__((destructor)) static void sim_fini(void) {
+    if (pthread_mutex_trylock(&sim_mu) != 0) return;
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        if (!sims[d].s || sims[d].owner != getpid() || sims[d].slot < 0) continue;
+        sim_lock(sims[d].fd);
+        struct sim *s = sims[d].s;
+        sim_advance(s, sim_clock(CLOCK_MONOTONIC));
+        if (s->slots[sims[d].slot].token == sims[d].token) sim_free_slot(s, sims[d].slot);
+        sim_unlock(sims[d].fd);
+    }
+    pthread_mutex_unlock(&sim_mu);
+}
+
+/* Streams are handles naming their device (all of a process's streams on it share one queue):
+ * 0x5a<device><n>. Any other stream (0, the legacy or per-thread one) is the current device's. */
+static int stream_dev(CUstream s) {
+    uintptr_t v = (uintptr_t)s;
+    if (v >> 24 == 0x5a && ((v >> 16) & 0xff) < (uintptr_t)ndev) return (int)((v >> 16) & 0xff);
+    return current;
+}
+
+/* A kernel of `blocks` blocks takes ceil(blocks / $FAKE_CUDA_SMS) waves of $FAKE_CUDA_WAVE_US. */
+static uint64_t kernel_ns(unsigned long long blocks) {
+    if (!sms) {
+        wave_ns = sim_env("FAKE_CUDA_WAVE_US", 1e3, 10000);
+        sms = sim_env("FAKE_CUDA_SMS", 1, 132);
+    }
+    return (blocks + sms - 1) / sms * wave_ns;
+}
+
+/* A launch of `blocks` blocks on stream s: a kernel in the process's queue, unless every stream
+ * is being captured ($FAKE_CUDA_CAPTURING), when it is only recorded into a graph. */
+static CUresult launched(unsigned long long blocks, CUstream s) {
+    int dev = stream_dev(s);
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    publish_launch(dev, blocks);
+    if (getenv("FAKE_CUDA_CAPTURING")) return CUDA_SUCCESS;
+    return enqueue(dev, SIM_KERNEL, kernel_ns(blocks), NULL);
+}
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
-    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)s; (void)params; (void)extra;
-    return launched((unsigned long long)gx * gy * gz);
+    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)params; (void)extra;
+    return launched((unsigned long long)gx * gy * gz, s);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
@@ -493,12 +752,153 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params) {
-    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)s; (void)params;
-    return launched((unsigned long long)gx * gy * gz);
+    (void)f; (void)bx; (void)by; (void)bz; (void)shared; (void)params;
+    return launched((unsigned long long)gx * gy * gz, s);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shared, CUstream s, void **params) {
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shared, s, params);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     (void)f; (void)params; (void)extra;
-    return launched((unsigned long long)c->gx * c->gy * c->gz);
+    return launched((unsigned long long)c->gx * c->gy * c->gz, c->stream);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+
+/* Events: a record queues a marker, done when the GPU reaches it in the process's queue. */
+static fake_event *event_of(void *h) {
+    fake_event *e = h;
+    return e && e->magic == EVENT_MAGIC && !e->destroyed ? e : NULL;
+}
+EXPORT CUresult cuEventCreate(fake_event **out, unsigned flags) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    fake_event *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    e->flags = flags;
+    e->dev = -1;
+    *out = e;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy_v2(fake_event *h) {
+    pthread_mutex_lock(&sim_mu);
+    fake_event *e = event_of(h);
+    if (e) {
+        e->destroyed = 1;
+        if (e->refs == 0) {
+            e->magic = 0;
+            free(e);
+        }
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+EXPORT CUresult cuEventDestroy(fake_event *h) { return cuEventDestroy_v2(h); }
+/* While every stream is being captured, a record is a graph's node: the event is left as it was. */
+EXPORT CUresult cuEventRecord(fake_event *h, CUstream s) {
+    fake_event *e = event_of(h);
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    int dev = stream_dev(s);
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (getenv("FAKE_CUDA_CAPTURING")) return CUDA_SUCCESS;
+    return enqueue(dev, SIM_MARKER, 0, e);
+}
+EXPORT CUresult cuEventRecord_ptsz(fake_event *e, CUstream s) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventRecordWithFlags(fake_event *e, CUstream s, unsigned flags) {
+    (void)flags;
+    return cuEventRecord(e, s);
+}
+EXPORT CUresult cuEventRecordWithFlags_ptsz(fake_event *e, CUstream s, unsigned flags) {
+    return cuEventRecordWithFlags(e, s, flags);
+}
+/* Under sim_mu: settle e if its marker is done by now. */
+static void event_poll(fake_event *e) {
+    if (e->state != EV_PENDING) return;
+    if (sim_enter(e->dev, 0) == CUDA_SUCCESS) sim_leave(e->dev);
+}
+EXPORT CUresult cuEventQuery(fake_event *h) {
+    pthread_mutex_lock(&sim_mu);
+    fake_event *e = event_of(h);
+    CUresult r = CUDA_ERROR_INVALID_HANDLE;
+    if (e) {
+        event_poll(e);
+        r = e->state == EV_PENDING ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return r;
+}
+EXPORT CUresult cuEventSynchronize(fake_event *h) {
+    CUresult r;
+    while ((r = cuEventQuery(h)) == CUDA_ERROR_NOT_READY) nap();
+    return r;
+}
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, fake_event *ha, fake_event *hb) {
+    pthread_mutex_lock(&sim_mu);
+    fake_event *a = event_of(ha), *b = event_of(hb);
+    CUresult r = CUDA_ERROR_INVALID_HANDLE;
+    if (a && b && ms) {
+        event_poll(a);
+        event_poll(b);
+        if (a->state == EV_NONE || b->state == EV_NONE || ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+            r = CUDA_ERROR_INVALID_HANDLE;
+        else if (a->state == EV_PENDING || b->state == EV_PENDING)
+            r = CUDA_ERROR_NOT_READY;
+        else {
+            *ms = (float)(((double)b->stamp - (double)a->stamp) / 1e6);
+            r = CUDA_SUCCESS;
+        }
+    } else if (a && b) {
+        r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return r;
+}
+EXPORT CUresult cuEventElapsedTime(float *ms, fake_event *a, fake_event *b) { return cuEventElapsedTime_v2(ms, a, b); }
+
+/* Streams: handles on one queue a device. */
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    static unsigned n;
+    (void)flags;
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *s = (CUstream)(uintptr_t)(0x5a000000u | (unsigned)current << 16 | (++n & 0xffff));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    (void)s;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    int dev = stream_dev(s);
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    drain(dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    int dev = stream_dev(s);
+    if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    long ns;
+    return drained(dev, &ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuStreamQuery_ptsz(CUstream s) { return cuStreamQuery(s); }
+
+/* Not in a real driver: this process's GPU time on device dev so far, ns (what it ran). */
+EXPORT CUresult cuFakeOwnTime(CUdevice dev, unsigned long long *ns) {
+    if (!initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || dev >= ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (!ns) return CUDA_ERROR_INVALID_VALUE;
+    *ns = 0;
+    pthread_mutex_lock(&sim_mu);
+    if (sims[dev].owner == getpid() && sims[dev].slot >= 0 && sim_enter(dev, 0) == CUDA_SUCCESS) {
+        if (sims[dev].slot >= 0) *ns = sims[dev].s->slots[sims[dev].slot].own_ns;
+        sim_leave(dev);
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return CUDA_SUCCESS;
 }
 
 /* Graphs: enough for the interceptor to read a graph's kernels and memory nodes, and for a
@@ -679,11 +1079,11 @@ static CUresult map_graph(fake_exec *e) {
 }
 EXPORT CUresult cuGraphUpload(fake_exec *e, CUstream s) { (void)s; return map_graph(e); }
 EXPORT CUresult cuGraphLaunch(fake_exec *e, CUstream s) {
-    (void)s;
     CUresult r = map_graph(e);
     if (r != CUDA_SUCCESS) return r;
-    return launched(e->blocks);
+    return launched(e->blocks, s);
 }
+EXPORT CUresult cuGraphLaunch_ptsz(fake_exec *e, CUstream s) { return cuGraphLaunch(e, s); }
 /* CUgraphMem_attribute: 0 used now, 2 reserved now. */
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
     if (d < 0 || d >= ndev) return CUDA_ERROR_INVALID_DEVICE;
@@ -741,6 +1141,7 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
     {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+    {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
     {"cuMemAlloc", (void *)cuMemAlloc},
     {"cuMemAlloc_v2", (void *)cuMemAlloc_v2},
     {"cuMemAllocPitch", (void *)cuMemAllocPitch},
@@ -773,7 +1174,26 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuLaunchKernel", (void *)cuLaunchKernel},
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
     {"cuLaunchKernelEx", (void *)cuLaunchKernelEx},
+    {"cuLaunchKernelEx_ptsz", (void *)cuLaunchKernelEx_ptsz},
     {"cuLaunchCooperativeKernel", (void *)cuLaunchCooperativeKernel},
+    {"cuLaunchCooperativeKernel_ptsz", (void *)cuLaunchCooperativeKernel_ptsz},
+    {"cuEventCreate", (void *)cuEventCreate},
+    {"cuEventDestroy", (void *)cuEventDestroy},
+    {"cuEventDestroy_v2", (void *)cuEventDestroy_v2},
+    {"cuEventRecord", (void *)cuEventRecord},
+    {"cuEventRecord_ptsz", (void *)cuEventRecord_ptsz},
+    {"cuEventRecordWithFlags", (void *)cuEventRecordWithFlags},
+    {"cuEventRecordWithFlags_ptsz", (void *)cuEventRecordWithFlags_ptsz},
+    {"cuEventQuery", (void *)cuEventQuery},
+    {"cuEventSynchronize", (void *)cuEventSynchronize},
+    {"cuEventElapsedTime", (void *)cuEventElapsedTime},
+    {"cuEventElapsedTime_v2", (void *)cuEventElapsedTime_v2},
+    {"cuStreamCreate", (void *)cuStreamCreate},
+    {"cuStreamDestroy_v2", (void *)cuStreamDestroy_v2},
+    {"cuStreamSynchronize", (void *)cuStreamSynchronize},
+    {"cuStreamSynchronize_ptsz", (void *)cuStreamSynchronize_ptsz},
+    {"cuStreamQuery", (void *)cuStreamQuery},
+    {"cuStreamQuery_ptsz", (void *)cuStreamQuery_ptsz},
     {"cuGraphCreate", (void *)cuGraphCreate},
     {"cuGraphAddKernelNode_v2", (void *)cuGraphAddKernelNode_v2},
     {"cuGraphAddChildGraphNode", (void *)cuGraphAddChildGraphNode},
@@ -791,12 +1211,14 @@ static const struct { const char *name; void *fn; } TABLE[] = {
     {"cuDeviceGraphMemTrim", (void *)cuDeviceGraphMemTrim},
     {"cuGraphInstantiateWithFlags", (void *)cuGraphInstantiateWithFlags},
     {"cuGraphLaunch", (void *)cuGraphLaunch},
+    {"cuGraphLaunch_ptsz", (void *)cuGraphLaunch_ptsz},
     {"cuGraphExecUpdate_v2", (void *)cuGraphExecUpdate_v2},
     {"cuStreamIsCapturing", (void *)cuStreamIsCapturing},
     {"cuStreamIsCapturing_ptsz", (void *)cuStreamIsCapturing_ptsz},
     {"cuGraphExecDestroy", (void *)cuGraphExecDestroy},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuFakeIdentify", (void *)cuFakeIdentify},
+    {"cuFakeOwnTime", (void *)cuFakeOwnTime},
 };
 
 static void *find(const char *name) {

@@ -4,7 +4,13 @@
  * $FAKE_NVIDIA_DEVICE_ROOT, with the same UUIDs and memory as fake_cuda.c. MIG devices are the
  * lines "<GPU minor> <GPU instance> <compute instance>" of <device root>/fake-mig, each with
  * half a GPU's memory and the UUID MIG-c0ffee00-0000-4000-9000-000000<minor><gi><ci> (hex). Processes and their
- * utilization are what fake_cuda.c publishes in its state directory (see there).
+ * memory are what fake_cuda.c publishes in its state directory (see there). Utilization is the
+ * simulated GPU's (fake_common.h), as a real time-sliced GPU's reads:
+ * - nvmlDeviceGetUtilizationRates: the percent of the last second the GPU was busy;
+ * - nvmlDeviceGetProcessUtilization: a sample at every sample time ($FAKE_NVML_SAMPLE_MS,
+ *   default 167) for the process whose context had the GPU then, at 99 (the last 256 kept);
+ *   none while idle (NVML_ERROR_NOT_FOUND).
+ * NVML advances the simulation too where it may write its file, and never creates it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -40,21 +46,11 @@ typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProce
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
 typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
 
-struct proc { unsigned int pid; unsigned long long used, sm; };
+struct proc { unsigned int pid; unsigned long long used; };
 
-static const char *state_dir(void) {
-    const char *d = getenv("FAKE_NVIDIA_STATE");
-    return d && *d ? d : "/tmp/fake-nvidia";
-}
+static const char *state_dir(void) { return fake_state_dir(); }
 
-static unsigned long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (unsigned long long)t.tv_sec * 1000 + (unsigned long long)t.tv_nsec / 1000000;
-}
-
-/* The live processes fake_cuda.c says have a context on device `minor`; a process that has not
- * launched for 300 ms is idle. */
+/* The live processes fake_cuda.c says have a context on device `minor`. */
 static int processes(int minor, struct proc *out) {
     DIR *d = opendir(state_dir());
     struct dirent *e;
@@ -77,7 +73,6 @@ static int processes(int minor, struct proc *out) {
         if (got >= 3) {
             out[n].pid = pid;
             out[n].used = used;
-            out[n].sm = now_ms() - at > 300 ? 0 : sm;
             n++;
         }
         fclose(f);
@@ -222,14 +217,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     m->free = FAKE_MEMORY;
     return NVML_SUCCESS;
 }
-/* The whole device's: every process's SM use, summed. */
+/* Device `d`'s simulated GPU (fake_common.h), locked and advanced to now, if a process has used
+ * it; sim_done releases it. MIG devices have none. */
+static struct sim *sim_take(nvmlDevice_t d, int *fd) {
+    int writable = 0;
+    if ((intptr_t)d <= 0 || (intptr_t)d > MIG_BASE) return NULL;
+    struct sim *s = sim_open(minor_of(d), 0, fd, &writable);
+    if (!s) return NULL;
+    sim_lock(*fd);
+    if (writable) sim_advance(s, sim_clock(CLOCK_MONOTONIC));
+    return s;
+}
+static void sim_done(struct sim *s, int fd) {
+    sim_unlock(fd);
+    sim_close(s, fd);
+}
+
+/* The whole device's: the part of the last second the simulated GPU was busy. */
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
-    struct proc p[MAX_PROCS];
-    int n = processes(minor_of(d), p);
-    unsigned long long sum = 0;
-    for (int i = 0; i < n; i++) sum += p[i].sm;
-    u->gpu = sum > 100 ? 100 : (unsigned int)sum;
+    int fd;
+    struct sim *s = sim_take(d, &fd);
+    u->gpu = 0;
     u->memory = 0;
+    if (s) {
+        u->gpu = sim_utilization(s);
+        sim_done(s, fd);
+    }
     return NVML_SUCCESS;
 }
 
@@ -257,11 +270,32 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsi
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, void *out) {
     LIST(nvmlProcessInfo_t, (o->pid = p[i].pid, o->usedGpuMemory = p[i].used))
 }
+/* The simulated GPU's samples newer than `since` (CLOCK_REALTIME us), oldest first: at each
+ * sample time, the process whose context had the GPU, at 99. None: NVML_ERROR_NOT_FOUND. */
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, void *out, unsigned int *count,
                                                     unsigned long long since) {
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    unsigned long long now = (unsigned long long)tv.tv_sec * 1000000 + (unsigned long long)tv.tv_usec;
-    (void)since;
-    LIST(nvmlProcessUtilizationSample_t, (o->pid = p[i].pid, o->timeStamp = now, o->smUtil = (unsigned int)p[i].sm))
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessUtilizationSample_t got[SIM_SAMPLES];
+    unsigned int n = 0;
+    int fd;
+    struct sim *s = sim_take(d, &fd);
+    if (s) {
+        uint64_t first = s->nsamples > SIM_SAMPLES ? s->nsamples - SIM_SAMPLES : 0;
+        for (uint64_t k = first; k < s->nsamples; k++) {
+            const struct sim_sample *x = &s->samples[k % SIM_SAMPLES];
+            if (x->real_us <= since) continue;
+            memset(&got[n], 0, sizeof got[n]);
+            got[n].pid = (unsigned int)x->pid;
+            got[n].timeStamp = x->real_us;
+            got[n].smUtil = (unsigned int)x->sm;
+            n++;
+        }
+        sim_done(s, fd);
+    }
+    unsigned int room = *count;
+    *count = n;
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (!out || n > room) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, got, n * sizeof got[0]);
+    return NVML_SUCCESS;
 }
