@@ -25,8 +25,9 @@ pub const MAX_WAIT: Duration = Duration::from_secs(1);
 /// Idle time a container may bank: after a pause it may run this long at full speed times its
 /// share. Small, so that a 1-second window holds the share within a point or two.
 const BURST: Duration = Duration::from_millis(20);
-/// A launch need not wait for less than this: sleeping costs more than the GPU time it saves.
-const SLACK: Duration = Duration::from_micros(200);
+/// A launch need not wait for less than this: sleeping costs more than the GPU time it saves,
+/// and launches made in a burst queue behind each other, so the GPU runs them back to back.
+const SLACK: Duration = Duration::from_millis(1);
 
 /// The virtual clock of one container's GPU time, relative to a fixed origin.
 #[derive(Debug)]
@@ -114,12 +115,15 @@ const MAX_SPANS: usize = 4096;
 const SPAN_HORIZON_US: u64 = 5_000_000;
 /// See [`InFlight::contains`].
 const EDGE_US: u64 = 1_000;
+/// See [`InFlight::add`].
+const TOUCH_US: u64 = 100;
 
 impl InFlight {
-    /// Add `[start, end]`, merging it with the last span where they touch.
+    /// Add `[start, end]`, merging it with the last span where they touch (or nearly: the
+    /// reaper's polls cut one stretch of work into pieces).
     pub fn add(&mut self, start: u64, end: u64) {
         if let Some(last) = self.spans.back_mut() {
-            if start <= last.1 && end >= last.0 {
+            if start <= last.1.saturating_add(TOUCH_US) && end >= last.0 {
                 *last = (last.0.min(start), last.1.max(end));
                 return;
             }
@@ -308,9 +312,9 @@ impl Limiter {
         }
     }
 
-    /// A launch of `key` admitted with `estimate` completed: its events were `elapsed_ns` apart,
-    /// and the end was seen at `end_us` (wall clock, µs since the epoch). What it is charged:
-    /// its own part of that time.
+    /// An admitted launch completed: its events were `elapsed_ns` apart, and the end was seen
+    /// at `end_us` (wall clock, µs since the epoch). What it is charged: its own part of that
+    /// time. (Where it was in flight is for the caller to say, with [`Limiter::ran`].)
     pub fn complete(&mut self, a: Admission, elapsed_ns: f64, end_us: u64, now: Instant) -> f64 {
         let elapsed_ns = elapsed_ns.clamp(0.0, 3600e9);
         let own = elapsed_ns * self.dilation.factor();
@@ -320,10 +324,13 @@ impl Limiter {
             self.unknown_in_flight = self.unknown_in_flight.saturating_sub(1);
         }
         self.windows.add(end_us / 1_000_000, own);
-        self.in_flight
-            .add(end_us.saturating_sub((elapsed_ns / 1e3) as u64), end_us);
         self.unwritten_ns += own;
         own
+    }
+
+    /// The process had kernels in flight from `start_us` to `end_us` (wall clock).
+    pub fn ran(&mut self, start_us: u64, end_us: u64) {
+        self.in_flight.add(start_us, end_us);
     }
 
     /// GPU time the container's other processes were charged (from the ledger).

@@ -433,9 +433,15 @@ fn reaper(l: &'static Limited, percent: u32) {
         if !done.is_empty() {
             let mut g = lock(&LIMITER);
             let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
+            // What completed since the last poll ran back to back, as far as anything says:
+            // in flight for that long before now.
+            let mut busy_ns = 0f64;
             for (admission, ns) in done {
+                busy_ns += ns;
                 lim.complete(admission, ns, end_us, now);
             }
+            let busy_us = (busy_ns / 1e3).min(10e6) as u64;
+            lim.ran(end_us.saturating_sub(busy_us), end_us);
         }
         if now.duration_since(sampled) >= SAMPLES {
             sampled = now;

@@ -45,7 +45,9 @@
  *                                   cuFakeOwnTime counts, over the wall time). With
  *                                   $CUDATEST_WINDOWS set, also "window I S" for each whole
  *                                   second I from the start (0, 1, ...): the share in it, with
- *                                   one decimal (a thread reads cuFakeOwnTime once a second).
+ *                                   one decimal (a thread reads cuFakeOwnTime once a second);
+ *                                   with $CUDATEST_PTX, "window I B": the blocks a second that
+ *                                   second ran.
  *                                   With $FAKE_CUDA_CAPTURING set (launches only recorded into
  *                                   a graph, no GPU time), P is the launch rate of the second
  *                                   half as a percent of 1,000,000 blocks a second instead.
@@ -597,7 +599,15 @@ int main(int argc, char **argv) {
         struct windows w = {t0, (int)total};
         int windowed = !rate && getenv("CUDATEST_WINDOWS") && w.count > 0;
         if (windowed) pthread_create(&windows, NULL, share_windows, &w);
+        /* On a real GPU, windows are the blocks a second each whole second ran. */
+        int ptx_windows = ptx && getenv("CUDATEST_WINDOWS"), window = 0;
+        unsigned long long window_blocks = 0;
         while ((now = seconds()) < end) {
+            if (ptx_windows && now >= t0 + window + 1) {
+                printf("window %d %llu\n", window, window_blocks);
+                window_blocks = 0;
+                window = (int)(now - t0);
+            }
             CUresult r = exec   ? graph_launch(exec, NULL)
                          : coop ? coop(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params)
                                 : launch(fn, blocks, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
@@ -606,6 +616,7 @@ int main(int argc, char **argv) {
                 return 16;
             }
             if (ptx || busy) sync();
+            window_blocks += blocks;
             if (now >= half) {
                 if (!t_half && own_time) {
                     own_half = own_ns();

@@ -97,7 +97,12 @@ static int initialized;
 static int ndev;
 static int minors[MAX_DEVICES];
 static unsigned long long used[MAX_DEVICES];
-static int current = -1;
+/* The current device: cuCtxSetCurrent's on the thread that called it, as a real driver's is
+ * per thread; elsewhere the one the process's last context was made on (a simplification that
+ * lets a test's helper threads allocate without a context of their own). */
+static int current_process = -1;
+static __thread int current_thread = -2;
+#define current (current_thread != -2 ? current_thread : current_process)
 static unsigned long long next_ptr = 0x200000000ull;
 /* pool: -1 for a plain allocation, else the index in pools[] it came from. */
 static struct { unsigned long long key; unsigned long long size; int dev; int pool; } allocs[MAX_ALLOCS];
@@ -301,7 +306,8 @@ static CUresult make_context(CUcontext *ctx, CUdevice d, int is_primary) {
     }
     if (is_primary) primary[d]++;
     else contexts[d]++;
-    current = d;
+    current_process = d;
+    current_thread = -2;
     *ctx = (CUcontext)(intptr_t)(d + 1);
     publish(d);
     return CUDA_SUCCESS;
@@ -326,7 +332,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-    current = (int)(intptr_t)ctx - 1;
+    current_thread = (int)(intptr_t)ctx - 1;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) {

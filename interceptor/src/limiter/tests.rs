@@ -134,12 +134,9 @@ fn run(apps: &[(Option<u32>, u64)], seconds: u64) -> Vec<Vec<f64>> {
                 let k = app.queue.pop_front().expect("ready");
                 let done = t + step;
                 if let (Some(l), Some(a)) = (&mut app.limiter, k.admission) {
-                    l.complete(
-                        a,
-                        (done - k.started.unwrap_or(done)) as f64,
-                        EPOCH_US + done / 1000,
-                        at(done),
-                    );
+                    let started = k.started.unwrap_or(done);
+                    l.complete(a, (done - started) as f64, EPOCH_US + done / 1000, at(done));
+                    l.ran(EPOCH_US + started / 1000, EPOCH_US + done / 1000);
                 }
             }
         }
