@@ -6,8 +6,10 @@
 #     cuMemAllocAsync, a memory pool and arrays, and a pool that keeps freed memory;
 #   - two processes sharing the limit, one of them killed;
 #   - a graph's memory allocation nodes, launched again, and after the graph memory is trimmed;
-#   - the core limit alone (through plain, cooperative and graph launches), the unlimited rate,
-#     and the limit beside a neighbour container that keeps the GPU busy.
+#   - the core limit in 1-second windows: alone over 30 s (and 10 s through cooperative and
+#     graph launches), and over 30 s beside a neighbour container that keeps the GPU busy; a
+#     table of each run's mean, minimum and maximum share of the unlimited rate, which it also
+#     prints.
 # Every step prints what it saw (the test `tests/tests/gpu_real.rs`, run with --ignored), once
 # with each way of injecting the interceptor: `preload` and `replace`.
 #
