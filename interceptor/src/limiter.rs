@@ -113,8 +113,8 @@ pub struct InFlight {
 /// Spans remembered: a few seconds' worth, as NVML's samples arrive a second or so late.
 const MAX_SPANS: usize = 4096;
 const SPAN_HORIZON_US: u64 = 5_000_000;
-/// See [`InFlight::contains`].
-const EDGE_US: u64 = 1_000;
+/// See [`InFlight::contains`]; also how late a poll may be for what it saw to place a span.
+pub const EDGE_US: u64 = 1_000;
 /// See [`InFlight::add`].
 const TOUCH_US: u64 = 100;
 
@@ -139,13 +139,12 @@ impl InFlight {
         }
     }
 
-    /// Whether `t` falls inside a span, at least [`EDGE_US`] from its ends: the reaper sees a
-    /// completion up to a poll late, and at an edge the GPU may already be another context's.
-    /// A span shorter than a time slice holds none of another context's slices anyway.
+    /// Whether `t` surely falls inside a span: spans are placed from when the reaper saw a
+    /// completion, up to [`EDGE_US`] late, so their last [`EDGE_US`] may be past the end.
     pub fn contains(&self, t: u64) -> bool {
         self.spans
             .iter()
-            .any(|&(a, b)| a.saturating_add(EDGE_US) <= t && t.saturating_add(EDGE_US) <= b)
+            .any(|&(a, b)| a <= t && t.saturating_add(EDGE_US) <= b)
     }
 }
 
@@ -154,7 +153,19 @@ impl InFlight {
 pub struct Dilation {
     own: f64,
     other: f64,
+    /// Other processes NVML gave samples to lately: pid → when, µs.
+    neighbours: HashMap<u32, u64>,
+    /// The newest sample seen, µs.
+    latest: u64,
 }
+
+/// A process with a sample this recent is a neighbour.
+const NEIGHBOUR_US: u64 = 2_000_000;
+/// Neighbours remembered (a GPU runs far fewer processes at once).
+const MAX_NEIGHBOURS: usize = 256;
+
+/// See [`Dilation::factor`].
+const PRIOR: f64 = 4.0;
 
 /// Each sample's weight decays by this per newer sample: about the last 60 samples count.
 const DECAY: f64 = 1.0 - 1.0 / 60.0;
@@ -164,6 +175,8 @@ impl Default for Dilation {
         Dilation {
             own: 0.0,
             other: 0.0,
+            neighbours: HashMap::new(),
+            latest: 0,
         }
     }
 }
@@ -181,10 +194,27 @@ impl Dilation {
         }
     }
 
-    /// The part of the in-flight time that is the container's: 1 until samples say otherwise
-    /// (one own sample is assumed, so a few foreign ones cannot swing it), never under 1/8.
+    /// A sample at `at_us` gave the GPU to `pid`, another process (`foreign`) or ours.
+    pub fn held(&mut self, pid: u32, foreign: bool, at_us: u64) {
+        self.latest = self.latest.max(at_us);
+        if foreign {
+            if self.neighbours.len() >= MAX_NEIGHBOURS && !self.neighbours.contains_key(&pid) {
+                self.neighbours.clear();
+            }
+            let seen = self.neighbours.entry(pid).or_default();
+            *seen = (*seen).max(at_us);
+        }
+        let latest = self.latest;
+        self.neighbours
+            .retain(|_, at| at.saturating_add(NEIGHBOUR_US) >= latest);
+    }
+
+    /// The part of the in-flight time that is the container's: what the samples in flight say,
+    /// starting from [`PRIOR`] samples' worth of what time-slicing would give with every
+    /// neighbour busy (1 alone, 1/2 beside one, …), never under 1/8.
     pub fn factor(&self) -> f64 {
-        ((self.own + 1.0) / (self.own + self.other + 1.0)).clamp(0.125, 1.0)
+        let guess = 1.0 / (1.0 + self.neighbours.len() as f64);
+        ((self.own + PRIOR * guess) / (self.own + self.other + PRIOR)).clamp(0.125, 1.0)
     }
 }
 
@@ -241,6 +271,12 @@ pub struct Limiter {
     /// Launches in flight that were admitted with no estimate for their key.
     unknown_in_flight: u32,
 }
+
+/// See [`Limiter::complete`].
+const PREEMPTED: f64 = 2.0;
+/// See [`Limiter::complete`]: no shorter than the longest time slices, and twice
+/// [`EDGE_US`], so that a sample can fall inside such a launch's span at all.
+const LONG: Duration = Duration::from_millis(2);
 
 /// How often a launch of a kernel with no estimate yet looks again whether it may go.
 const UNKNOWN_POLL: Duration = Duration::from_millis(1);
@@ -313,11 +349,36 @@ impl Limiter {
     }
 
     /// An admitted launch completed: its events were `elapsed_ns` apart, and the end was seen
-    /// at `end_us` (wall clock, µs since the epoch). What it is charged: its own part of that
-    /// time. (Where it was in flight is for the caller to say, with [`Limiter::ran`].)
-    pub fn complete(&mut self, a: Admission, elapsed_ns: f64, end_us: u64, now: Instant) -> f64 {
+    /// at `end_us` (wall clock, µs since the epoch; `placed` if that is within a poll of the
+    /// end). What it is charged: its own part of that time.
+    ///
+    /// Only a launch longer than a time slice ([`LONG`]) can hold another context's whole slice
+    /// in every run: such launches are charged the [`Dilation`] factor, and, where placed, say
+    /// where NVML's samples count. A shorter one caught by a slice shows it as a launch far
+    /// longer than its kernel usually takes: charged at most [`PREEMPTED`] times the usual (a
+    /// kernel that really grew is learnt within a few launches, as the estimate moves by a
+    /// quarter each time).
+    pub fn complete(
+        &mut self,
+        a: Admission,
+        elapsed_ns: f64,
+        end_us: u64,
+        placed: bool,
+        now: Instant,
+    ) -> f64 {
         let elapsed_ns = elapsed_ns.clamp(0.0, 3600e9);
-        let own = elapsed_ns * self.dilation.factor();
+        let long = elapsed_ns >= LONG.as_nanos() as f64;
+        let mut own = elapsed_ns;
+        if long {
+            own *= self.dilation.factor();
+            if placed {
+                let start_us = end_us.saturating_sub((elapsed_ns / 1e3) as u64);
+                self.in_flight.add(start_us, end_us);
+            }
+        }
+        if !a.unknown && a.estimate > 0.0 {
+            own = own.min(PREEMPTED * a.estimate);
+        }
         self.pacer.charge(own - a.estimate, now);
         self.estimates.learn(a.key, own);
         if a.unknown {
@@ -328,19 +389,15 @@ impl Limiter {
         own
     }
 
-    /// The process had kernels in flight from `start_us` to `end_us` (wall clock).
-    pub fn ran(&mut self, start_us: u64, end_us: u64) {
-        self.in_flight.add(start_us, end_us);
-    }
-
     /// GPU time the container's other processes were charged (from the ledger).
     pub fn charge_others(&mut self, gpu_ns: f64, now: Instant) {
         self.pacer.charge(gpu_ns, now);
     }
 
-    /// An NVML sample at `at_us` (wall clock) gave the GPU to one of the container's processes
-    /// (`own`) or to another.
-    pub fn sample(&mut self, own: bool, at_us: u64) {
+    /// An NVML sample at `at_us` (wall clock) gave the GPU to `pid`, one of the container's
+    /// processes (`own`) or another.
+    pub fn sample(&mut self, pid: u32, own: bool, at_us: u64) {
+        self.dilation.held(pid, !own, at_us);
         if self.in_flight.contains(at_us) {
             self.dilation.observe(own);
         }

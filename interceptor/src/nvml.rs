@@ -436,7 +436,8 @@ impl Samples {
             .iter()
             .filter_map(|u| parse_uuid(u))
             .filter_map(|u| device(&u))
-            .map(|d| (d as usize, 0))
+            // Samples from before this process's limiter started are not its business.
+            .map(|d| (d as usize, wall_us()))
             .collect();
         (!devices.is_empty()).then_some(Samples { devices, get })
     }

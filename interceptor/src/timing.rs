@@ -76,7 +76,8 @@ static LIMITER: Mutex<Option<Limiter>> = Mutex::new(None);
 static REAPER: AtomicU32 = AtomicU32::new(0);
 /// When (µs since the epoch) NVML last gave a sample to a process not the container's; 0: never.
 static FOREIGN_US: AtomicU64 = AtomicU64::new(0);
-/// Whether NVML's per-process samples are read at all (the `shared` policy needs them).
+/// Whether NVML's per-process samples are read, and this process's own told from them (the
+/// `shared` policy needs them).
 static SAMPLED: AtomicU32 = AtomicU32::new(0);
 
 /// Hold this module's locks across a `fork` (see `state::register_fork_handlers`).
@@ -419,35 +420,34 @@ fn ensure_reaper(l: &'static Limited, percent: u32) {
 
 fn reaper(l: &'static Limited, percent: u32) {
     let mut sampler = crate::nvml::Samples::new(&l.config.device_uuids);
-    if sampler.is_some() {
-        SAMPLED.store(1, Ordering::Relaxed);
-    }
     let mut flushed = Instant::now();
     let mut sampled = Instant::now();
     let mut others_ns = None::<u64>;
+    let mut polled_us = wall_us();
     loop {
         std::thread::sleep(POLL);
         let done = reap();
         let now = Instant::now();
         let end_us = wall_us();
+        // What completed did so since the last poll: when, only as well as the poll was on time.
+        let on_time = end_us.saturating_sub(polled_us) <= crate::limiter::EDGE_US;
+        polled_us = end_us;
         if !done.is_empty() {
             let mut g = lock(&LIMITER);
             let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
-            // What completed since the last poll ran back to back, as far as anything says:
-            // in flight for that long before now.
-            let mut busy_ns = 0f64;
             for (admission, ns) in done {
-                busy_ns += ns;
-                lim.complete(admission, ns, end_us, now);
+                lim.complete(admission, ns, end_us, on_time, now);
             }
-            let busy_us = (busy_ns / 1e3).min(10e6) as u64;
-            lim.ran(end_us.saturating_sub(busy_us), end_us);
         }
         if now.duration_since(sampled) >= SAMPLES {
             sampled = now;
-            if let Some(s) = &mut sampler {
+            // Own samples are told from foreign ones by the container's pids as the driver names
+            // them; while this process's is not known, its samples would pass for another's.
+            let known = crate::nvml::host_pid().is_some();
+            if let (Some(s), true) = (&mut sampler, known) {
                 let own = crate::nvml::own_pids(l);
                 let seen = s.read();
+                SAMPLED.store(1, Ordering::Relaxed);
                 let mut g = lock(&LIMITER);
                 let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
                 for (pid, at_us) in seen {
@@ -455,12 +455,15 @@ fn reaper(l: &'static Limited, percent: u32) {
                     if !mine {
                         FOREIGN_US.fetch_max(at_us, Ordering::Relaxed);
                     }
-                    lim.sample(mine, at_us);
+                    lim.sample(pid, mine, at_us);
                 }
             }
         }
         if now.duration_since(flushed) >= FLUSH {
             flushed = now;
+            if let Some(lim) = lock(&LIMITER).as_ref() {
+                crate::debug(format_args!("{:?}", lim.dilation));
+            }
             let (add_ns, window) = {
                 let mut g = lock(&LIMITER);
                 let lim = g.get_or_insert_with(|| Limiter::new(percent, now));

@@ -996,9 +996,7 @@ fn burned(out: &str) -> (f64, Vec<f64>) {
 }
 
 /// Every whole second after the first `warm` within `window` points of `limit`, and their mean
-/// within `mean` points; what was seen, for the log. Beside another process, a new process's
-/// limiter needs NVML's samples of a few seconds to learn how much of its kernels' time in
-/// flight was another's time slice.
+/// within `mean` points; what was seen, for the log.
 fn within(what: &str, out: &str, warm: usize, limit: f64, window: f64, mean: f64) -> String {
     let (_, windows) = burned(out);
     let w = &windows[warm.min(windows.len())..];
@@ -1045,7 +1043,6 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
         ("ninety", Some("90")),
         ("twenty", Some("20")),
         ("fifty", Some("50")),
-        ("unlimited", None),
         ("neighbour", None),
     ] {
         let c = config(&image, name, |c| {
@@ -1055,11 +1052,8 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
                 ..Default::default()
             });
             set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
-            match cores {
-                Some(p) => annotate(c, "gpu.crishim.io/cores", p),
-                // The interceptor, with no core limit.
-                None if name == "unlimited" => annotate(c, "gpu.crishim.io/memory", "512Mi"),
-                None => {}
+            if let Some(p) = cores {
+                annotate(c, "gpu.crishim.io/cores", p);
             }
         });
         let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
@@ -1085,10 +1079,12 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
             2.0,
         ));
     }
-    // Few huge kernels (15 ms, more than a time slice each), and many tiny ones (10 µs).
+    // Few huge kernels (15 ms, more than a time slice each), and many tiny ones (20 µs: a
+    // launch of the fake driver costs CPU time a real one does not, and two shared cores must
+    // keep up with the launches of both sides).
     let out = run("limited", burn(8, 200_000)).await;
     seen.push(within("30% alone, huge kernels", &out, 1, 30.0, 5.0, 2.0));
-    let out = run("limited", burn(6, 1)).await;
+    let out = run("limited", format!("FAKE_CUDA_WAVE_US=20 {}", burn(6, 1))).await;
     seen.push(within("30% alone, tiny kernels", &out, 1, 30.0, 5.0, 2.0));
     // Through each other way a launch reaches the GPU.
     for (how, mode) in [
@@ -1110,40 +1106,18 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
     }
 
     // Shares of one GPU: 10/90, then 20/30/50.
-    let (ten, ninety) = tokio::join!(run("ten", burn(14, 1000)), run("ninety", burn(14, 1000)));
-    seen.push(within("10% beside 90%", &ten, 6, 10.0, 3.0, 2.0));
-    // The 90% side falls short by up to 5 points: its kernels are nearly always in flight, so
-    // the 10% side's time slices land inside them, and the samples that say so come slowly.
-    seen.push(within("90% beside 10%", &ninety, 6, 90.0, 6.0, 5.0));
+    let (ten, ninety) = tokio::join!(run("ten", burn(8, 1000)), run("ninety", burn(8, 1000)));
+    seen.push(within("10% beside 90%", &ten, 2, 10.0, 3.0, 2.0));
+    seen.push(within("90% beside 10%", &ninety, 2, 90.0, 3.0, 2.0));
     let (twenty, thirty, fifty) = tokio::join!(
-        run("twenty", burn(14, 1000)),
-        run("limited", burn(14, 1000)),
-        run("fifty", burn(14, 1000))
+        run("twenty", burn(8, 1000)),
+        run("limited", burn(8, 1000)),
+        run("fifty", burn(8, 1000))
     );
-    seen.push(within("20% of 20/30/50", &twenty, 6, 20.0, 5.0, 2.0));
-    seen.push(within("30% of 20/30/50", &thirty, 6, 30.0, 5.0, 2.0));
-    seen.push(within("50% of 20/30/50", &fifty, 6, 50.0, 5.0, 2.0));
+    seen.push(within("20% of 20/30/50", &twenty, 2, 20.0, 5.0, 2.0));
+    seen.push(within("30% of 20/30/50", &thirty, 2, 30.0, 5.0, 2.0));
+    seen.push(within("50% of 20/30/50", &fifty, 2, 50.0, 5.0, 2.0));
 
-    // What the interceptor costs an unlimited container (a memory limit, no core limit): the
-    // launch rate of a loop that only launches (into a stream being captured, so the fake GPU
-    // runs nothing), best of three each, against a container without it. Printed, not
-    // asserted: on two shared cores beside the other tests, CPU-bound rates vary by a third.
-    let rate = |name: &'static str| {
-        let run = &run;
-        async move {
-            let mut best = 0f64;
-            for _ in 0..3 {
-                let out = run(name, "FAKE_CUDA_CAPTURING=1 cudatest burn 2 1000".into()).await;
-                best = best.max(burned(&out).0);
-            }
-            best
-        }
-    };
-    let (with, without) = (rate("unlimited").await, rate("neighbour").await);
-    seen.push(format!(
-        "unlimited: {:.3} of the launch rate without the interceptor ({with}% against {without}% of 1M blocks/s)",
-        with / without
-    ));
     // Beside a neighbour with no limit that keeps the GPU busy.
     run(
         "neighbour",
@@ -1166,7 +1140,7 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
         5.0,
         2.0,
     ));
-    let out = run("limited", burn(10, 1)).await;
+    let out = run("limited", format!("FAKE_CUDA_WAVE_US=20 {}", burn(10, 1))).await;
     seen.push(within(
         "30% beside a busy neighbour, tiny kernels",
         &out,
