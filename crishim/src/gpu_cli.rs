@@ -293,3 +293,49 @@ fn table(l: &Listing, cfg: &Config) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(cores: Option<u32>) -> Grant {
+        Grant {
+            container_id: "0123456789abcdef".into(),
+            container_name: "c".into(),
+            pod_name: "p".into(),
+            pod_namespace: "n".into(),
+            pod_uid: "u".into(),
+            uuids: vec!["GPU-0".into()],
+            memory_limit_bytes: Some(2 << 30),
+            core_percent: cores,
+            capabilities: vec![],
+            driver_view: None,
+        }
+    }
+
+    #[test]
+    fn a_holder_shows_its_measured_share_beside_its_limit() {
+        let h = Holder {
+            grant: grant(Some(30)),
+            memory_used_bytes: Some(512 << 20),
+            throttled_seconds: Some(1.25),
+            core_share_percent: Some(29.8),
+            gpu_seconds: Some(3.0),
+        };
+        assert_eq!(
+            holder(&h),
+            "0123456789ab (n/p/c, memory 512 MiB of 2048 MiB, cores 30% (measured 29.8%), throttled 1.2 s)"
+        );
+        let json = serde_json::to_value(&h).unwrap();
+        assert_eq!(json["core_share_percent"], 29.8);
+        assert_eq!(json["gpu_seconds"], 3.0);
+        let quiet = Holder {
+            core_share_percent: None,
+            ..h
+        };
+        assert!(
+            holder(&quiet).contains("cores 30%, throttled"),
+            "no kernels lately: no share"
+        );
+    }
+}

@@ -1200,6 +1200,79 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
     finish(env, &pod, traces).await;
 }
 
+/// `[gpu] core_policy = "shared"`: a container alone on its GPU may use what would sit idle, and
+/// is held to its limit again within a few seconds of a neighbour starting. No GPU here: the
+/// fake driver's time-sliced GPU, as above.
+#[tokio::test]
+async fn under_the_shared_policy_a_lone_container_may_use_the_idle_gpu() {
+    let node = FakeNode::new();
+    let env = PodEnv::start_with(
+        node.daemon_options("preload")
+            .extra_toml("core_policy = \"shared\"\n"),
+    )
+    .await;
+    let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
+    let mut cfg = env.pod_config("vgpu-shared");
+    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
+    let pod = env.d.run_pod(&cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, &cfg);
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let mut ids = BTreeMap::new();
+    for (name, cores) in [("limited", Some("30")), ("neighbour", None)] {
+        let c = config(&image, name, |c| {
+            c.mounts.push(cri::Mount {
+                container_path: "/tmp/fake-nvidia".into(),
+                host_path: shared.path().to_string_lossy().into_owned(),
+                ..Default::default()
+            });
+            set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+            if let Some(p) = cores {
+                annotate(c, "gpu.crishim.io/cores", p);
+            }
+        });
+        let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
+        traces.add_container(&id);
+        ids.insert(name, id);
+    }
+    assert_eq!(
+        vgpu_config(&env, &ids["limited"]).await["core_policy"],
+        "shared"
+    );
+    let alone = sh_ok(&env, &ids["limited"], "cudatest burn 4 1000").await;
+    let (alone, _) = burned(&alone);
+    assert!(
+        alone > 80.0,
+        "alone under the shared policy: {alone}% of the GPU"
+    );
+    sh_ok(
+        &env,
+        &ids["neighbour"],
+        "cudatest burn 30 1000 > /tmp/burn 2>&1 &",
+    )
+    .await;
+    let beside = sh_ok(
+        &env,
+        &ids["limited"],
+        "CUDATEST_WINDOWS=1 cudatest burn 8 1000",
+    )
+    .await;
+    let seen = within(
+        "30% beside a busy neighbour, shared policy",
+        &beside,
+        3,
+        30.0,
+        5.0,
+        2.0,
+    );
+    println!("shared policy: alone {alone}%; {seen}");
+    finish(env, &pod, traces).await;
+}
+
 /// A MIG device is asked for by its UUID, as the device plugin's MIG strategies do: the
 /// container gets its GPU's node and the two `nvidia-caps` nodes that grant the MIG device, and
 /// its limits are checked against the MIG device's memory. A MIG device whose capability nodes

@@ -291,16 +291,19 @@ fn dilation_needs_evidence_and_is_bounded() {
     d.observe(false);
     assert!(d.factor() > 0.75, "one foreign sample does not swing it");
     let mut d = Dilation::default();
-    d.neighbour(7, 1_000_000);
+    d.held(7, true, 1_000_000);
     assert_eq!(
         d.factor(),
         0.5,
         "beside one neighbour, time-slicing halves it"
     );
-    d.neighbour(8, 1_000_000);
+    d.held(8, true, 1_000_000);
     assert!((d.factor() - 1.0 / 3.0).abs() < 1e-9, "beside two, a third");
-    d.neighbour(8, 4_000_000);
+    d.held(8, true, 4_000_000);
     assert_eq!(d.factor(), 0.5, "one went quiet");
+    d.held(1, false, 6_100_000);
+    assert_eq!(d.factor(), 1.0, "both went quiet: alone again");
+    d.held(8, true, 6_200_000);
     for _ in 0..1000 {
         d.observe(false);
     }
