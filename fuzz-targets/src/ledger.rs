@@ -19,8 +19,8 @@ impl Processes for EvenPidsAlive {
 }
 
 /// The file as another process of the container left it, then a reserve, a query, the process
-/// record's host pid and throttled time (which a dead process's record hands to the totals), the
-/// container's host pids, and a release.
+/// record's host pid, throttled and GPU time and last second's share (which a dead process's
+/// record hands to the totals), the container's host pids, and a release.
 pub fn vgpu_ledger(data: &[u8]) {
     let file = tempfile::NamedTempFile::new().expect("a temporary file");
     std::fs::write(file.path(), data).expect("writing the ledger");
@@ -36,6 +36,9 @@ pub fn vgpu_ledger(data: &[u8]) {
     }
     let _ = ledger.set_host_pid(77);
     let _ = ledger.add_throttled(u64::MAX);
+    // The GPU time of the others comes back whatever they wrote, saturated, never a panic.
+    let _ = ledger.flush_gpu_time(u64::MAX, u64::MAX, Some((u64::MAX, u32::MAX)));
+    let _ = ledger.flush_gpu_time(1, 1, None);
     if let Ok(pids) = ledger.host_pids() {
         assert!(pids.contains(&77), "this process's host pid: {pids:?}");
     }
