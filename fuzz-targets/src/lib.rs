@@ -17,6 +17,7 @@ mod interceptor_ledger;
 
 mod images;
 mod input;
+mod lazy;
 mod ledger;
 mod nri;
 mod runtime;
@@ -24,6 +25,7 @@ mod shim;
 mod streaming;
 
 pub use images::{hosts_toml, image_reference, registry_reply, tar_unpack, www_authenticate};
+pub use lazy::lazy_toc;
 pub use ledger::{ledger_seed, vgpu_ledger};
 pub use nri::{nri_reply, nri_wire};
 pub use runtime::{cni_result, config_toml, journal, mountinfo, pod_manifest, records};
@@ -58,6 +60,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("pod_manifest", pod_manifest),
     ("config_toml", config_toml),
     ("vgpu_ledger", vgpu_ledger),
+    ("lazy_toc", lazy_toc),
     ("nri_wire", nri_wire),
     ("nri_reply", nri_reply),
 ];
