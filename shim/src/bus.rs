@@ -86,14 +86,23 @@ mod tests {
             "DBUS_SYSTEM_BUS_ADDRESS",
             format!("unix:path={}", bus.display()),
         );
+        // The socket an fd names (other tests' threads may reuse a closed fd's number at once).
+        let socket = |fd: i32| std::fs::read_link(format!("/proc/self/fd/{fd}")).ok();
+        let mut leaked_socket = None;
         let (leaked, kept) = closing_leaked_connections(|| {
             // Forgotten, as libcgroups does.
             let leaked = UnixStream::connect(&bus).unwrap().into_raw_fd();
+            leaked_socket = socket(leaked);
             let kept = UnixStream::connect(&other).unwrap().into_raw_fd();
             (leaked, kept)
         });
         let is_open = |fd| nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD).is_ok();
-        assert!(!is_open(leaked), "the bus connection was left open");
+        assert!(leaked_socket.is_some());
+        assert_ne!(
+            socket(leaked),
+            leaked_socket,
+            "the bus connection was left open"
+        );
         assert!(is_open(kept), "another socket was closed");
         let _ = nix::unistd::close(kept);
     }

@@ -380,6 +380,19 @@ impl Repository<'_> {
 
     /// GET with the auth dance: try with what we have, answer one 401 challenge, try once more.
     async fn get(&self, url: &str, accept: Option<&str>) -> Result<reqwest::Response> {
+        let extra: Vec<(reqwest::header::HeaderName, String)> = accept
+            .map(|a| (ACCEPT, a.to_string()))
+            .into_iter()
+            .collect();
+        self.get_with(url, &extra).await
+    }
+
+    /// [`Self::get`] with `extra` headers.
+    async fn get_with(
+        &self,
+        url: &str,
+        extra: &[(reqwest::header::HeaderName, String)],
+    ) -> Result<reqwest::Response> {
         let mut authorization = self.cached_authorization();
         if authorization.is_none() {
             if let Some(Credentials::RegistryToken(t)) = &self.creds {
@@ -391,8 +404,8 @@ impl Repository<'_> {
             for (name, value) in &self.endpoint.headers {
                 req = req.header(name, value);
             }
-            if let Some(a) = accept {
-                req = req.header(ACCEPT, a);
+            for (name, value) in extra {
+                req = req.header(name, value);
             }
             if let Some(h) = &authorization {
                 req = req.header(AUTHORIZATION, h);
