@@ -10,6 +10,7 @@
 
 pub mod chunk;
 pub mod estargz;
+pub mod fetch;
 pub mod toc;
 pub mod write;
 pub mod zstd_chunked;

@@ -22,7 +22,7 @@ use tracing::debug;
 
 use self::auth::parse_challenge;
 pub use self::auth::MAX_TOKEN_REPLY;
-pub use self::blob::MAX_CONFIG;
+pub use self::blob::{Ranged, MAX_CONFIG, MAX_RANGE};
 pub use self::config::{Credentials, RegistryConfig};
 pub use self::manifest::{Manifest, MANIFEST_ACCEPT, MAX_MANIFEST};
 use crate::error::{ImageError, Result};
