@@ -3,4 +3,5 @@
 
 pub mod bundle;
 pub mod gpu_cli;
+pub mod image_cli;
 pub mod workflow;

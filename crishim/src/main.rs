@@ -40,6 +40,8 @@ enum Command {
     Bundle(crishim::bundle::BundleArgs),
     /// GPUs: `crishim gpu list` shows them and the containers holding them.
     Gpu(crishim::gpu_cli::GpuArgs),
+    /// Images: `crishim image convert --format estargz|zstd-chunked SRC DST` makes lazy images.
+    Image(crishim::image_cli::ImageArgs),
 }
 
 fn main() {
@@ -74,6 +76,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(args) => std::process::exit(crishim::workflow::main(args)?),
         Command::Bundle(args) => std::process::exit(crishim::bundle::main(args)?),
         Command::Gpu(args) => std::process::exit(crishim::gpu_cli::main(args)?),
+        Command::Image(args) => std::process::exit(crishim::image_cli::main(args)?),
     }
 }
 

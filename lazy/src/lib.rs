@@ -9,6 +9,7 @@
 //! it must match before it is served.
 
 pub mod chunk;
+pub mod convert;
 pub mod estargz;
 pub mod fetch;
 pub mod toc;

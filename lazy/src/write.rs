@@ -211,6 +211,9 @@ pub fn write_layer<W: Write>(
             h.set_path(estargz::TOC_NAME).map_err(WriteError::Tar)?;
             h.set_size(toc.len() as u64);
             h.set_mode(0o444);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(0);
             h.set_entry_type(tar::EntryType::Regular);
             h.set_cksum();
             let mut member = h.as_bytes().to_vec();

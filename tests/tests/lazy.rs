@@ -145,3 +145,67 @@ async fn lazy_layers_are_read_chunk_by_chunk_from_a_real_registry_and_tampering_
         assert!(lazy.fetch(&repo, &chunks[1]).await.unwrap().is_some());
     }
 }
+
+/// `crishim image convert` pulls an ordinary image, writes each layer in a lazy format and
+/// pushes the result: a runtime that knows nothing of the format pulls it whole (the daemon's
+/// ordinary pull, its diff IDs checked), and a lazy one reads every file chunk by chunk.
+#[tokio::test]
+async fn crishim_image_convert_makes_images_that_pull_whole_and_lazily() {
+    use crishim_tests::{Daemon, DaemonOptions};
+    let reg = Registry::start(RegistryOptions::default()).await.unwrap();
+    let (tar, files) = layer();
+    let second = LayerBuilder::new().file("opt/app/run", b"#!/bin/sh\n".to_vec(), 0o755);
+    let image = Image::new(vec![
+        Layer::from_tar(&tar, Compression::Gzip),
+        second.build(Compression::Zstd),
+    ]);
+    reg.push("plain", "v1", &image).await.unwrap();
+    let config = tempfile::NamedTempFile::new().unwrap();
+    let d = Daemon::start(DaemonOptions::new()).await.unwrap();
+    let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+    for format in ["estargz", "zstd-chunked"] {
+        let dst = format!("{}/lazy:{format}", reg.host());
+        let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+            .args([
+                "image",
+                "convert",
+                "--format",
+                format,
+                "--chunk-size",
+                "65536",
+                "--config",
+            ])
+            .arg(config.path())
+            .arg(format!("{}/plain:v1", reg.host()))
+            .arg(&dst)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{format}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(String::from_utf8_lossy(&o.stdout).contains("(2 layers)"));
+        // Pulled whole, as any runtime would.
+        d.pull(&dst)
+            .await
+            .unwrap_or_else(|e| panic!("{format}: {e}"));
+        // Opened lazily, from the manifest's annotations.
+        let reference = Reference::parse(&dst).unwrap();
+        let (repo, manifest) = client.resolve(&reference, None).await.unwrap();
+        let m: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
+        let first = &m["layers"][0];
+        let annotations: HashMap<String, String> =
+            serde_json::from_value(first["annotations"].clone()).unwrap();
+        let digest = Digest::parse(first["digest"].as_str().unwrap()).unwrap();
+        let size = first["size"].as_u64().unwrap();
+        let Opened::Lazy(lazy) = open(&repo, &digest, size, &annotations, &Limits::default())
+            .await
+            .unwrap()
+        else {
+            panic!("{format}: not lazy")
+        };
+        assert_eq!(files_of(&repo, &lazy).await, files, "{format}");
+    }
+    d.stop();
+}

@@ -9,6 +9,7 @@ mod blob;
 pub mod config;
 pub mod hosts;
 mod manifest;
+mod push;
 mod tls;
 
 use std::collections::HashMap;
@@ -285,6 +286,25 @@ impl RegistryClient {
         }
     }
 
+    /// Where to push `reference`: the registry's own endpoints (never a mirror), in the order a
+    /// pull tries them; the first that answers is the one to use.
+    pub fn push_targets(
+        &self,
+        reference: &Reference,
+        creds: Option<&Credentials>,
+    ) -> Vec<Repository<'_>> {
+        self.endpoints(&reference.registry, false)
+            .into_iter()
+            .filter(|e| e.server || e.host() == upstream_host(&reference.registry))
+            .map(|endpoint| Repository {
+                client: self,
+                creds: self.credentials_for(&endpoint, &reference.registry, creds),
+                endpoint,
+                repository: reference.repository.clone(),
+            })
+            .collect()
+    }
+
     /// Find the first endpoint that serves the manifest for `reference`, and return it with the manifest.
     pub async fn resolve(
         &self,
@@ -393,6 +413,17 @@ impl Repository<'_> {
         url: &str,
         extra: &[(reqwest::header::HeaderName, String)],
     ) -> Result<reqwest::Response> {
+        self.send(reqwest::Method::GET, url, extra, None).await
+    }
+
+    /// A request with the auth dance; `body` is sent again after a challenge.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        extra: &[(reqwest::header::HeaderName, String)],
+        body: Option<Bytes>,
+    ) -> Result<reqwest::Response> {
         let mut authorization = self.cached_authorization();
         if authorization.is_none() {
             if let Some(Credentials::RegistryToken(t)) = &self.creds {
@@ -400,7 +431,10 @@ impl Repository<'_> {
             }
         }
         for attempt in 0..2 {
-            let mut req = self.http().get(url);
+            let mut req = self.http().request(method.clone(), url);
+            if let Some(b) = &body {
+                req = req.body(b.clone());
+            }
             for (name, value) in &self.endpoint.headers {
                 req = req.header(name, value);
             }
