@@ -1011,6 +1011,49 @@ fn within(what: &str, out: &str, warm: usize, limit: f64, window: f64, mean: f64
     format!("{what}: mean {avg:.1}, min {lo:.1}, max {hi:.1}")
 }
 
+/// A pod in the host's pid namespace whose containers (name, core limit) share the fake GPU 0:
+/// they share the fake driver's state directory (returned, to be kept), so their processes see
+/// each other's contexts, and the pids it reports are host pids, as a real driver's are.
+async fn sharing_one_gpu(
+    env: &PodEnv,
+    cfg: &mut cri::PodSandboxConfig,
+    image: &str,
+    containers: &[(&'static str, Option<&str>)],
+) -> (
+    String,
+    PodTraces,
+    tempfile::TempDir,
+    BTreeMap<&'static str, String>,
+) {
+    set_pod_namespaces(cfg, namespaces(NS_POD, NS_NODE, NS_POD));
+    let pod = env.d.run_pod(cfg).await.unwrap();
+    let mut traces = PodTraces::new(&pod, cfg);
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        shared.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let mut ids = BTreeMap::new();
+    for &(name, cores) in containers {
+        let c = config(image, name, |c| {
+            c.mounts.push(cri::Mount {
+                container_path: "/tmp/fake-nvidia".into(),
+                host_path: shared.path().to_string_lossy().into_owned(),
+                ..Default::default()
+            });
+            set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
+            if let Some(p) = cores {
+                annotate(c, "gpu.crishim.io/cores", p);
+            }
+        });
+        let id = env.d.run_container(&pod, &c, cfg).await.unwrap();
+        traces.add_container(&id);
+        ids.insert(name, id);
+    }
+    (pod, traces, shared, ids)
+}
+
 /// The core limit charges a container the GPU time its kernels take, measured with events on
 /// its own streams, and holds each 1-second window at the limit: alone, beside a neighbour
 /// that keeps the GPU busy, split 10/90 and 20/30/50, with tiny and huge kernels, on GPUs of
@@ -1027,39 +1070,20 @@ async fn the_core_limit_holds_every_second_alone_and_beside_any_neighbour() {
     let node = FakeNode::new();
     let (env, metrics, image) = with_metrics(&node).await;
     let mut cfg = env.pod_config("vgpu-cores");
-    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
-    let pod = env.d.run_pod(&cfg).await.unwrap();
-    let mut traces = PodTraces::new(&pod, &cfg);
-    let shared = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        shared.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    let (pod, traces, _shared, ids) = sharing_one_gpu(
+        &env,
+        &mut cfg,
+        &image,
+        &[
+            ("limited", Some("30")),
+            ("ten", Some("10")),
+            ("ninety", Some("90")),
+            ("twenty", Some("20")),
+            ("fifty", Some("50")),
+            ("neighbour", None),
+        ],
     )
-    .unwrap();
-    let mut ids = BTreeMap::new();
-    for (name, cores) in [
-        ("limited", Some("30")),
-        ("ten", Some("10")),
-        ("ninety", Some("90")),
-        ("twenty", Some("20")),
-        ("fifty", Some("50")),
-        ("neighbour", None),
-    ] {
-        let c = config(&image, name, |c| {
-            c.mounts.push(cri::Mount {
-                container_path: "/tmp/fake-nvidia".into(),
-                host_path: shared.path().to_string_lossy().into_owned(),
-                ..Default::default()
-            });
-            set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
-            if let Some(p) = cores {
-                annotate(c, "gpu.crishim.io/cores", p);
-            }
-        });
-        let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
-        traces.add_container(&id);
-        ids.insert(name, id);
-    }
+    .await;
     let run = |name: &'static str, cmd: String| {
         let (env, id) = (&env, ids[name].clone());
         async move { sh_ok(env, &id, &cmd).await }
@@ -1213,32 +1237,13 @@ async fn under_the_shared_policy_a_lone_container_may_use_the_idle_gpu() {
     .await;
     let image = env.push_and_pull("gpu", &gpu_image_once()).await.tag_ref();
     let mut cfg = env.pod_config("vgpu-shared");
-    set_pod_namespaces(&mut cfg, namespaces(NS_POD, NS_NODE, NS_POD));
-    let pod = env.d.run_pod(&cfg).await.unwrap();
-    let mut traces = PodTraces::new(&pod, &cfg);
-    let shared = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        shared.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    let (pod, traces, _shared, ids) = sharing_one_gpu(
+        &env,
+        &mut cfg,
+        &image,
+        &[("limited", Some("30")), ("neighbour", None)],
     )
-    .unwrap();
-    let mut ids = BTreeMap::new();
-    for (name, cores) in [("limited", Some("30")), ("neighbour", None)] {
-        let c = config(&image, name, |c| {
-            c.mounts.push(cri::Mount {
-                container_path: "/tmp/fake-nvidia".into(),
-                host_path: shared.path().to_string_lossy().into_owned(),
-                ..Default::default()
-            });
-            set_env(c, "NVIDIA_VISIBLE_DEVICES", "0");
-            if let Some(p) = cores {
-                annotate(c, "gpu.crishim.io/cores", p);
-            }
-        });
-        let id = env.d.run_container(&pod, &c, &cfg).await.unwrap();
-        traces.add_container(&id);
-        ids.insert(name, id);
-    }
+    .await;
     assert_eq!(
         vgpu_config(&env, &ids["limited"]).await["core_policy"],
         "shared"
