@@ -1,6 +1,7 @@
 //! Lazy layers: what a registry serves for eStargz and zstd:chunked blobs.
 
-use crishim_lazy::{estargz, zstd_chunked, Format, Kind, Limits, Toc};
+use crishim_lazy::chunk::read_chunk;
+use crishim_lazy::{estargz, zstd_chunked, Chunk, Format, Kind, Limits, Toc};
 
 /// The first byte picks the format; the rest is the blob's tail as a registry serves it: the
 /// footer is its last bytes, the TOC JSON the bytes before (and, for eStargz, the TOC member
@@ -27,6 +28,23 @@ pub fn lazy_toc(data: &[u8]) {
         }
         (Format::ZstdChunked, 500_000)
     };
+    // The input as a chunk's compressed bytes: what decompresses is bounded by the chunk, and
+    // nothing is returned that does not match its digest.
+    let chunk = Chunk {
+        file_offset: 0,
+        size: 4096,
+        compressed: 0..rest.len() as u64,
+        inner_offset: u64::from(which >> 1) * 512,
+        digest: Some(crishim_lazy::sha256(&[0; 4096])),
+        zeros: false,
+    };
+    if let Ok(bytes) = read_chunk(format, &chunk, rest) {
+        assert_eq!(
+            bytes,
+            vec![0; 4096],
+            "a chunk returned that is not its digest's"
+        );
+    }
     let Ok(toc) = Toc::parse(rest, format, data_end, &limits) else {
         return;
     };
