@@ -92,6 +92,13 @@ pub(crate) fn debug(msg: std::fmt::Arguments<'_>) {
     }
 }
 
+/// The wall clock, µs since the epoch, as NVML stamps its samples.
+pub(crate) fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
 /// `Mutex::lock` that survives a poisoned lock: a panic elsewhere must not wedge CUDA calls.
 pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

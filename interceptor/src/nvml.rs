@@ -422,12 +422,6 @@ pub(crate) struct Samples {
 /// Samples are read no further back than this.
 const HORIZON_US: u64 = 5_000_000;
 
-fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 impl Samples {
     pub(crate) fn new(uuids: &[String]) -> Option<Samples> {
         // SAFETY: the nvml.h signature.
@@ -437,7 +431,7 @@ impl Samples {
             .filter_map(|u| parse_uuid(u))
             .filter_map(|u| device(&u))
             // Samples from before this process's limiter started are not its business.
-            .map(|d| (d as usize, wall_us()))
+            .map(|d| (d as usize, crate::wall_us()))
             .collect();
         (!devices.is_empty()).then_some(Samples { devices, get })
     }
@@ -446,7 +440,7 @@ impl Samples {
     /// process used the SMs.
     pub(crate) fn read(&mut self) -> Vec<(u32, u64)> {
         let get = self.get;
-        let wall = wall_us();
+        let wall = crate::wall_us();
         let mut out = Vec::new();
         for (d, newest) in &mut self.devices {
             let after = (*newest).max(wall.saturating_sub(HORIZON_US));

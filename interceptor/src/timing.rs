@@ -8,15 +8,15 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crate::cuda::*;
 use crate::limiter::{Admission, Key, Limiter};
-use crate::lock;
 use crate::real::{Lib, Slot};
 use crate::state::Limited;
+use crate::{lock, wall_us};
 use crishim_proto::vgpu::CorePolicy;
 
 pub mod slots {
@@ -43,6 +43,8 @@ const MAX_PENDING: usize = 4096;
 const MAX_FREE: usize = 2 * MAX_PENDING;
 /// How often the reaper reads events back while launches are in flight.
 const POLL: Duration = Duration::from_micros(500);
+/// How often it wakes with nothing in flight.
+const IDLE: Duration = Duration::from_millis(10);
 /// How often it writes to the accounting file, and reads what the container's other processes
 /// were charged.
 const FLUSH: Duration = Duration::from_millis(50);
@@ -78,7 +80,7 @@ static REAPER: AtomicU32 = AtomicU32::new(0);
 static FOREIGN_US: AtomicU64 = AtomicU64::new(0);
 /// Whether NVML's per-process samples are read, and this process's own told from them (the
 /// `shared` policy needs them).
-static SAMPLED: AtomicU32 = AtomicU32::new(0);
+static SAMPLED: AtomicBool = AtomicBool::new(false);
 
 /// Hold this module's locks across a `fork` (see `state::register_fork_handlers`).
 pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
@@ -86,10 +88,9 @@ pub(crate) fn hold_for_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
     held.push(Box::new(lock(&LIMITER)));
 }
 
-fn wall_us() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
+/// Run `f` on this process's limiter, made for a limit of `percent` on first use.
+fn with_limiter<R>(percent: u32, f: impl FnOnce(&mut Limiter) -> R) -> R {
+    f(lock(&LIMITER).get_or_insert_with(|| Limiter::new(percent, Instant::now())))
 }
 
 /// Whether launches wait for their share now, under `policy`.
@@ -99,7 +100,7 @@ fn enforced(policy: CorePolicy) -> bool {
         CorePolicy::Disable => false,
         // Never less strict than the limit when nothing can tell whether the GPU is shared.
         CorePolicy::Shared => {
-            SAMPLED.load(Ordering::Relaxed) == 0
+            !SAMPLED.load(Ordering::Relaxed)
                 || wall_us().saturating_sub(FOREIGN_US.load(Ordering::Relaxed)) < SHARED_FOR_US
         }
     }
@@ -153,10 +154,7 @@ fn admit(percent: u32, key: Key, enforce: bool) -> Admission {
         crate::limiter::MAX_WAIT
     };
     loop {
-        let now = Instant::now();
-        let r = lock(&LIMITER)
-            .get_or_insert_with(|| Limiter::new(percent, now))
-            .admit(key, now, waited);
+        let r = with_limiter(percent, |l| l.admit(key, Instant::now(), waited));
         match r {
             Ok(a) => return a,
             Err(wait) => {
@@ -405,7 +403,8 @@ fn reap() -> Vec<Done> {
 /// Start this process's reaper, once per process.
 fn ensure_reaper(l: &'static Limited, percent: u32) {
     let me = std::process::id();
-    if REAPER.swap(me, Ordering::AcqRel) == me {
+    // A load first: the launch path must not write the shared line every time.
+    if REAPER.load(Ordering::Acquire) == me || REAPER.swap(me, Ordering::AcqRel) == me {
         return;
     }
     let spawned = std::thread::Builder::new()
@@ -425,7 +424,9 @@ fn reaper(l: &'static Limited, percent: u32) {
     let mut others_ns = None::<u64>;
     let mut polled_us = wall_us();
     loop {
-        std::thread::sleep(POLL);
+        // Polled while launches are in flight; otherwise only the flushes and samples are due.
+        let idle = with_timing(|t| t.pending.is_empty());
+        std::thread::sleep(if idle { IDLE } else { POLL });
         let done = reap();
         let now = Instant::now();
         let end_us = wall_us();
@@ -433,11 +434,11 @@ fn reaper(l: &'static Limited, percent: u32) {
         let on_time = end_us.saturating_sub(polled_us) <= crate::limiter::EDGE_US;
         polled_us = end_us;
         if !done.is_empty() {
-            let mut g = lock(&LIMITER);
-            let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
-            for (admission, ns) in done {
-                lim.complete(admission, ns, end_us, on_time, now);
-            }
+            with_limiter(percent, |lim| {
+                for (admission, ns) in done {
+                    lim.complete(admission, ns, end_us, on_time, now);
+                }
+            });
         }
         if now.duration_since(sampled) >= SAMPLES {
             sampled = now;
@@ -447,29 +448,24 @@ fn reaper(l: &'static Limited, percent: u32) {
             if let (Some(s), true) = (&mut sampler, known) {
                 let own = crate::nvml::own_pids(l);
                 let seen = s.read();
-                SAMPLED.store(1, Ordering::Relaxed);
-                let mut g = lock(&LIMITER);
-                let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
-                for (pid, at_us) in seen {
-                    let mine = own.contains(&pid);
-                    if !mine {
-                        FOREIGN_US.fetch_max(at_us, Ordering::Relaxed);
+                SAMPLED.store(true, Ordering::Relaxed);
+                with_limiter(percent, |lim| {
+                    for (pid, at_us) in seen {
+                        let mine = own.contains(&pid);
+                        if !mine {
+                            FOREIGN_US.fetch_max(at_us, Ordering::Relaxed);
+                        }
+                        lim.sample(pid, mine, at_us);
                     }
-                    lim.sample(pid, mine, at_us);
-                }
+                });
             }
         }
         if now.duration_since(flushed) >= FLUSH {
             flushed = now;
-            if let Some(lim) = lock(&LIMITER).as_ref() {
-                crate::debug(format_args!("{:?}", lim.dilation));
-            }
-            let (add_ns, window) = {
-                let mut g = lock(&LIMITER);
-                let lim = g.get_or_insert_with(|| Limiter::new(percent, now));
+            let (add_ns, window) = with_limiter(percent, |lim| {
                 let add = std::mem::take(&mut lim.unwritten_ns);
                 (add, lim.windows.last(end_us / 1_000_000))
-            };
+            });
             let throttled = crate::limiter::take_throttled();
             let r = lock(&l.ledger).flush_gpu_time(add_ns as u64, throttled, window);
             if let Ok(others) = r {
@@ -477,9 +473,7 @@ fn reaper(l: &'static Limited, percent: u32) {
                 if let Some(before) = others_ns {
                     let delta = others.saturating_sub(before);
                     if delta > 0 {
-                        if let Some(lim) = lock(&LIMITER).as_mut() {
-                            lim.charge_others(delta as f64, now);
-                        }
+                        with_limiter(percent, |lim| lim.charge_others(delta as f64, now));
                     }
                 }
                 others_ns = Some(others);
