@@ -144,9 +144,6 @@ impl Metrics {
     pub fn render(&self, gauges: &Gauges) -> String {
         let s = self.state.lock().unwrap();
         let mut out = String::new();
-        let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
         head(
             &mut out,
             "crishim_cri_requests_total",
@@ -241,96 +238,70 @@ impl Metrics {
             "Pod shims being followed.",
         );
         let _ = writeln!(out, "crishim_shims {}", gauges.shims);
-        head(
-            &mut out,
-            "crishim_gpu_memory_limit_bytes",
-            "gauge",
-            "GPU memory a container may hold, over all its GPUs.",
-        );
         // Container IDs are the daemon's own hex names; anything else is not printed.
         let safe = |id: &str| id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric());
         let shown = || gauges.gpu.iter().filter(|g| safe(&g.container_id));
-        for g in shown() {
-            if let Some(limit) = g.limit_bytes {
-                let _ = writeln!(
-                    out,
-                    "crishim_gpu_memory_limit_bytes{{container=\"{}\"}} {limit}",
-                    g.container_id
-                );
-            }
+        fn id(g: &crishim_gpu::container::GpuUsage) -> &str {
+            &g.container_id
         }
-        head(
+        per_container(
             &mut out,
-            "crishim_gpu_memory_used_bytes",
-            "gauge",
+            ("crishim_gpu_memory_limit_bytes", "gauge"),
+            "GPU memory a container may hold, over all its GPUs.",
+            shown().filter_map(|g| Some((id(g), g.limit_bytes?))),
+        );
+        per_container(
+            &mut out,
+            ("crishim_gpu_memory_used_bytes", "gauge"),
             "GPU memory a container's processes hold, from its accounting file.",
+            shown()
+                .filter(|g| g.limit_bytes.is_some())
+                .map(|g| (id(g), g.used_bytes)),
         );
-        for g in shown().filter(|g| g.limit_bytes.is_some()) {
-            let _ = writeln!(
-                out,
-                "crishim_gpu_memory_used_bytes{{container=\"{}\"}} {}",
-                g.container_id, g.used_bytes
-            );
-        }
-        head(
+        per_container(
             &mut out,
-            "crishim_gpu_throttled_seconds_total",
-            "counter",
+            ("crishim_gpu_throttled_seconds_total", "counter"),
             "Time the core limiter has held a container's kernel launches back.",
+            shown().map(|g| (id(g), g.throttled_us as f64 / 1e6)),
         );
-        for g in shown() {
-            let _ = writeln!(
-                out,
-                "crishim_gpu_throttled_seconds_total{{container=\"{}\"}} {}",
-                g.container_id,
-                g.throttled_us as f64 / 1e6
-            );
-        }
-        let cores = || shown().filter_map(|g| Some((g, g.core_percent?)));
-        head(
+        let cores = || shown().filter(|g| g.core_percent.is_some());
+        per_container(
             &mut out,
-            "crishim_gpu_core_limit_percent",
-            "gauge",
+            ("crishim_gpu_core_limit_percent", "gauge"),
             "A container's core limit, percent of one GPU.",
+            shown().filter_map(|g| Some((id(g), g.core_percent?))),
         );
-        for (g, limit) in cores() {
-            let _ = writeln!(
-                out,
-                "crishim_gpu_core_limit_percent{{container=\"{}\"}} {limit}",
-                g.container_id
-            );
-        }
-        head(
+        per_container(
             &mut out,
-            "crishim_gpu_core_share_percent",
-            "gauge",
+            ("crishim_gpu_core_share_percent", "gauge"),
             "The share of one GPU a container's kernels took in the last whole second, as the core limiter measured it.",
+            cores().filter_map(|g| Some((id(g), f64::from(g.share_permille?) / 10.0))),
         );
-        for (g, _) in cores() {
-            if let Some(p) = g.share_permille {
-                let _ = writeln!(
-                    out,
-                    "crishim_gpu_core_share_percent{{container=\"{}\"}} {}",
-                    g.container_id,
-                    f64::from(p) / 10.0
-                );
-            }
-        }
-        head(
+        per_container(
             &mut out,
-            "crishim_gpu_time_seconds_total",
-            "counter",
+            ("crishim_gpu_time_seconds_total", "counter"),
             "GPU time a container's kernels took, as the core limiter measured it.",
+            cores().map(|g| (id(g), g.gpu_ns as f64 / 1e9)),
         );
-        for (g, _) in cores() {
-            let _ = writeln!(
-                out,
-                "crishim_gpu_time_seconds_total{{container=\"{}\"}} {}",
-                g.container_id,
-                g.gpu_ns as f64 / 1e9
-            );
-        }
         out
+    }
+}
+
+/// A metric's `# HELP` and `# TYPE` lines.
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A series with one sample per GPU container: its head, then `name{container="…"} value`.
+fn per_container<'a, V: std::fmt::Display>(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    rows: impl Iterator<Item = (&'a str, V)>,
+) {
+    head(out, name, kind, help);
+    for (container, value) in rows {
+        let _ = writeln!(out, "{name}{{container=\"{container}\"}} {value}");
     }
 }
 
