@@ -38,8 +38,9 @@ pub fn read_chunk(format: Format, chunk: &Chunk, compressed: &[u8]) -> Result<Ve
     let decompressed: Box<dyn std::io::Read + '_> = match format {
         // One member, not the rest of the blob: a member ends where the next chunk's starts.
         Format::Estargz => Box::new(flate2::read::GzDecoder::new(compressed)),
+        // The unpacker's bound on the window a frame may ask for.
         Format::ZstdChunked => Box::new(
-            zstd::stream::read::Decoder::new(compressed)
+            crishim_images::unpack::zstd_decoder(compressed)
                 .map_err(|e| ChunkError::Decompress(e.to_string()))?,
         ),
     };

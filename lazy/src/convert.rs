@@ -190,8 +190,8 @@ async fn layer_tar(
     let reader: Box<dyn std::io::Read> = if media_type.ends_with("gzip") {
         Box::new(flate2::read::MultiGzDecoder::new(&blob[..]))
     } else if media_type.ends_with("zstd") {
-        Box::new(zstd::stream::read::Decoder::new(&blob[..]).map_err(bad)?)
-    } else if media_type.ends_with(".tar") || media_type.ends_with("tar") {
+        Box::new(crishim_images::unpack::zstd_decoder(&blob[..]).map_err(bad)?)
+    } else if media_type.ends_with("tar") {
         Box::new(&blob[..])
     } else {
         return Err(bad(format!(

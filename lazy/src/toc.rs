@@ -258,11 +258,10 @@ impl Builder<'_> {
             return self.chunk(&path, &e);
         }
         self.last_file = None;
-        let file_name = path.rsplit('/').next().unwrap_or_default();
-        if path.find('/').is_none() && file_name == PREFETCH_LANDMARK {
+        // The landmarks sit at the layer's root.
+        if path == PREFETCH_LANDMARK {
             self.toc.prefetch_before = Some(self.toc.entries.len());
-        }
-        if path.find('/').is_none() && file_name == NO_PREFETCH_LANDMARK {
+        } else if path == NO_PREFETCH_LANDMARK {
             self.toc.prefetch_before = None;
         }
         let id = |v: i64, what: &str| {

@@ -161,15 +161,16 @@ pub fn write_layer<W: Write>(
             }
             let data = &tar[payload..payload + size as usize];
             t.digest = crate::sha256(data);
-            let mut first = true;
             let count = data.len().div_ceil(chunk_size as usize);
+            let name = t.name.clone();
             for (i, piece) in data.chunks(chunk_size as usize).enumerate() {
                 let (start, stop) = o.member(piece)?;
-                let mut c = if first {
+                // The first chunk is the file's own entry; the others follow it by name.
+                let mut c = if i == 0 {
                     std::mem::take(&mut t)
                 } else {
                     TocEntry {
-                        name: entries_name(&entries),
+                        name: name.clone(),
                         kind: "chunk",
                         ..TocEntry::default()
                     }
@@ -187,7 +188,6 @@ pub fn write_layer<W: Write>(
                 };
                 c.chunk_digest = crate::sha256(piece);
                 entries.push(c);
-                first = false;
             }
             copied = payload + size as usize;
         } else {
@@ -265,11 +265,6 @@ pub fn write_layer<W: Write>(
         diff_id: format!("sha256:{}", hex::encode(o.plain.finalize())),
         annotations,
     })
-}
-
-/// The name of the regular file the last entries describe (for its `chunk` entries).
-fn entries_name(entries: &[TocEntry]) -> String {
-    entries.last().map(|e| e.name.clone()).unwrap_or_default()
 }
 
 /// The TOC entry of a tar entry (without its chunks).

@@ -35,6 +35,16 @@ pub const MAX_EXTENSION_HEADER: u64 = 1 << 20;
 /// 19 use at most 8 MiB), so one layer's decoder stays within the daemon's memory budget.
 const ZSTD_WINDOW_LOG_MAX: u32 = 25;
 
+/// A zstd decoder of `input` whose frames may ask for a window of at most
+/// 2^[`ZSTD_WINDOW_LOG_MAX`] bytes: what reads a layer's (or a lazy layer's chunk's) zstd.
+pub fn zstd_decoder<'a, R: BufRead + 'a>(
+    input: R,
+) -> io::Result<zstd::stream::read::Decoder<'a, R>> {
+    let mut d = zstd::stream::read::Decoder::with_buffer(input)?;
+    d.window_log_max(ZSTD_WINDOW_LOG_MAX)?;
+    Ok(d)
+}
+
 /// Directory paths kept for restoring mtimes at the end; past this, later directories keep the
 /// time of the unpack rather than let a layer of a million directories grow this list.
 const MAX_DEFERRED_DIR_BYTES: usize = 16 << 20;
@@ -76,11 +86,7 @@ pub fn unpack_with(
     let decoder: Box<dyn Read> = match head {
         [0x1f, 0x8b, ..] => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
         [0x28, 0xb5, 0x2f, 0xfd, ..] => {
-            let mut d = zstd::stream::read::Decoder::with_buffer(buffered)
-                .map_err(|e| read_error(layer, e))?;
-            d.window_log_max(ZSTD_WINDOW_LOG_MAX)
-                .map_err(|e| read_error(layer, e))?;
-            Box::new(d)
+            Box::new(zstd_decoder(buffered).map_err(|e| read_error(layer, e))?)
         }
         _ => Box::new(buffered),
     };
