@@ -264,3 +264,36 @@ fn a_tampered_or_inflating_chunk_is_never_served() {
         );
     }
 }
+
+#[test]
+fn a_zstd_chunk_asking_for_a_window_over_the_unpackers_bound_is_refused() {
+    let data = vec![7u8; 4096];
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    enc.window_log(27).unwrap();
+    std::io::Write::write_all(&mut enc, &data).unwrap();
+    let frame = enc.finish().unwrap();
+    let chunk = crate::Chunk {
+        file_offset: 0,
+        size: 4096,
+        compressed: 0..frame.len() as u64,
+        inner_offset: 0,
+        digest: Some(crate::sha256(&data)),
+        zeros: false,
+    };
+    assert!(
+        matches!(
+            read_chunk(Format::ZstdChunked, &chunk, &frame),
+            Err(ChunkError::Decompress(_))
+        ),
+        "a 128 MiB window for a 4 KiB chunk"
+    );
+    let small = zstd::bulk::compress(&data, 3).unwrap();
+    let chunk = crate::Chunk {
+        compressed: 0..small.len() as u64,
+        ..chunk
+    };
+    assert_eq!(
+        read_chunk(Format::ZstdChunked, &chunk, &small).unwrap(),
+        data
+    );
+}
