@@ -29,6 +29,39 @@ pub async fn serve(config: Config) -> Result<()> {
     serve_until(config, shutdown()).await
 }
 
+/// The store serving eStargz and zstd:chunked layers lazily, where `[images] lazy` is on and
+/// `crishim-lazyfs` is installed beside the daemon.
+async fn with_lazy_layers(store: ImageStore, config: &Config) -> Result<ImageStore> {
+    if !config.images.lazy {
+        return Ok(store);
+    }
+    let server = crate::server::sibling_binary("crishim-lazyfs");
+    if !server.is_file() {
+        tracing::warn!(
+            path = %server.display(),
+            "crishim-lazyfs is not installed: lazy layers are pulled whole"
+        );
+        return Ok(store);
+    }
+    let settings = crishim_lazy::snapshotter::Settings {
+        read_timeout: config.images.lazy_read_timeout,
+        prefetch_bandwidth: config.images.lazy_prefetch_bandwidth,
+        prefetch_concurrency: config.images.lazy_prefetch_concurrency,
+    };
+    let lazy = crishim_lazy::snapshotter::Snapshotter::new(
+        store.root(),
+        server,
+        config.registry.clone(),
+        config.images.clone(),
+        settings,
+    )
+    .context("finding the lazy layers")?;
+    Ok(store
+        .with_lazy(Arc::new(lazy))
+        .await
+        .context("collecting lazy layers")?)
+}
+
 /// Serve until `stop` completes (`crishim run` serves in process this way).
 pub async fn serve_until(
     config: Config,
@@ -51,6 +84,7 @@ pub async fn serve_until(
     .await
     .context("opening the image store")?
     .with_mounts_elsewhere(pods_mounts_root(&config));
+    let store = with_lazy_layers(store, &config).await?;
     let store = Arc::new(store);
     let images = ImageService::new(store.clone(), config.pinned_images.clone())
         .with_handlers(crate::runtimes::Handlers::new(&config.runtimes));

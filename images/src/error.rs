@@ -84,6 +84,8 @@ pub enum ImageError {
     Metadata(String),
     /// A directory to delete still has a mount below it that would not come off: deleting it
     /// would delete the mounted files, so it is kept.
+    #[error("layer {chain} cannot be used: {reason}")]
+    LayerUnusable { chain: String, reason: String },
     #[error("{} is kept: {} is still mounted below it", dir.display(), mount.display())]
     StillMounted { dir: PathBuf, mount: PathBuf },
     #[error("mount {target}: {source}")]
@@ -107,7 +109,9 @@ impl ImageError {
             DigestMismatch { .. } => ErrorKind::DataLoss,
             BadContent(_) | HostileLayer { .. } => ErrorKind::BadContent,
             ResourceExhausted(_) => ErrorKind::ResourceExhausted,
-            InUse { .. } | StillMounted { .. } => ErrorKind::FailedPrecondition,
+            InUse { .. } | StillMounted { .. } | LayerUnusable { .. } => {
+                ErrorKind::FailedPrecondition
+            }
             PullStalled { .. } => ErrorKind::DeadlineExceeded,
             Io { .. } | Metadata(_) | Mount { .. } => ErrorKind::Internal,
         }

@@ -5,12 +5,13 @@
 
 pub mod digest;
 pub mod error;
+pub mod lazy;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod limits;
 mod locks;
 mod platform;
-mod pull;
+pub mod pull;
 pub mod reference;
 pub mod registry;
 pub mod rootfs;
@@ -27,6 +28,7 @@ use tracing::{info, warn};
 pub use crate::digest::Digest;
 use crate::error::IoContext;
 pub use crate::error::{ErrorKind, ImageError, Result};
+pub use crate::lazy::{LazyLayers, LazyState, LazyStatus, LazySummary};
 pub use crate::limits::ImagesConfig;
 pub use crate::platform::host_arch;
 pub use crate::reference::Reference;
@@ -51,6 +53,8 @@ pub struct ImageStore {
     /// Mount roots whose submounts are never a container's (the daemon's state directory, with
     /// every pod's): [`cleanup`](Self::cleanup) leaves them out unread.
     mounts_elsewhere: Vec<PathBuf>,
+    /// Serves layers in a lazy format on demand, where enabled.
+    lazy: Option<std::sync::Arc<dyn LazyLayers>>,
 }
 
 /// Space used by the store.
@@ -81,6 +85,7 @@ impl ImageStore {
             inflight: Default::default(),
             trash: store::Trash::new(layout_trash)?,
             mounts_elsewhere: Vec::new(),
+            lazy: None,
         };
         store.gc().await?;
         Ok(store)
@@ -91,6 +96,28 @@ impl ImageStore {
     pub fn with_mounts_elsewhere(mut self, roots: Vec<PathBuf>) -> Self {
         self.mounts_elsewhere = roots;
         self
+    }
+
+    /// Serve layers in a lazy format (eStargz, zstd:chunked) through `lazy` from now on.
+    pub async fn with_lazy(mut self, lazy: std::sync::Arc<dyn LazyLayers>) -> Result<Self> {
+        self.lazy = Some(lazy);
+        self.gc().await?;
+        Ok(self)
+    }
+
+    /// How much of `image` is local: its lazy layers and where each stands.
+    pub fn lazy_summary(&self, image: &ImageRecord) -> LazySummary {
+        let layers = match &self.lazy {
+            Some(lazy) => image
+                .layers
+                .iter()
+                .zip(&image.chain_ids)
+                .filter(|(_, chain)| !self.layout.snapshot(chain).is_dir())
+                .filter_map(|(layer, chain)| lazy.status(chain).map(|s| (layer.clone(), s)))
+                .collect(),
+            None => Vec::new(),
+        };
+        LazySummary::of(image.size, layers)
     }
 
     pub fn root(&self) -> &Path {
@@ -193,19 +220,12 @@ impl ImageStore {
     ) -> Result<RootfsMount> {
         validate_id(container_id)?;
         let _gc = self.gc_lock.read().await;
-        let lowers: Vec<PathBuf> = image
+        let lowers = image
             .chain_ids
             .iter()
             .rev()
-            .map(|c| self.layout.snapshot(c))
-            .collect();
-        if let Some(missing) = lowers.iter().find(|p| !p.is_dir()) {
-            return Err(ImageError::BadContent(format!(
-                "snapshot {} of image {} is missing",
-                missing.display(),
-                image.id
-            )));
-        }
+            .map(|c| self.lower(c, image))
+            .collect::<Result<Vec<PathBuf>>>()?;
         let r = ContainerRef {
             image: image.id.clone(),
             chain_ids: image.chain_ids.clone(),
@@ -237,6 +257,26 @@ impl ImageStore {
             self.meta.remove_container(container_id)?;
         }
         made
+    }
+
+    /// Where `chain`'s files are: its snapshot, or else its lazy layer's mount.
+    fn lower(&self, chain: &Digest, image: &ImageRecord) -> Result<PathBuf> {
+        let snapshot = self.layout.snapshot(chain);
+        if snapshot.is_dir() {
+            return Ok(snapshot);
+        }
+        match self.lazy.as_ref().map(|l| l.lower(chain)) {
+            Some(Ok(Some(mount))) => Ok(mount),
+            Some(Err(reason)) => Err(ImageError::LayerUnusable {
+                chain: chain.to_string(),
+                reason,
+            }),
+            _ => Err(ImageError::BadContent(format!(
+                "snapshot {} of image {} is missing",
+                snapshot.display(),
+                image.id
+            ))),
+        }
     }
 
     /// A container's private directory (its upper and work dirs live here).
@@ -304,6 +344,14 @@ impl ImageStore {
         }
         if removed > 0 {
             info!(removed, "garbage collected blobs and snapshots");
+        }
+        if let Some(lazy) = &self.lazy {
+            let held: HashSet<&str> = containers
+                .iter()
+                .flat_map(|(_, c)| c.chain_ids.iter())
+                .map(|d| d.hex())
+                .collect();
+            lazy.collect(&live_snaps, &held);
         }
         Ok(())
     }

@@ -38,6 +38,44 @@ pub struct ImagesConfig {
         deserialize_with = "progress_timeout"
     )]
     pub pull_progress_timeout: std::time::Duration,
+    /// Serve eStargz and zstd:chunked layers on demand through FUSE while a background prefetch
+    /// downloads the rest (lazy pull). Only layers that carry those formats' annotations are
+    /// affected; every other layer is pulled whole as before.
+    #[serde(default = "default_lazy")]
+    pub lazy: bool,
+    /// A read of a lazy layer whose chunk fetch makes no progress for this long fails with
+    /// `EIO` rather than hang. `"30s"`: 1 s to 1 h.
+    #[serde(
+        default = "default_lazy_read_timeout",
+        deserialize_with = "lazy_read_timeout"
+    )]
+    pub lazy_read_timeout: std::time::Duration,
+    /// Bytes per second that every lazy layer's background prefetch may use together; 0: no
+    /// limit.
+    #[serde(default)]
+    pub lazy_prefetch_bandwidth: u64,
+    /// Lazy layers prefetched at once (1 to 64).
+    #[serde(default = "default_lazy_prefetch_concurrency")]
+    pub lazy_prefetch_concurrency: u32,
+}
+
+pub const DEFAULT_LAZY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+pub const DEFAULT_LAZY_PREFETCH_CONCURRENCY: u32 = 2;
+
+fn default_lazy() -> bool {
+    true
+}
+fn default_lazy_read_timeout() -> std::time::Duration {
+    DEFAULT_LAZY_READ_TIMEOUT
+}
+fn default_lazy_prefetch_concurrency() -> u32 {
+    DEFAULT_LAZY_PREFETCH_CONCURRENCY
+}
+
+fn lazy_read_timeout<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<std::time::Duration, D::Error> {
+    duration_in("lazy_read_timeout", "30s", d)
 }
 
 /// containerd's default `image_pull_progress_timeout`.
@@ -51,14 +89,23 @@ fn default_pull_progress_timeout() -> std::time::Duration {
 fn progress_timeout<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<std::time::Duration, D::Error> {
+    duration_in("pull_progress_timeout", "5m", d)
+}
+
+/// A duration written as `"5m"`, `"90s"`: 1 s to 1 h.
+fn duration_in<'de, D: serde::Deserializer<'de>>(
+    key: &str,
+    example: &str,
+    d: D,
+) -> std::result::Result<std::time::Duration, D::Error> {
     let s = String::deserialize(d)?;
     let t = humantime::parse_duration(&s).map_err(|e| {
-        serde::de::Error::custom(format!("pull_progress_timeout {s:?}: {e} (e.g. \"5m\")"))
+        serde::de::Error::custom(format!("{key} {s:?}: {e} (e.g. \"{example}\")"))
     })?;
     let (lo, hi) = PULL_PROGRESS_TIMEOUT_RANGE;
     if t.as_secs() < lo || t.as_secs() > hi {
         return Err(serde::de::Error::custom(format!(
-            "pull_progress_timeout {s:?} is outside {lo} s to {hi} s"
+            "{key} {s:?} is outside {lo} s to {hi} s"
         )));
     }
     Ok(t)
@@ -81,6 +128,10 @@ impl Default for ImagesConfig {
             max_layer_entries: DEFAULT_MAX_LAYER_ENTRIES,
             min_free_percent: DEFAULT_MIN_FREE_PERCENT,
             pull_progress_timeout: DEFAULT_PULL_PROGRESS_TIMEOUT,
+            lazy: true,
+            lazy_read_timeout: DEFAULT_LAZY_READ_TIMEOUT,
+            lazy_prefetch_bandwidth: 0,
+            lazy_prefetch_concurrency: DEFAULT_LAZY_PREFETCH_CONCURRENCY,
         }
     }
 }
@@ -92,7 +143,7 @@ impl ImagesConfig {
             max_unpacked_bytes: u64::MAX,
             max_layer_entries: u64::MAX,
             min_free_percent: 0,
-            pull_progress_timeout: DEFAULT_PULL_PROGRESS_TIMEOUT,
+            ..Self::default()
         }
     }
 
@@ -107,6 +158,12 @@ impl ImagesConfig {
             return Err(format!(
                 "[images] min_free_percent must be 0 to 100, got {}",
                 self.min_free_percent
+            ));
+        }
+        if !(1..=64).contains(&self.lazy_prefetch_concurrency) {
+            return Err(format!(
+                "[images] lazy_prefetch_concurrency must be 1 to 64, got {}",
+                self.lazy_prefetch_concurrency
             ));
         }
         Ok(())

@@ -15,6 +15,7 @@ use crate::error::{ImageError, IoContext, Result, StreamAborted};
 use crate::limits::Budget;
 use crate::platform::host_arch;
 use crate::reference::Reference;
+use crate::lazy::{LazyOutcome, LazyRequest};
 use crate::registry::{Credentials, Repository};
 use crate::store::meta::ImageRecord;
 use crate::store::{remove_any, Layout, CONTENT_DIR_MODE};
@@ -157,9 +158,18 @@ impl ImageStore {
             std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send + 'f>>;
         // Before downloading: the compressed layers alone must leave enough free space.
         let budget = Arc::new(Budget::new(&self.limits));
+        let lazy_on = self.lazy.is_some();
         let need = layers
             .iter()
             .filter(|(_, _, chain)| !self.layout.snapshot(chain).exists())
+            // A layer that may be lazy takes its space as its prefetch runs, held to the same
+            // free-space floor by its unpacker.
+            .filter(|(l, _, _)| {
+                !(lazy_on
+                    && l.annotations()
+                        .as_ref()
+                        .is_some_and(|a| crate::lazy::is_lazy_format(a)))
+            })
             .map(|(l, _, _)| l.size())
             .fold(config_bytes.len() as u64, u64::saturating_add);
         budget.check_free_space(
@@ -167,9 +177,21 @@ impl ImageStore {
             need,
         )?;
         let (repo, budget) = (&repo, &budget);
+        // Lazy layers are fetched from the image by its manifest's digest, which names exactly
+        // this content wherever the tag moves.
+        let by_digest = Reference {
+            digest: Some(manifest.digest.clone()),
+            ..reference.clone()
+        };
+        let by_digest = &by_digest;
         let mut fetches: Vec<LayerFetch<'_>> = Vec::with_capacity(layers.len());
         for (desc, diff, chain) in &layers {
-            fetches.push(Box::pin(self.fetch_layer(repo, desc, diff, chain, budget)));
+            fetches.push(Box::pin(self.fetch_layer(
+                repo,
+                (desc, diff, chain),
+                budget,
+                Some((by_digest, creds)),
+            )));
         }
         futures::stream::iter(fetches)
             .buffer_unordered(LAYER_CONCURRENCY)
@@ -216,171 +238,242 @@ impl ImageStore {
         Ok(record)
     }
 
-    /// Make sure the snapshot for `chain` exists, downloading and unpacking the layer if needed.
+    /// Make sure the snapshot for `chain` exists: served lazily where `lazy` names the image
+    /// and the layer allows it, else downloaded and unpacked.
     async fn fetch_layer(
         &self,
         repo: &Repository<'_>,
-        desc: &Descriptor,
-        diff_id: &Digest,
-        chain: &Digest,
+        (desc, diff_id, chain): (&Descriptor, &Digest, &Digest),
         budget: &Arc<Budget>,
+        lazy: Option<(&Reference, Option<&Credentials>)>,
     ) -> Result<()> {
         let digest = digest_of(desc)?;
         let _guard = self.inflight.lock(chain.as_str()).await;
-        let target = self.layout.snapshot(chain);
-        if target.exists() {
+        if self.layout.snapshot(chain).exists() {
             debug!(layer = %digest, "snapshot present, skipping");
             return Ok(());
         }
-        let tmp = self.layout.snapshots_tmp().join(Layout::tmp_name());
-        // Whatever this pull leaves half done goes with it, also when its caller goes away (a
-        // client that hangs up cancels the pull by dropping it) and another waiter takes over.
-        let mut leftovers = Leftovers::new(vec![tmp.clone()]);
-        // The layer's root: overlay's `/` when it is the top layer, so it stays traversable by a
-        // container's non-root user (everything above it is 0700).
-        crishim_sys::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
-            .ctx(|| format!("creating {}", tmp.display()))?;
-        let result = if self.layout.blob(&digest).exists() {
-            let path = self.layout.blob(&digest);
-            let (dir, layer) = (tmp.clone(), digest.to_string());
-            let budget = budget.clone();
-            tokio::task::spawn_blocking(move || {
-                let file =
-                    std::fs::File::open(&path).ctx(|| format!("opening {}", path.display()))?;
-                unpack::unpack_with(file, &dir, &layer, &budget)
-            })
-            .await
-            .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))
-            .and_then(|r| r)
-            .map(|u| (u, None))
-        } else {
-            self.download_and_unpack(repo, desc, &digest, &tmp, budget, &mut leftovers)
-                .await
+        if let (Some(layers), Some((image, creds))) = (&self.lazy, lazy) {
+            if matches!(layers.lower(chain), Ok(Some(_))) {
+                debug!(layer = %digest, "lazy layer present, skipping");
+                return Ok(());
+            }
+            let req = LazyRequest {
+                image,
+                creds,
+                layer: desc,
+                diff_id,
+                chain,
+            };
+            match layers.mount(req).await {
+                LazyOutcome::Mounted => return Ok(()),
+                LazyOutcome::Whole(why) => {
+                    debug!(layer = %digest, reason = %why, "pulling the layer whole")
+                }
+            }
+        }
+        let sink = LayerSink {
+            layout: &self.layout,
+            progress_timeout: self.limits.pull_progress_timeout,
+            tmp_dir: self.layout.snapshots_tmp().join(Layout::tmp_name()),
+            pace: None,
+            progress: None,
         };
-        let outcome = result.and_then(|(unpacked, ingest)| {
-            if &unpacked.diff_id != diff_id {
-                return Err(ImageError::DigestMismatch {
-                    what: "uncompressed layer (diff_id)",
-                    expected: diff_id.to_string(),
-                    actual: unpacked.diff_id.to_string(),
-                });
+        store_layer(&sink, repo, desc, diff_id, chain, budget).await
+    }
+}
+
+/// Where and how one layer is stored: what a pull and a lazy layer's prefetch share.
+pub struct LayerSink<'a> {
+    pub layout: &'a Layout,
+    /// A download that receives nothing for this long is cancelled.
+    pub progress_timeout: std::time::Duration,
+    /// Where the layer is unpacked before it is renamed into place (a fresh path).
+    pub tmp_dir: std::path::PathBuf,
+    /// Holds the download back: a prefetch's share of the bandwidth limit.
+    pub pace: Option<&'a (dyn Pace + Sync)>,
+    /// Bytes received so far, for whoever reports progress.
+    pub progress: Option<&'a std::sync::atomic::AtomicU64>,
+}
+
+/// A bandwidth limit: how long to wait before taking in `bytes` more.
+pub trait Pace {
+    fn delay(&self, bytes: u64) -> std::time::Duration;
+}
+
+/// Download `desc` from `repo`, check it against its digest and `diff_id`, and store it as the
+/// snapshot of `chain` (and its blob). A snapshot that appeared meanwhile (another pull, or a
+/// lazy layer's prefetch, got there first) is kept, and this one dropped.
+pub async fn store_layer(
+    sink: &LayerSink<'_>,
+    repo: &Repository<'_>,
+    desc: &Descriptor,
+    diff_id: &Digest,
+    chain: &Digest,
+    budget: &Arc<Budget>,
+) -> Result<()> {
+    let digest = digest_of(desc)?;
+    let layout = sink.layout;
+    let target = layout.snapshot(chain);
+    let tmp = sink.tmp_dir.clone();
+    // Whatever this pull leaves half done goes with it, also when its caller goes away (a
+    // client that hangs up cancels the pull by dropping it) and another waiter takes over.
+    let mut leftovers = Leftovers::new(vec![tmp.clone()]);
+    // The layer's root: overlay's `/` when it is the top layer, so it stays traversable by a
+    // container's non-root user (everything above it is 0700).
+    crishim_sys::hostfs::create_dir(&tmp, CONTENT_DIR_MODE)
+        .ctx(|| format!("creating {}", tmp.display()))?;
+    let result = if layout.blob(&digest).exists() {
+        let path = layout.blob(&digest);
+        let (dir, layer) = (tmp.clone(), digest.to_string());
+        let budget = budget.clone();
+        tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::open(&path).ctx(|| format!("opening {}", path.display()))?;
+            unpack::unpack_with(file, &dir, &layer, &budget)
+        })
+        .await
+        .map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))
+        .and_then(|r| r)
+        .map(|u| (u, None))
+    } else {
+        download_and_unpack(sink, repo, desc, &digest, &tmp, budget, &mut leftovers).await
+    };
+    let outcome = result.and_then(|(unpacked, ingest)| {
+        if &unpacked.diff_id != diff_id {
+            return Err(ImageError::DigestMismatch {
+                what: "uncompressed layer (diff_id)",
+                expected: diff_id.to_string(),
+                actual: unpacked.diff_id.to_string(),
+            });
+        }
+        if let Some(ingest) = &ingest {
+            std::fs::rename(ingest, layout.blob(&digest))
+                .ctx(|| format!("storing blob {digest}"))?;
+        }
+        if let Err(e) = std::fs::rename(&tmp, &target) {
+            if !target.is_dir() {
+                return Err(e).ctx(|| format!("storing snapshot {chain}"));
             }
-            if let Some(ingest) = &ingest {
-                std::fs::rename(ingest, self.layout.blob(&digest))
-                    .ctx(|| format!("storing blob {digest}"))?;
-            }
-            std::fs::rename(&tmp, &target).ctx(|| format!("storing snapshot {chain}"))?;
-            debug!(layer = %digest, entries = unpacked.entries, "layer unpacked");
-            Ok(ingest)
-        });
-        if outcome.is_err() {
             remove_any(&tmp)?;
         }
-        leftovers.disarm();
-        outcome.map(|_| ())
+        debug!(layer = %digest, entries = unpacked.entries, "layer unpacked");
+        Ok(ingest)
+    });
+    if outcome.is_err() {
+        remove_any(&tmp)?;
     }
+    leftovers.disarm();
+    outcome.map(|_| ())
+}
 
-    /// One pass over the network stream: hash it, store it, and feed the unpacker thread.
-    async fn download_and_unpack(
-        &self,
-        repo: &Repository<'_>,
-        desc: &Descriptor,
-        digest: &Digest,
-        dir: &std::path::Path,
-        budget: &Arc<Budget>,
-        leftovers: &mut Leftovers,
-    ) -> Result<(unpack::Unpacked, Option<std::path::PathBuf>)> {
-        let ingest = self.layout.ingest().join(Layout::tmp_name());
-        leftovers.paths.push(ingest.clone());
-        let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_DEPTH);
-        let (dir, layer, budget) = (dir.to_path_buf(), digest.to_string(), budget.clone());
-        let unpacker = leftovers
-            .unpacker
-            .insert(tokio::task::spawn_blocking(move || {
-                unpack::unpack_with(ChannelReader::new(rx), &dir, &layer, &budget)
-            }));
+/// One pass over the network stream: hash it, store it, and feed the unpacker thread.
+async fn download_and_unpack(
+    sink: &LayerSink<'_>,
+    repo: &Repository<'_>,
+    desc: &Descriptor,
+    digest: &Digest,
+    dir: &std::path::Path,
+    budget: &Arc<Budget>,
+    leftovers: &mut Leftovers,
+) -> Result<(unpack::Unpacked, Option<std::path::PathBuf>)> {
+    let ingest = sink.layout.ingest().join(Layout::tmp_name());
+    leftovers.paths.push(ingest.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(PIPE_DEPTH);
+    let (dir, layer, budget) = (dir.to_path_buf(), digest.to_string(), budget.clone());
+    let unpacker = leftovers
+        .unpacker
+        .insert(tokio::task::spawn_blocking(move || {
+            unpack::unpack_with(ChannelReader::new(rx), &dir, &layer, &budget)
+        }));
 
-        let downloaded = async {
-            let mut file = tokio::fs::File::create(&ingest)
-                .await
-                .ctx(|| format!("creating {}", ingest.display()))?;
-            let mut stream = repo.blob_stream(digest).await?;
-            let mut hasher = Hasher::default();
-            let mut size = 0u64;
-            let mut feeding = true;
-            let stall = self.limits.pull_progress_timeout;
-            loop {
-                let next = tokio::time::timeout(stall, stream.next()).await;
-                let chunk = match next {
-                    Ok(Some(chunk)) => chunk?,
-                    Ok(None) => break,
-                    Err(_) => {
-                        return Err(ImageError::PullStalled {
-                            layer: digest.to_string(),
-                            received: size,
-                            timeout: stall,
-                        })
-                    }
-                };
-                size += chunk.len() as u64;
-                if size > desc.size() {
-                    return Err(ImageError::DigestMismatch {
-                        what: "blob",
-                        expected: digest.to_string(),
-                        actual: format!(
-                            "more than the {} bytes its descriptor declares",
-                            desc.size()
-                        ),
-                    });
+    let downloaded = async {
+        let mut file = tokio::fs::File::create(&ingest)
+            .await
+            .ctx(|| format!("creating {}", ingest.display()))?;
+        let mut stream = repo.blob_stream(digest).await?;
+        let mut hasher = Hasher::default();
+        let mut size = 0u64;
+        let mut feeding = true;
+        let stall = sink.progress_timeout;
+        loop {
+            let next = tokio::time::timeout(stall, stream.next()).await;
+            let chunk = match next {
+                Ok(Some(chunk)) => chunk?,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(ImageError::PullStalled {
+                        layer: digest.to_string(),
+                        received: size,
+                        timeout: stall,
+                    })
                 }
-                hasher.update(&chunk);
-                // If the unpacker failed it stopped reading; keep hashing so a corrupt blob is
-                // reported as a digest mismatch rather than as a broken archive, but write no
-                // more of a blob that will not be kept (it may have hit a disk limit).
-                if feeding {
-                    file.write_all(&chunk)
-                        .await
-                        .ctx(|| format!("writing {}", ingest.display()))?;
-                    feeding = tx.send(Chunk::Data(chunk)).await.is_ok();
-                }
-            }
-            file.flush()
-                .await
-                .ctx(|| format!("writing {}", ingest.display()))?;
-            let actual = hasher.finish();
-            if &actual != digest {
+            };
+            size += chunk.len() as u64;
+            if size > desc.size() {
                 return Err(ImageError::DigestMismatch {
                     what: "blob",
                     expected: digest.to_string(),
-                    actual: actual.to_string(),
+                    actual: format!(
+                        "more than the {} bytes its descriptor declares",
+                        desc.size()
+                    ),
                 });
             }
-            Ok(())
-        }
-        .await;
-        let _ = match &downloaded {
-            Ok(()) => tx.send(Chunk::End).await,
-            Err(e) => {
-                tx.send(Chunk::Failed(ImageError::BadContent(e.to_string())))
-                    .await
+            if let Some(p) = sink.progress {
+                p.store(size, std::sync::atomic::Ordering::Relaxed);
             }
-        };
-        drop(tx);
-        let joined = unpacker.await;
-        // Done: a finished task is not awaited again.
-        leftovers.unpacker = None;
-        let unpacked =
-            joined.map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))?;
-        let result = match (downloaded, unpacked) {
-            (Err(e), _) => Err(e),
-            (Ok(()), Err(e)) => Err(e),
-            (Ok(()), Ok(u)) => Ok((u, Some(ingest.clone()))),
-        };
-        if result.is_err() {
-            remove_any(&ingest)?;
+            if let Some(pace) = sink.pace {
+                let wait = pace.delay(chunk.len() as u64);
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            hasher.update(&chunk);
+            // If the unpacker failed it stopped reading; keep hashing so a corrupt blob is
+            // reported as a digest mismatch rather than as a broken archive, but write no
+            // more of a blob that will not be kept (it may have hit a disk limit).
+            if feeding {
+                file.write_all(&chunk)
+                    .await
+                    .ctx(|| format!("writing {}", ingest.display()))?;
+                feeding = tx.send(Chunk::Data(chunk)).await.is_ok();
+            }
         }
-        result
+        file.flush()
+            .await
+            .ctx(|| format!("writing {}", ingest.display()))?;
+        let actual = hasher.finish();
+        if &actual != digest {
+            return Err(ImageError::DigestMismatch {
+                what: "blob",
+                expected: digest.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        Ok(())
     }
+    .await;
+    let _ = match &downloaded {
+        Ok(()) => tx.send(Chunk::End).await,
+        Err(e) => {
+            tx.send(Chunk::Failed(ImageError::BadContent(e.to_string())))
+                .await
+        }
+    };
+    drop(tx);
+    let joined = unpacker.await;
+    // Done: a finished task is not awaited again.
+    leftovers.unpacker = None;
+    let unpacked = joined.map_err(|e| ImageError::io("unpack task", std::io::Error::other(e)))?;
+    let result = match (downloaded, unpacked) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(u)) => Ok((u, Some(ingest.clone()))),
+    };
+    if result.is_err() {
+        remove_any(&ingest)?;
+    }
+    result
 }
 
 /// The temporary files of one layer's pull, removed if the pull is dropped before it ends:

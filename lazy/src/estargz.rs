@@ -5,7 +5,7 @@
 use std::io::Read as _;
 
 /// The layer annotation holding the TOC JSON's digest.
-pub const TOC_DIGEST: &str = "containerd.io/snapshot/stargz/toc.digest";
+pub const TOC_DIGEST: &str = crishim_images::lazy::ESTARGZ_TOC_DIGEST;
 /// The layer annotation holding the uncompressed layer's size.
 pub const UNCOMPRESSED_SIZE: &str = "io.containers.estargz.uncompressed-size";
 /// The TOC's name in its tar entry.

@@ -38,6 +38,8 @@ pub struct LazyLayer {
     pub size: u64,
     pub format: Format,
     pub toc: Toc,
+    /// The eStargz TOC as the blob holds it: a full pull unpacks it as `stargz.index.json`.
+    pub toc_json: Vec<u8>,
 }
 
 /// What opening a layer found.
@@ -83,7 +85,7 @@ pub async fn open(
     let Some(format) = format_of(annotations) else {
         return Ok(Opened::NotLazy);
     };
-    let toc = match format {
+    let (toc, toc_json) = match format {
         Format::Estargz => {
             let want = annotations
                 .get(estargz::TOC_DIGEST)
@@ -104,7 +106,7 @@ pub async fn open(
             let member = ranged!(repo, digest, toc_at..footer_at);
             let json = estargz::toc_json(&member, limits.toc_bytes)?;
             estargz::check_digest(&json, want)?;
-            Toc::parse(&json, format, toc_at, limits)?
+            (Toc::parse(&json, format, toc_at, limits)?, json)
         }
         Format::ZstdChunked => {
             let position = annotations
@@ -117,7 +119,8 @@ pub async fn open(
             let compressed = ranged!(repo, digest, p.offset..p.offset + p.length);
             let json = zstd_chunked::manifest_json(&compressed, p, checksum)?;
             // The manifest's skippable frame header is where the data ends.
-            Toc::parse(&json, format, p.offset.saturating_sub(8), limits)?
+            let toc = Toc::parse(&json, format, p.offset.saturating_sub(8), limits)?;
+            (toc, Vec::new())
         }
     };
     Ok(Opened::Lazy(LazyLayer {
@@ -125,6 +128,7 @@ pub async fn open(
         size,
         format,
         toc,
+        toc_json,
     }))
 }
 

@@ -8,11 +8,17 @@
 //! `..`, only the xattrs a layer may set) and every chunk inside the blob, each with the digest
 //! it must match before it is served.
 
+pub mod cache;
 pub mod chunk;
 pub mod convert;
 pub mod estargz;
 pub mod fetch;
+pub mod fs;
+pub mod server;
+pub mod snapshotter;
+pub mod spec;
 pub mod toc;
+pub mod tree;
 pub mod write;
 pub mod zstd_chunked;
 

@@ -5,9 +5,9 @@
 //! compressed bytes, [`MANIFEST_CHECKSUM`].
 
 /// `offset:length:uncompressed length:type` of the compressed manifest.
-pub const MANIFEST_POSITION: &str = "io.github.containers.zstd-chunked.manifest-position";
+pub const MANIFEST_POSITION: &str = crishim_images::lazy::ZSTD_CHUNKED_MANIFEST_POSITION;
 /// The digest of the compressed manifest.
-pub const MANIFEST_CHECKSUM: &str = "io.github.containers.zstd-chunked.manifest-checksum";
+pub const MANIFEST_CHECKSUM: &str = crishim_images::lazy::ZSTD_CHUNKED_MANIFEST_CHECKSUM;
 /// The manifest type of a CRFS-compatible TOC, the only one there is.
 pub const MANIFEST_TYPE_CRFS: u64 = 1;
 /// The footer: a skippable frame's 8-byte header, then 64 bytes of data.

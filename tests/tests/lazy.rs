@@ -209,3 +209,213 @@ async fn crishim_image_convert_makes_images_that_pull_whole_and_lazily() {
     }
     d.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Lazy pull through the daemon: real registry, real FUSE, real overlayfs, real containers.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crishim_tests::pods::{container_config, PodEnv};
+use crishim_tests::{busybox_layer, DaemonOptions};
+
+/// A data layer with what a lazy tree must get right: owners, setuid, a file of many chunks, a
+/// symlink, a hard link; and a layer over it with a whiteout and an opaque directory.
+fn data_image() -> Image {
+    let big: Vec<u8> = (0..700_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data = LayerBuilder::new()
+        .dir("data", 0o755)
+        .dir_owned("data/owned", 0o750, 1000, 1001)
+        .file_owned("data/owned/secret", b"s3cret\n".to_vec(), 0o640, 1000, 1001)
+        .file("data/small.txt", vec![b'k'; 1024], 0o644)
+        .file("data/big.bin", big, 0o644)
+        .file("data/suid", b"#!/bin/sh\n".to_vec(), 0o4755)
+        .symlink("data/link", "small.txt")
+        .hardlink("data/hard", "data/small.txt")
+        .file("data/gone", b"x".to_vec(), 0o644)
+        .dir("data/opq", 0o755)
+        .file("data/opq/old", b"old".to_vec(), 0o644);
+    let over = LayerBuilder::new()
+        .whiteout("data/gone")
+        .opaque("data/opq")
+        .file("data/opq/new", b"new".to_vec(), 0o644);
+    Image::new(vec![
+        busybox_layer(),
+        data.build(Compression::Gzip),
+        over.build(Compression::Gzip),
+    ])
+}
+
+fn convert(reg: &Registry, src: &str, format: &str) -> String {
+    let dst = format!("{}/lazy:{format}", reg.host());
+    let config = tempfile::NamedTempFile::new().unwrap();
+    let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+        .args(["image", "convert", "--format", format, "--chunk-size", "65536"])
+        .arg("--config")
+        .arg(config.path())
+        .arg(src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dst
+}
+
+/// Every entry below `root`: kind, mode, owner, size, content digest, link target, device,
+/// link count, xattrs. Read from the host, as root.
+fn facts(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        names.sort();
+        for p in names {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let what = if m.is_file() {
+                let data = std::fs::read(&p).unwrap_or_else(|e| {
+                    // A lazy layer's server says why.
+                    let log = root.parent().map(|d| d.join("server.log")).unwrap_or_default();
+                    let log = std::fs::read_to_string(log).unwrap_or_default();
+                    panic!("reading {}: {e}\n{log}", p.display())
+                });
+                crishim_lazy::sha256(&data)
+            } else if m.file_type().is_symlink() {
+                std::fs::read_link(&p).unwrap().to_string_lossy().into_owned()
+            } else {
+                String::new()
+            };
+            let fact = format!(
+                "{:o} {}:{} size={} nlink={} rdev={} {what} xattrs={:?}",
+                m.mode(),
+                m.uid(),
+                m.gid(),
+                if m.is_dir() { 0 } else { m.size() },
+                if m.is_dir() { 0 } else { m.nlink() },
+                m.rdev(),
+                xattrs(&p)
+            );
+            out.insert(rel, fact);
+            if m.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let mut names = vec![0u8; 4096];
+    // SAFETY: the buffers outlive the calls and their sizes are passed.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n <= 0 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for name in names[..n as usize].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let cname = std::ffi::CString::new(name).unwrap();
+        let mut v = vec![0u8; 4096];
+        let m = unsafe {
+            libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len())
+        };
+        v.truncate(m.max(0) as usize);
+        out.push((String::from_utf8_lossy(name).into_owned(), v));
+    }
+    out.sort();
+    out
+}
+
+fn lazy_dirs(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(root.join("images/lazy"))
+        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.join("mnt").is_dir()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+async fn lazy_info(d: &crishim_tests::Daemon, image: &str) -> serde_json::Value {
+    let r = d.image_status_full(image, true).await.unwrap();
+    serde_json::from_str(r.info.get("lazy").expect("info[\"lazy\"]")).unwrap()
+}
+
+async fn wait_local(d: &crishim_tests::Daemon, image: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let info = lazy_info(d, image).await;
+        if info["state"] == "local" || std::time::Instant::now() > deadline {
+            return info;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A converted image is pulled lazily: PullImage returns once the TOCs are in, every layer is a
+/// FUSE mount, and a container runs from it and reads its files before the prefetch is done
+/// (it is held to a trickle). What the mounts show is, entry for entry, what a full pull of the
+/// same image unpacks (modes, owners, links, whiteouts, opaque directories, bytes).
+#[tokio::test]
+async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows() {
+    let mut opts = DaemonOptions::new();
+    opts.images.push("lazy_prefetch_bandwidth = 1".into());
+    let env = PodEnv::start_with(opts).await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    let mut whole = DaemonOptions::new();
+    whole.images.push("lazy = false".into());
+    let full = crishim_tests::Daemon::start(whole).await.unwrap();
+    for format in ["estargz", "zstd-chunked"] {
+        let image = convert(&env.reg, &plain.tag_ref(), format);
+        env.d.pull(&image).await.unwrap();
+        full.pull(&image).await.unwrap();
+        let mounts = lazy_dirs(&env.d.root_dir());
+        assert_eq!(mounts.len(), 3, "{format}: every layer is lazy: {mounts:?}");
+        let info = lazy_info(&env.d, &image).await;
+        assert_eq!(info["state"], "lazy", "{format}: {info}");
+        assert!(info["local_bytes"].as_u64() < info["size_bytes"].as_u64(), "{info}");
+
+        for dir in &mounts {
+            let hex = dir.file_name().unwrap();
+            let snapshot = full.root_dir().join("images/snapshots").join(hex);
+            assert_eq!(
+                facts(&dir.join("mnt")),
+                facts(&snapshot),
+                "{format}: the lazy layer differs from the full pull's"
+            );
+        }
+
+        let pod_cfg = env.pod_config(&format!("lazy-{format}"));
+        let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+        let cfg = container_config("app", &image, &["sleep", "3600"]);
+        let ctr = env.d.run_container(&pod, &cfg, &pod_cfg).await.unwrap();
+        assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/small.txt"]).await, "k".repeat(1024));
+        assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
+        let listing = env.d.exec_ok(&ctr, &["ls", "-A", "/data", "/data/opq"]).await;
+        assert!(!listing.contains("gone") && !listing.contains("old"), "{listing}");
+        let stat = env
+            .d
+            .exec_ok(&ctr, &["stat", "-c", "%a %u %g %h", "/data/suid", "/data/owned/secret", "/data/hard"])
+            .await;
+        assert_eq!(stat, "4755 0 0 1\n640 1000 1001 1\n644 0 0 2\n", "{format}");
+        let big = env.d.exec_sync(&ctr, &["cat", "/data/big.bin"], 30).await.unwrap();
+        let sum = crishim_lazy::sha256(&big.stdout);
+        let want: Vec<_> = mounts
+            .iter()
+            .flat_map(|m| facts(&full.root_dir().join("images/snapshots").join(m.file_name().unwrap())))
+            .filter(|(path, _)| path == "data/big.bin")
+            .collect();
+        assert!(
+            want.len() == 1 && want[0].1.contains(&sum),
+            "{format}: big.bin read in the container is not the full pull's: {sum} {want:?}"
+        );
+        assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy", "the prefetch is held back");
+        env.d.stop_pod(&pod).await.unwrap();
+        env.d.remove_pod(&pod).await.unwrap();
+    }
+    full.stop();
+    env.stop();
+}

@@ -32,6 +32,9 @@ impl ImageService {
                 "layers": rec.layers,
             });
             info.insert("info".to_string(), verbose.to_string());
+            let lazy = serde_json::to_string(&self.store.lazy_summary(&rec))
+                .map_err(|e| Error::internal(format!("lazy layers' status: {e}")))?;
+            info.insert("lazy".to_string(), lazy);
         }
         Ok(ImageStatusResponse {
             image: Some(self.to_cri(&rec)),

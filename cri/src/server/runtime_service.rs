@@ -226,7 +226,7 @@ fn unknown_state(c: &ContainerRecord) -> ContainerState {
 }
 
 /// A helper binary next to the running `crishim` (both are installed together).
-fn sibling_binary(name: &str) -> PathBuf {
+pub(crate) fn sibling_binary(name: &str) -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(|d| d.join(name)))

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use reqwest::Url;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
     /// Per registry host, endpoints tried in order before the upstream.
@@ -21,13 +21,13 @@ pub struct RegistryConfig {
     pub config_path: Option<std::path::PathBuf>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MirrorConfig {
     pub endpoint: Vec<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostConfig {
     pub auth: Option<AuthConfig>,
@@ -35,7 +35,7 @@ pub struct HostConfig {
 }
 
 /// The same fields as containerd's `registry.configs.<host>.auth`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
     pub username: Option<String>,
@@ -45,15 +45,16 @@ pub struct AuthConfig {
     pub identitytoken: Option<String>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsConfig {
     #[serde(default)]
     pub insecure_skip_verify: bool,
 }
 
-/// Credentials for one registry, from a CRI `AuthConfig` or from config.toml.
-#[derive(Clone, PartialEq, Eq)]
+/// Credentials for one registry, from a CRI `AuthConfig` or from config.toml. Serialized only
+/// into root-only files (a lazy layer's server spec).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Credentials {
     Basic {
         username: String,
