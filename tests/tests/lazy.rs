@@ -373,9 +373,16 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
         env.d.pull(&image).await.unwrap();
         full.pull(&image).await.unwrap();
         let mounts = lazy_dirs(&env.d.root_dir());
-        assert_eq!(mounts.len(), 3, "{format}: every layer is lazy: {mounts:?}");
         let info = lazy_info(&env.d, &image).await;
         assert_eq!(info["state"], "lazy", "{format}: {info}");
+        // The data layers are lazy (zstd:chunked keeps busybox's tar as it was, so that layer is
+        // the one the environment pulled already).
+        let want = if format == "estargz" { 3 } else { 2 };
+        assert_eq!(
+            info["layers"].as_array().map(Vec::len),
+            Some(want),
+            "{format}: every layer not already local is lazy: {info}"
+        );
         assert!(info["local_bytes"].as_u64() < info["size_bytes"].as_u64(), "{info}");
 
         for dir in &mounts {
@@ -409,7 +416,7 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
             .filter(|(path, _)| path == "data/big.bin")
             .collect();
         assert!(
-            want.len() == 1 && want[0].1.contains(&sum),
+            !want.is_empty() && want.iter().all(|(_, f)| f.contains(&sum)),
             "{format}: big.bin read in the container is not the full pull's: {sum} {want:?}"
         );
         assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy", "the prefetch is held back");
