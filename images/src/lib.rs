@@ -220,16 +220,20 @@ impl ImageStore {
     ) -> Result<RootfsMount> {
         validate_id(container_id)?;
         let _gc = self.gc_lock.read().await;
-        let lowers = image
-            .chain_ids
-            .iter()
-            .rev()
-            .map(|c| self.lower(c, image))
-            .collect::<Result<Vec<PathBuf>>>()?;
+        let mut lowers = Vec::with_capacity(image.chain_ids.len());
+        let mut lazy_chains = Vec::new();
+        for chain in image.chain_ids.iter().rev() {
+            let (lower, lazy) = self.lower(chain, image)?;
+            lowers.push(lower);
+            if lazy {
+                lazy_chains.push(chain.clone());
+            }
+        }
         let r = ContainerRef {
             image: image.id.clone(),
             chain_ids: image.chain_ids.clone(),
             readonly,
+            lazy_chains,
         };
         if !self.meta.add_container(container_id, &r)? {
             return Err(ImageError::InUse {
@@ -255,18 +259,20 @@ impl ImageStore {
         if made.is_err() {
             let _ = remove_any(&dir);
             self.meta.remove_container(container_id)?;
+        } else {
+            self.collect_lazy()?;
         }
         made
     }
 
-    /// Where `chain`'s files are: its snapshot, or else its lazy layer's mount.
-    fn lower(&self, chain: &Digest, image: &ImageRecord) -> Result<PathBuf> {
+    /// Where `chain`'s files are: its snapshot, or else its lazy layer's mount (`true`).
+    fn lower(&self, chain: &Digest, image: &ImageRecord) -> Result<(PathBuf, bool)> {
         let snapshot = self.layout.snapshot(chain);
         if snapshot.is_dir() {
-            return Ok(snapshot);
+            return Ok((snapshot, false));
         }
         match self.lazy.as_ref().map(|l| l.lower(chain)) {
-            Some(Ok(Some(mount))) => Ok(mount),
+            Some(Ok(Some(mount))) => Ok((mount, true)),
             Some(Err(reason)) => Err(ImageError::LayerUnusable {
                 chain: chain.to_string(),
                 reason,
@@ -301,10 +307,13 @@ impl ImageStore {
         self.trash.discard(&dir)?;
         let held = self.meta.container(container_id)?;
         self.meta.remove_container(container_id)?;
-        // The last holder of a removed image's layers lets them go now, not at the next start-up.
+        // The last holder of a removed image's layers lets them go now, not at the next start-up;
+        // so does the last reader of a lazy mount whose layer is now an ordinary snapshot.
         if let Some(r) = held {
             if self.meta.image(r.image.as_str())?.is_none() {
                 self.gc().await?;
+            } else if !r.lazy_chains.is_empty() {
+                self.collect_lazy()?;
             }
         }
         Ok(())
@@ -346,13 +355,26 @@ impl ImageStore {
             info!(removed, "garbage collected blobs and snapshots");
         }
         if let Some(lazy) = &self.lazy {
-            let held: HashSet<&str> = containers
-                .iter()
-                .flat_map(|(_, c)| c.chain_ids.iter())
-                .map(|d| d.hex())
-                .collect();
-            lazy.collect(&live_snaps, &held);
+            lazy.collect(&live_snaps, &lazy_held(&containers));
         }
+        Ok(())
+    }
+
+    /// Let go of the lazy mounts of layers that are ordinary snapshots now and that no
+    /// container reads through (their servers exit once the kernel drops the mounts).
+    fn collect_lazy(&self) -> Result<()> {
+        let Some(lazy) = &self.lazy else {
+            return Ok(());
+        };
+        let images = self.meta.images()?;
+        let containers = self.meta.containers()?;
+        let live: HashSet<&str> = images
+            .iter()
+            .flat_map(|i| i.chain_ids.iter())
+            .chain(containers.iter().flat_map(|(_, c)| c.chain_ids.iter()))
+            .map(|d| d.hex())
+            .collect();
+        lazy.collect(&live, &lazy_held(&containers));
         Ok(())
     }
 
@@ -400,6 +422,15 @@ impl ImageStore {
         }
         Ok(usage)
     }
+}
+
+/// The layers containers read through lazy mounts.
+fn lazy_held(containers: &[(String, ContainerRef)]) -> HashSet<&str> {
+    containers
+        .iter()
+        .flat_map(|(_, c)| c.lazy_chains.iter())
+        .map(|d| d.hex())
+        .collect()
 }
 
 /// Entries [`ImageStore::usage`] counts at most (every image's layers and every container's

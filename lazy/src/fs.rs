@@ -311,7 +311,8 @@ impl Filesystem for Shared {
             },
         );
         match &backing {
-            Some(b) => reply.opened_passthrough(FileHandle(fh), opened, b),
+            // The kernel refuses (EIO) a passthrough open with any flag but its few.
+            Some(b) => reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, b),
             None => reply.opened(FileHandle(fh), opened),
         }
     }

@@ -426,3 +426,216 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
     full.stop();
     env.stop();
 }
+
+/// Every lazy layer server's log, for a failure to show.
+fn server_logs(root: &Path) -> String {
+    lazy_dirs(root)
+        .iter()
+        .map(|d| std::fs::read_to_string(d.join("server.log")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n----\n")
+}
+
+fn servers_of(root: &Path) -> usize {
+    let needle = root.join("images/lazy");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            let c = String::from_utf8_lossy(c);
+            c.contains("crishim-lazyfs") && c.contains(needle.to_str().unwrap())
+        })
+        .count()
+}
+
+/// The prefetch makes every lazy layer an ordinary snapshot, equal to a full pull's. A
+/// container started before keeps reading; one started after runs from the snapshots (it keeps
+/// running once the first container, and with it every lazy mount, is gone). RemoveImage while
+/// a container runs behaves as for a full pull, and once nothing uses the layers their
+/// snapshots, chunks, mounts and servers are all gone.
+#[tokio::test]
+async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused() {
+    // Slow enough that the first container starts on the lazy mounts.
+    let mut opts = DaemonOptions::new();
+    opts.images.push("lazy_prefetch_bandwidth = 400000".into());
+    let env = PodEnv::start_with(opts).await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    let mut whole = DaemonOptions::new();
+    whole.images.push("lazy = false".into());
+    let full = crishim_tests::Daemon::start(whole).await.unwrap();
+    let image = convert(&env.reg, &plain.tag_ref(), "estargz");
+    env.d.pull(&image).await.unwrap();
+    full.pull(&image).await.unwrap();
+    let lazy = lazy_dirs(&env.d.root_dir());
+    assert_eq!(lazy.len(), 3);
+
+    let pod_cfg = env.pod_config("before");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let before = env
+        .d
+        .run_container(&pod, &container_config("before", &image, &["sleep", "3600"]), &pod_cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", server_logs(&env.d.root_dir())));
+    assert_eq!(env.d.exec_ok(&before, &["cat", "/data/opq/new"]).await, "new");
+
+    let info = wait_local(&env.d, &image).await;
+    assert_eq!(info["state"], "local", "the prefetch did not finish: {info}");
+    assert_eq!(info["local_bytes"], info["size_bytes"], "{info}");
+    for dir in &lazy {
+        let hex = dir.file_name().unwrap();
+        assert_eq!(
+            facts(&env.d.root_dir().join("images/snapshots").join(hex)),
+            facts(&full.root_dir().join("images/snapshots").join(hex)),
+            "the prefetched snapshot differs from the full pull's"
+        );
+        assert!(!dir.join("cache").exists(), "the chunk cache outlived the prefetch");
+    }
+    let big_before = env.d.exec_sync(&before, &["cat", "/data/big.bin"], 30).await.unwrap();
+    assert_eq!(big_before.stdout.len(), 700_000);
+
+    let pod2_cfg = env.pod_config("after");
+    let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
+    let after = env
+        .d
+        .run_container(&pod2, &container_config("after", &image, &["sleep", "3600"]), &pod2_cfg)
+        .await
+        .unwrap();
+    // The first container goes: nothing holds the lazy mounts, and they go with their servers.
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while (!lazy_dirs(&env.d.root_dir()).is_empty() || servers_of(&env.d.root_dir()) > 0)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        lazy_dirs(&env.d.root_dir()).is_empty(),
+        "lazy layers left: {}",
+        env.d
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("lazy") || l.contains("garbage"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_eq!(servers_of(&env.d.root_dir()), 0, "lazy layer servers left");
+    let big_after = env.d.exec_sync(&after, &["cat", "/data/big.bin"], 30).await.unwrap();
+    assert_eq!(big_after.stdout, big_before.stdout);
+
+    // RemoveImage with a container running from it: as for a full pull.
+    env.d.remove_image(&image).await.unwrap();
+    assert_eq!(env.d.exec_ok(&after, &["cat", "/data/small.txt"]).await.len(), 1024);
+    env.d.stop_pod(&pod2).await.unwrap();
+    env.d.remove_pod(&pod2).await.unwrap();
+    for dir in &lazy {
+        let hex = dir.file_name().unwrap();
+        assert!(
+            !env.d.root_dir().join("images/snapshots").join(hex).exists(),
+            "a removed image's snapshot outlived its last container"
+        );
+    }
+    full.stop();
+    env.stop();
+}
+
+/// The registry's copy of the blob `digest`.
+fn stored_blob(reg: &Registry, digest: &str) -> std::path::PathBuf {
+    let hex = digest.trim_start_matches("sha256:");
+    reg.storage_dir()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data")
+}
+
+/// A chunk changed in the registry's storage after the image was made: reading it fails with
+/// `EIO` (never other bytes) and is counted, while the layer's other files read; the prefetch
+/// finds the whole blob wrong and quarantines the layer, which ImageStatus reports and which
+/// no new container may use.
+#[tokio::test]
+async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
+    let env = PodEnv::start().await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    let image = convert(&env.reg, &plain.tag_ref(), "estargz");
+    // The data layer's blob and the chunks of big.bin in it.
+    let client = RegistryClient::new(RegistryConfig::default()).unwrap();
+    let (repo, manifest) = client
+        .resolve(&Reference::parse(&image).unwrap(), None)
+        .await
+        .unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&manifest.bytes).unwrap();
+    let layer = &m["layers"][1];
+    let digest = Digest::parse(layer["digest"].as_str().unwrap()).unwrap();
+    let annotations: HashMap<String, String> =
+        serde_json::from_value(layer["annotations"].clone()).unwrap();
+    let size = layer["size"].as_u64().unwrap();
+    let Opened::Lazy(l) = open(&repo, &digest, size, &annotations, &Limits::default())
+        .await
+        .unwrap()
+    else {
+        panic!("not lazy")
+    };
+    let big = l.toc.entries.iter().find(|e| e.path == "data/big.bin").unwrap();
+    let Kind::File { chunks, .. } = &big.kind else {
+        panic!()
+    };
+    let victim = &chunks[3];
+    let stored = stored_blob(&env.reg, digest.as_str());
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[((victim.compressed.start + victim.compressed.end) / 2) as usize] ^= 0x55;
+    std::fs::write(&stored, &bytes).unwrap();
+
+    env.d.pull(&image).await.unwrap();
+    let dir = lazy_dirs(&env.d.root_dir())
+        .into_iter()
+        .find(|d| {
+            std::fs::read_to_string(d.join("spec.json"))
+                .unwrap_or_default()
+                .contains(digest.as_str())
+        })
+        .expect("the data layer is lazy");
+    let mnt = dir.join("mnt");
+    let mut f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; victim.size as usize];
+    let e = f.read_exact_at(&mut buf, victim.file_offset).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let mut first = vec![0u8; 1000];
+    f.read_exact_at(&mut first, 0).unwrap();
+    assert_eq!(std::fs::read(mnt.join("data/small.txt")).unwrap(), vec![b'k'; 1024]);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let info = loop {
+        let info = lazy_info(&env.d, &image).await;
+        if info["state"] == "quarantined" || std::time::Instant::now() > deadline {
+            break info;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(info["state"], "quarantined", "{info}");
+    let layer_info = info["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["digest"] == digest.as_str())
+        .unwrap();
+    assert!(layer_info["chunk_errors"].as_u64() >= Some(1), "{info}");
+    assert!(
+        layer_info["reason"].as_str().unwrap_or_default().contains("digest"),
+        "{info}"
+    );
+    let pod_cfg = env.pod_config("quarantine");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let e = env
+        .d
+        .create_container(&pod, &container_config("q", &image, &["true"]), &pod_cfg)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("quarantined"), "{}", e.message());
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}

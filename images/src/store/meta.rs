@@ -57,6 +57,10 @@ pub struct ContainerRef {
     pub image: Digest,
     pub chain_ids: Vec<Digest>,
     pub readonly: bool,
+    /// The layers its root filesystem reads through their lazy mounts: those mounts stay while
+    /// it does.
+    #[serde(default)]
+    pub lazy_chains: Vec<Digest>,
 }
 
 pub struct Meta {
