@@ -639,3 +639,63 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
     env.d.remove_pod(&pod).await.unwrap();
     env.stop();
 }
+
+/// The daemon killed mid-prefetch: the lazy layers' servers run on, a running container reads
+/// every file; the restarted daemon finds the layers, starts new containers on them, and the
+/// prefetch completes.
+#[tokio::test]
+async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
+    let mut opts = DaemonOptions::new();
+    opts.images.push("lazy_prefetch_bandwidth = 100000".into());
+    let mut env = PodEnv::start_with(opts).await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    let image = convert(&env.reg, &plain.tag_ref(), "zstd-chunked");
+    env.d.pull(&image).await.unwrap();
+    let pod_cfg = env.pod_config("survivor");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let ctr = env
+        .d
+        .run_container(&pod, &container_config("app", &image, &["sleep", "3600"]), &pod_cfg)
+        .await
+        .unwrap();
+    assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy");
+    let servers = servers_of(&env.d.root_dir());
+    assert!(servers >= 1, "{servers} servers");
+
+    env.d.kill();
+    assert_eq!(servers_of(&env.d.root_dir()), servers, "a server died with the daemon");
+    for dir in lazy_dirs(&env.d.root_dir()) {
+        let big = dir.join("mnt/data/big.bin");
+        if big.exists() {
+            assert_eq!(std::fs::read(&big).unwrap().len(), 700_000);
+        }
+    }
+    let pid = {
+        let status = std::fs::read_dir("/proc").unwrap().flatten().find(|e| {
+            std::fs::read_to_string(e.path().join("cmdline"))
+                .is_ok_and(|c| c.starts_with("sleep\0") && c.contains("3600"))
+        });
+        status.map(|e| e.file_name().to_string_lossy().into_owned())
+    };
+    let pid = pid.expect("the container's process");
+    let via_container = std::fs::read(format!("/proc/{pid}/root/data/small.txt")).unwrap();
+    assert_eq!(via_container, vec![b'k'; 1024]);
+
+    env.d.restart().await.unwrap();
+    assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
+    let pod2_cfg = env.pod_config("newcomer");
+    let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
+    let ctr2 = env
+        .d
+        .run_container(&pod2, &container_config("app2", &image, &["sleep", "3600"]), &pod2_cfg)
+        .await
+        .unwrap();
+    assert_eq!(env.d.exec_ok(&ctr2, &["cat", "/data/owned/secret"]).await, "s3cret\n");
+    let info = wait_local(&env.d, &image).await;
+    assert_eq!(info["state"], "local", "the prefetch did not complete: {info}");
+    for p in [&pod, &pod2] {
+        env.d.stop_pod(p).await.unwrap();
+        env.d.remove_pod(p).await.unwrap();
+    }
+    env.stop();
+}
