@@ -9,6 +9,9 @@ bash hack/install-deps.sh
 cargo build --release --workspace
 rel="${CARGO_TARGET_DIR:-target}/release"
 install -m 0755 "$rel"/crishim /usr/local/bin/crishim
+# Lazy layers' FUSE servers, started by the daemon, one per layer ([images] lazy).
+install -m 0755 "$rel"/crishim-lazyfs /usr/local/bin/crishim-lazyfs
+modprobe fuse 2>/dev/null || true
 # The per-pod shim, static (hack/build-init.sh says why).
 install -m 0755 "$(hack/build-init.sh --release crishim-shim)" /usr/local/bin/crishim-shim
 # The GPU interceptor: [gpu] interceptor defaults to this file next to the crishim binary.

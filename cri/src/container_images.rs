@@ -40,6 +40,11 @@ pub trait ContainerImages: Send + Sync {
     /// unmount `target` and delete what `id` held. Idempotent.
     async fn release_rootfs(&self, id: &str, target: &Path) -> Result<(), ImageError>;
 
+    /// Lazy layers (chain ID hex) and where each stands, for the metrics.
+    fn lazy_layers(&self) -> Vec<(String, crishim_images::LazyStatus)> {
+        Vec::new()
+    }
+
     /// The directory holding the container's writable layer (`upper/`), for its disk usage.
     fn writable_dir(&self, container_id: &str) -> PathBuf;
 
@@ -49,6 +54,10 @@ pub trait ContainerImages: Send + Sync {
 
 #[tonic::async_trait]
 impl ContainerImages for ImageStore {
+    fn lazy_layers(&self) -> Vec<(String, crishim_images::LazyStatus)> {
+        ImageStore::lazy_layers(self)
+    }
+
     fn resolve(&self, name: &str) -> Result<Option<ImageRecord>, ImageError> {
         ImageStore::resolve(self, name)
     }

@@ -56,10 +56,10 @@ async fn with_lazy_layers(store: ImageStore, config: &Config) -> Result<ImageSto
         settings,
     )
     .context("finding the lazy layers")?;
-    Ok(store
+    store
         .with_lazy(Arc::new(lazy))
         .await
-        .context("collecting lazy layers")?)
+        .context("collecting lazy layers")
 }
 
 /// Serve until `stop` completes (`crishim run` serves in process this way).

@@ -78,6 +78,10 @@ struct State {
     pull_duration: Histogram,
     pulls: BTreeMap<&'static str, u64>,
     oom_kills: u64,
+    /// Chunk errors per lazy layer as last scraped, and those of layers gone since: the
+    /// counter stays monotonic when a layer's server goes.
+    lazy_errors: BTreeMap<String, u64>,
+    lazy_errors_gone: u64,
 }
 
 /// The process's metrics.
@@ -100,6 +104,8 @@ pub struct Gauges {
     pub shims: u64,
     /// GPU containers with a memory limit.
     pub gpu: Vec<crishim_gpu::container::GpuUsage>,
+    /// Lazy layers (chain ID hex) and where each stands.
+    pub lazy: Vec<(String, crishim_images::LazyStatus)>,
 }
 
 impl Metrics {
@@ -142,7 +148,20 @@ impl Metrics {
 
     /// The Prometheus text exposition of everything, with `gauges` read now.
     pub fn render(&self, gauges: &Gauges) -> String {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        let now: BTreeMap<String, u64> = gauges
+            .lazy
+            .iter()
+            .map(|(k, v)| (k.clone(), v.chunk_errors))
+            .collect();
+        let gone: u64 = s
+            .lazy_errors
+            .iter()
+            .filter(|(k, _)| !now.contains_key(*k))
+            .map(|(_, v)| v)
+            .sum();
+        s.lazy_errors_gone += gone;
+        s.lazy_errors = now;
         let mut out = String::new();
         head(
             &mut out,
@@ -218,6 +237,7 @@ impl Metrics {
             "Containers the OOM killer ended.",
         );
         let _ = writeln!(out, "crishim_oom_kills_total {}", s.oom_kills);
+        render_lazy(&mut out, &s, &gauges.lazy);
         head(&mut out, "crishim_pods", "gauge", "Pod sandboxes by state.");
         for (state, n) in &gauges.pods {
             let _ = writeln!(out, "crishim_pods{{state=\"{state}\"}} {n}");
@@ -285,6 +305,45 @@ impl Metrics {
         );
         out
     }
+}
+
+/// Lazy layers by state, their bytes, and the chunks refused for failing their digest.
+fn render_lazy(out: &mut String, s: &State, lazy: &[(String, crishim_images::LazyStatus)]) {
+    use crishim_images::LazyState;
+    head(out, "crishim_lazy_layers", "gauge", "Lazy layers by state.");
+    for (state, name) in [
+        (LazyState::Lazy, "lazy"),
+        (LazyState::Local, "local"),
+        (LazyState::Quarantined, "quarantined"),
+    ] {
+        let n = lazy.iter().filter(|(_, l)| l.state == state).count();
+        let _ = writeln!(out, "crishim_lazy_layers{{state=\"{name}\"}} {n}");
+    }
+    let sum =
+        |f: fn(&crishim_images::LazyStatus) -> u64| -> u64 { lazy.iter().map(|(_, l)| f(l)).sum() };
+    for (name, help, v) in [
+        (
+            "crishim_lazy_local_bytes",
+            "Compressed bytes of lazy layers held locally.",
+            sum(|l| l.local_bytes),
+        ),
+        (
+            "crishim_lazy_size_bytes",
+            "Compressed bytes of lazy layers in all.",
+            sum(|l| l.size_bytes),
+        ),
+    ] {
+        head(out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {v}");
+    }
+    head(
+        out,
+        "crishim_lazy_chunk_errors_total",
+        "counter",
+        "Chunks of lazy layers that failed their digest (each read got EIO).",
+    );
+    let errors = s.lazy_errors_gone + s.lazy_errors.values().sum::<u64>();
+    let _ = writeln!(out, "crishim_lazy_chunk_errors_total {errors}");
 }
 
 /// A metric's `# HELP` and `# TYPE` lines.
@@ -415,6 +474,17 @@ mod tests {
                     share_permille: Some(1),
                 },
             ],
+            lazy: vec![(
+                "ab".into(),
+                crishim_images::LazyStatus {
+                    state: crishim_images::LazyState::Lazy,
+                    local_bytes: 10,
+                    size_bytes: 100,
+                    fetched_bytes: 10,
+                    chunk_errors: 2,
+                    reason: None,
+                },
+            )],
         };
         let text = m.render(&g);
         for line in [
@@ -435,6 +505,9 @@ mod tests {
             "crishim_gpu_core_limit_percent{container=\"abc123\"} 30",
             "crishim_gpu_core_share_percent{container=\"abc123\"} 29.8",
             "crishim_gpu_time_seconds_total{container=\"abc123\"} 1.5",
+            "crishim_lazy_layers{state=\"lazy\"} 1",
+            "crishim_lazy_local_bytes 10",
+            "crishim_lazy_chunk_errors_total 2",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

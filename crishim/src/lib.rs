@@ -4,4 +4,5 @@
 pub mod bundle;
 pub mod gpu_cli;
 pub mod image_cli;
+pub mod images_cli;
 pub mod workflow;

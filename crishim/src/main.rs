@@ -42,6 +42,8 @@ enum Command {
     Gpu(crishim::gpu_cli::GpuArgs),
     /// Images: `crishim image convert --format estargz|zstd-chunked SRC DST` makes lazy images.
     Image(crishim::image_cli::ImageArgs),
+    /// The daemon's images, and how much of each is local (lazy pull).
+    Images(crishim::images_cli::ImagesArgs),
 }
 
 fn main() {
@@ -77,6 +79,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bundle(args) => std::process::exit(crishim::bundle::main(args)?),
         Command::Gpu(args) => std::process::exit(crishim::gpu_cli::main(args)?),
         Command::Image(args) => std::process::exit(crishim::image_cli::main(args)?),
+        Command::Images(args) => std::process::exit(crishim::images_cli::main(args)?),
     }
 }
 

@@ -96,6 +96,9 @@ pub trait LazyLayers: Send + Sync {
 
     /// `chain`'s lazy layer, if it has one.
     fn status(&self, chain: &Digest) -> Option<LazyStatus>;
+
+    /// Every lazy layer (its chain ID's hex) and where it stands.
+    fn all(&self) -> Vec<(String, LazyStatus)>;
 }
 
 /// How much of an image is local, layer by layer: what `ImageStatus` (verbose) reports under
@@ -125,7 +128,10 @@ impl LazySummary {
             .iter()
             .map(|(_, s)| s.size_bytes.saturating_sub(s.local_bytes))
             .sum();
-        let state = if layers.iter().any(|(_, s)| s.state == LazyState::Quarantined) {
+        let state = if layers
+            .iter()
+            .any(|(_, s)| s.state == LazyState::Quarantined)
+        {
             LazyState::Quarantined
         } else if layers.iter().any(|(_, s)| s.state == LazyState::Lazy) {
             LazyState::Lazy

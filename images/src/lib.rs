@@ -5,9 +5,9 @@
 
 pub mod digest;
 pub mod error;
-pub mod lazy;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod lazy;
 pub mod limits;
 mod locks;
 mod platform;
@@ -103,6 +103,11 @@ impl ImageStore {
         self.lazy = Some(lazy);
         self.gc().await?;
         Ok(self)
+    }
+
+    /// Every lazy layer (its chain ID's hex) and where it stands.
+    pub fn lazy_layers(&self) -> Vec<(String, LazyStatus)> {
+        self.lazy.as_ref().map(|l| l.all()).unwrap_or_default()
     }
 
     /// How much of `image` is local: its lazy layers and where each stands.

@@ -99,9 +99,8 @@ fn duration_in<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<std::time::Duration, D::Error> {
     let s = String::deserialize(d)?;
-    let t = humantime::parse_duration(&s).map_err(|e| {
-        serde::de::Error::custom(format!("{key} {s:?}: {e} (e.g. \"{example}\")"))
-    })?;
+    let t = humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("{key} {s:?}: {e} (e.g. \"{example}\")")))?;
     let (lo, hi) = PULL_PROGRESS_TIMEOUT_RANGE;
     if t.as_secs() < lo || t.as_secs() > hi {
         return Err(serde::de::Error::custom(format!(

@@ -12,10 +12,10 @@ use tracing::{debug, info};
 
 use crate::digest::{chain_ids, Digest, Hasher};
 use crate::error::{ImageError, IoContext, Result, StreamAborted};
+use crate::lazy::{LazyOutcome, LazyRequest};
 use crate::limits::Budget;
 use crate::platform::host_arch;
 use crate::reference::Reference;
-use crate::lazy::{LazyOutcome, LazyRequest};
 use crate::registry::{Credentials, Repository};
 use crate::store::meta::ImageRecord;
 use crate::store::{remove_any, Layout, CONTENT_DIR_MODE};
@@ -168,7 +168,7 @@ impl ImageStore {
                 !(lazy_on
                     && l.annotations()
                         .as_ref()
-                        .is_some_and(|a| crate::lazy::is_lazy_format(a)))
+                        .is_some_and(crate::lazy::is_lazy_format))
             })
             .map(|(l, _, _)| l.size())
             .fold(config_bytes.len() as u64, u64::saturating_add);

@@ -103,9 +103,9 @@ impl Cache {
     /// Whether every chunk of the file `ino` is local.
     pub fn complete(&self, ino: u64) -> bool {
         match &self.tree.node(ino).kind {
-            NodeKind::File { chunks, .. } => {
-                chunks.clone().all(|c| self.local[c].load(Ordering::Acquire))
-            }
+            NodeKind::File { chunks, .. } => chunks
+                .clone()
+                .all(|c| self.local[c].load(Ordering::Acquire)),
             _ => false,
         }
     }
@@ -139,10 +139,7 @@ impl Cache {
                 if inflight.insert(i) {
                     break;
                 }
-                inflight = self
-                    .done
-                    .wait(inflight)
-                    .unwrap_or_else(|e| e.into_inner());
+                inflight = self.done.wait(inflight).unwrap_or_else(|e| e.into_inner());
             }
         }
         let result = self.fill(i);
@@ -307,7 +304,11 @@ mod tests {
 
         let again = Cache::new(dir.path().into(), tree.clone(), Box::new(f.clone()));
         again.ensure(ino, 0..350).unwrap();
-        assert_eq!(f.calls.load(Ordering::SeqCst), 4, "the restart fetched again");
+        assert_eq!(
+            f.calls.load(Ordering::SeqCst),
+            4,
+            "the restart fetched again"
+        );
         // A chunk changed on disk is fetched again, not served.
         let file = again.file(ino).unwrap();
         file.write_all_at(b"X", 205).unwrap();

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
@@ -392,9 +392,7 @@ impl Filesystem for Shared {
             .into_iter()
             .chain(children.iter().map(|(n, i)| (*i, n.as_str())));
         for (i, (child, name)) in all.enumerate().skip(offset as usize) {
-            let kind = fs
-                .attr(child)
-                .map_or(FileType::RegularFile, |a| a.kind);
+            let kind = fs.attr(child).map_or(FileType::RegularFile, |a| a.kind);
             if reply.add(INodeNo(child), i as u64 + 1, kind, name) {
                 break;
             }

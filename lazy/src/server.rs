@@ -163,7 +163,10 @@ fn serve(dir: &Path, spec: Spec, ready: &mut Option<std::fs::File>) -> Result<()
             return Ok(());
         }
         Ok((_, Opened::RangeIgnored)) => {
-            report(ready, "whole range-ignored: the registry does not honour Range");
+            report(
+                ready,
+                "whole range-ignored: the registry does not honour Range",
+            );
             return Ok(());
         }
         Err(e) => {
@@ -188,7 +191,11 @@ fn serve(dir: &Path, spec: Spec, ready: &mut Option<std::fs::File>) -> Result<()
         // No progress for the read timeout fails the read; this caps a trickle.
         cap: read_timeout.saturating_mul(4),
     };
-    let cache = Arc::new(Cache::new(cache_dir.clone(), tree.clone(), Box::new(fetcher)));
+    let cache = Arc::new(Cache::new(
+        cache_dir.clone(),
+        tree.clone(),
+        Box::new(fetcher),
+    ));
     let fs = Arc::new(LazyFs::new(tree.clone(), cache.clone()));
     let passthrough = fs.passthrough_on.clone();
     let fd = mount(&mnt).map_err(|e| format!("mounting {}: {e}", mnt.display()))?;

@@ -81,8 +81,8 @@ impl Snapshotter {
     fn recover(&self) {
         for (hex, dir) in self.layer_dirs() {
             let snapshot = self.store_root.join("snapshots").join(&hex);
-            let quarantined = spec::read_status(&dir)
-                .is_some_and(|s| s.state == LazyState::Quarantined);
+            let quarantined =
+                spec::read_status(&dir).is_some_and(|s| s.state == LazyState::Quarantined);
             if spec::alive(&dir) || quarantined || snapshot.is_dir() {
                 continue;
             }
@@ -255,8 +255,9 @@ impl LazyLayers for Snapshotter {
             ));
         }
         if !spec::alive(&dir) {
-            return Err("its lazy layer's server is gone; remove the image and pull it again"
-                .into());
+            return Err(
+                "its lazy layer's server is gone; remove the image and pull it again".into(),
+            );
         }
         Ok(Some(dir.join(spec::MNT)))
     }
@@ -264,7 +265,10 @@ impl LazyLayers for Snapshotter {
     fn collect(&self, live: &HashSet<&str>, held: &HashSet<&str>) {
         for (hex, dir) in self.layer_dirs() {
             let local = self.store_root.join("snapshots").join(&hex).is_dir();
-            if live.contains(hex.as_str()) && !(local && !held.contains(hex.as_str())) {
+            // Kept while an image or container names it, unless it is local and no container
+            // reads through its mount.
+            let needed = !local || held.contains(hex.as_str());
+            if live.contains(hex.as_str()) && needed {
                 continue;
             }
             forget(&dir);
@@ -274,6 +278,13 @@ impl LazyLayers for Snapshotter {
                 info!(layer = %hex, "lazy layer let go");
             }
         }
+    }
+
+    fn all(&self) -> Vec<(String, LazyStatus)> {
+        self.layer_dirs()
+            .into_iter()
+            .filter_map(|(hex, dir)| spec::read_status(&dir).map(|s| (hex, s)))
+            .collect()
     }
 
     fn status(&self, chain: &Digest) -> Option<LazyStatus> {

@@ -112,7 +112,15 @@ impl Tree {
             }
             if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
                 let path = join(parent_path, hidden);
-                let ino = t.add(parent, &path, NodeKind::Char { rdev: 0 }, 0, (0, 0), 0, vec![]);
+                let ino = t.add(
+                    parent,
+                    &path,
+                    NodeKind::Char { rdev: 0 },
+                    0,
+                    (0, 0),
+                    0,
+                    vec![],
+                );
                 t.link(parent, hidden, ino, &mut by_path, path);
                 continue;
             }
@@ -176,7 +184,15 @@ impl Tree {
             t.link(parent, name, ino, &mut by_path, e.path.clone());
         }
         if let Some((name, data)) = inline {
-            let ino = t.add(ROOT, name, NodeKind::Inline { data }, 0o444, (0, 0), 0, vec![]);
+            let ino = t.add(
+                ROOT,
+                name,
+                NodeKind::Inline { data },
+                0o444,
+                (0, 0),
+                0,
+                vec![],
+            );
             t.link(ROOT, name, ino, &mut by_path, name.to_string());
         }
         t

@@ -223,7 +223,9 @@ use crishim_tests::{busybox_layer, DaemonOptions};
 /// A data layer with what a lazy tree must get right: owners, setuid, a file of many chunks, a
 /// symlink, a hard link; and a layer over it with a whiteout and an opaque directory.
 fn data_image() -> Image {
-    let big: Vec<u8> = (0..700_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let big: Vec<u8> = (0..700_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let data = LayerBuilder::new()
         .dir("data", 0o755)
         .dir_owned("data/owned", 0o750, 1000, 1001)
@@ -251,7 +253,14 @@ fn convert(reg: &Registry, src: &str, format: &str) -> String {
     let dst = format!("{}/lazy:{format}", reg.host());
     let config = tempfile::NamedTempFile::new().unwrap();
     let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
-        .args(["image", "convert", "--format", format, "--chunk-size", "65536"])
+        .args([
+            "image",
+            "convert",
+            "--format",
+            format,
+            "--chunk-size",
+            "65536",
+        ])
         .arg("--config")
         .arg(config.path())
         .arg(src)
@@ -277,13 +286,19 @@ fn facts(root: &Path) -> BTreeMap<String, String> {
             let what = if m.is_file() {
                 let data = std::fs::read(&p).unwrap_or_else(|e| {
                     // A lazy layer's server says why.
-                    let log = root.parent().map(|d| d.join("server.log")).unwrap_or_default();
+                    let log = root
+                        .parent()
+                        .map(|d| d.join("server.log"))
+                        .unwrap_or_default();
                     let log = std::fs::read_to_string(log).unwrap_or_default();
                     panic!("reading {}: {e}\n{log}", p.display())
                 });
                 crishim_lazy::sha256(&data)
             } else if m.file_type().is_symlink() {
-                std::fs::read_link(&p).unwrap().to_string_lossy().into_owned()
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
             } else {
                 String::new()
             };
@@ -318,12 +333,14 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for name in names[..n as usize].split(|b| *b == 0).filter(|n| !n.is_empty()) {
+    for name in names[..n as usize]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+    {
         let cname = std::ffi::CString::new(name).unwrap();
         let mut v = vec![0u8; 4096];
-        let m = unsafe {
-            libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len())
-        };
+        let m =
+            unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
         v.truncate(m.max(0) as usize);
         out.push((String::from_utf8_lossy(name).into_owned(), v));
     }
@@ -333,7 +350,12 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
 
 fn lazy_dirs(root: &Path) -> Vec<std::path::PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(root.join("images/lazy"))
-        .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.join("mnt").is_dir()).collect())
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.join("mnt").is_dir())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -375,6 +397,19 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
         let mounts = lazy_dirs(&env.d.root_dir());
         let info = lazy_info(&env.d, &image).await;
         assert_eq!(info["state"], "lazy", "{format}: {info}");
+        let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
+            .args(["images", "--socket"])
+            .arg(env.d.socket())
+            .output()
+            .unwrap();
+        let listed = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            listed
+                .lines()
+                .any(|l| l.contains(&format!("lazy:{format}")) && l.contains("% (lazy)")),
+            "crishim images: {listed}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         // The data layers are lazy (zstd:chunked keeps busybox's tar as it was, so that layer is
         // the one the environment pulled already).
         let want = if format == "estargz" { 3 } else { 2 };
@@ -383,7 +418,10 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
             Some(want),
             "{format}: every layer not already local is lazy: {info}"
         );
-        assert!(info["local_bytes"].as_u64() < info["size_bytes"].as_u64(), "{info}");
+        assert!(
+            info["local_bytes"].as_u64() < info["size_bytes"].as_u64(),
+            "{info}"
+        );
 
         for dir in &mounts {
             let hex = dir.file_name().unwrap();
@@ -399,27 +437,61 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
         let pod = env.d.run_pod(&pod_cfg).await.unwrap();
         let cfg = container_config("app", &image, &["sleep", "3600"]);
         let ctr = env.d.run_container(&pod, &cfg, &pod_cfg).await.unwrap();
-        assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/small.txt"]).await, "k".repeat(1024));
+        assert_eq!(
+            env.d.exec_ok(&ctr, &["cat", "/data/small.txt"]).await,
+            "k".repeat(1024)
+        );
         assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
-        let listing = env.d.exec_ok(&ctr, &["ls", "-A", "/data", "/data/opq"]).await;
-        assert!(!listing.contains("gone") && !listing.contains("old"), "{listing}");
+        let listing = env
+            .d
+            .exec_ok(&ctr, &["ls", "-A", "/data", "/data/opq"])
+            .await;
+        assert!(
+            !listing.contains("gone") && !listing.contains("old"),
+            "{listing}"
+        );
         let stat = env
             .d
-            .exec_ok(&ctr, &["stat", "-c", "%a %u %g %h", "/data/suid", "/data/owned/secret", "/data/hard"])
+            .exec_ok(
+                &ctr,
+                &[
+                    "stat",
+                    "-c",
+                    "%a %u %g %h",
+                    "/data/suid",
+                    "/data/owned/secret",
+                    "/data/hard",
+                ],
+            )
             .await;
         assert_eq!(stat, "4755 0 0 1\n640 1000 1001 1\n644 0 0 2\n", "{format}");
-        let big = env.d.exec_sync(&ctr, &["cat", "/data/big.bin"], 30).await.unwrap();
+        let big = env
+            .d
+            .exec_sync(&ctr, &["cat", "/data/big.bin"], 30)
+            .await
+            .unwrap();
         let sum = crishim_lazy::sha256(&big.stdout);
         let want: Vec<_> = mounts
             .iter()
-            .flat_map(|m| facts(&full.root_dir().join("images/snapshots").join(m.file_name().unwrap())))
+            .flat_map(|m| {
+                facts(
+                    &full
+                        .root_dir()
+                        .join("images/snapshots")
+                        .join(m.file_name().unwrap()),
+                )
+            })
             .filter(|(path, _)| path == "data/big.bin")
             .collect();
         assert!(
             !want.is_empty() && want.iter().all(|(_, f)| f.contains(&sum)),
             "{format}: big.bin read in the container is not the full pull's: {sum} {want:?}"
         );
-        assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy", "the prefetch is held back");
+        assert_eq!(
+            lazy_info(&env.d, &image).await["state"],
+            "lazy",
+            "the prefetch is held back"
+        );
         env.d.stop_pod(&pod).await.unwrap();
         env.d.remove_pod(&pod).await.unwrap();
     }
@@ -474,13 +546,23 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
     let pod = env.d.run_pod(&pod_cfg).await.unwrap();
     let before = env
         .d
-        .run_container(&pod, &container_config("before", &image, &["sleep", "3600"]), &pod_cfg)
+        .run_container(
+            &pod,
+            &container_config("before", &image, &["sleep", "3600"]),
+            &pod_cfg,
+        )
         .await
         .unwrap_or_else(|e| panic!("{e:?}\n{}", server_logs(&env.d.root_dir())));
-    assert_eq!(env.d.exec_ok(&before, &["cat", "/data/opq/new"]).await, "new");
+    assert_eq!(
+        env.d.exec_ok(&before, &["cat", "/data/opq/new"]).await,
+        "new"
+    );
 
     let info = wait_local(&env.d, &image).await;
-    assert_eq!(info["state"], "local", "the prefetch did not finish: {info}");
+    assert_eq!(
+        info["state"], "local",
+        "the prefetch did not finish: {info}"
+    );
     assert_eq!(info["local_bytes"], info["size_bytes"], "{info}");
     for dir in &lazy {
         let hex = dir.file_name().unwrap();
@@ -489,16 +571,27 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
             facts(&full.root_dir().join("images/snapshots").join(hex)),
             "the prefetched snapshot differs from the full pull's"
         );
-        assert!(!dir.join("cache").exists(), "the chunk cache outlived the prefetch");
+        assert!(
+            !dir.join("cache").exists(),
+            "the chunk cache outlived the prefetch"
+        );
     }
-    let big_before = env.d.exec_sync(&before, &["cat", "/data/big.bin"], 30).await.unwrap();
+    let big_before = env
+        .d
+        .exec_sync(&before, &["cat", "/data/big.bin"], 30)
+        .await
+        .unwrap();
     assert_eq!(big_before.stdout.len(), 700_000);
 
     let pod2_cfg = env.pod_config("after");
     let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
     let after = env
         .d
-        .run_container(&pod2, &container_config("after", &image, &["sleep", "3600"]), &pod2_cfg)
+        .run_container(
+            &pod2,
+            &container_config("after", &image, &["sleep", "3600"]),
+            &pod2_cfg,
+        )
         .await
         .unwrap();
     // The first container goes: nothing holds the lazy mounts, and they go with their servers.
@@ -521,12 +614,22 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
             .join("\n")
     );
     assert_eq!(servers_of(&env.d.root_dir()), 0, "lazy layer servers left");
-    let big_after = env.d.exec_sync(&after, &["cat", "/data/big.bin"], 30).await.unwrap();
+    let big_after = env
+        .d
+        .exec_sync(&after, &["cat", "/data/big.bin"], 30)
+        .await
+        .unwrap();
     assert_eq!(big_after.stdout, big_before.stdout);
 
     // RemoveImage with a container running from it: as for a full pull.
     env.d.remove_image(&image).await.unwrap();
-    assert_eq!(env.d.exec_ok(&after, &["cat", "/data/small.txt"]).await.len(), 1024);
+    assert_eq!(
+        env.d
+            .exec_ok(&after, &["cat", "/data/small.txt"])
+            .await
+            .len(),
+        1024
+    );
     env.d.stop_pod(&pod2).await.unwrap();
     env.d.remove_pod(&pod2).await.unwrap();
     for dir in &lazy {
@@ -577,7 +680,12 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
     else {
         panic!("not lazy")
     };
-    let big = l.toc.entries.iter().find(|e| e.path == "data/big.bin").unwrap();
+    let big = l
+        .toc
+        .entries
+        .iter()
+        .find(|e| e.path == "data/big.bin")
+        .unwrap();
     let Kind::File { chunks, .. } = &big.kind else {
         panic!()
     };
@@ -597,19 +705,29 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
         })
         .expect("the data layer is lazy");
     let mnt = dir.join("mnt");
-    let mut f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
+    let f = std::fs::File::open(mnt.join("data/big.bin")).unwrap();
     use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; victim.size as usize];
     let e = f.read_exact_at(&mut buf, victim.file_offset).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     let mut first = vec![0u8; 1000];
     f.read_exact_at(&mut first, 0).unwrap();
-    assert_eq!(std::fs::read(mnt.join("data/small.txt")).unwrap(), vec![b'k'; 1024]);
+    assert_eq!(
+        std::fs::read(mnt.join("data/small.txt")).unwrap(),
+        vec![b'k'; 1024]
+    );
 
+    // The server rewrites its status every second.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let counted = |info: &serde_json::Value| {
+        info["layers"]
+            .as_array()
+            .is_some_and(|ls| ls.iter().any(|l| l["chunk_errors"].as_u64() >= Some(1)))
+    };
     let info = loop {
         let info = lazy_info(&env.d, &image).await;
-        if info["state"] == "quarantined" || std::time::Instant::now() > deadline {
+        let done = info["state"] == "quarantined" && counted(&info);
+        if done || std::time::Instant::now() > deadline {
             break info;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
@@ -623,7 +741,10 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
         .unwrap();
     assert!(layer_info["chunk_errors"].as_u64() >= Some(1), "{info}");
     assert!(
-        layer_info["reason"].as_str().unwrap_or_default().contains("digest"),
+        layer_info["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("digest"),
         "{info}"
     );
     let pod_cfg = env.pod_config("quarantine");
@@ -655,7 +776,11 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
     let pod = env.d.run_pod(&pod_cfg).await.unwrap();
     let ctr = env
         .d
-        .run_container(&pod, &container_config("app", &image, &["sleep", "3600"]), &pod_cfg)
+        .run_container(
+            &pod,
+            &container_config("app", &image, &["sleep", "3600"]),
+            &pod_cfg,
+        )
         .await
         .unwrap();
     assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy");
@@ -663,7 +788,11 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
     assert!(servers >= 1, "{servers} servers");
 
     env.d.kill();
-    assert_eq!(servers_of(&env.d.root_dir()), servers, "a server died with the daemon");
+    assert_eq!(
+        servers_of(&env.d.root_dir()),
+        servers,
+        "a server died with the daemon"
+    );
     for dir in lazy_dirs(&env.d.root_dir()) {
         let big = dir.join("mnt/data/big.bin");
         if big.exists() {
@@ -687,12 +816,22 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
     let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
     let ctr2 = env
         .d
-        .run_container(&pod2, &container_config("app2", &image, &["sleep", "3600"]), &pod2_cfg)
+        .run_container(
+            &pod2,
+            &container_config("app2", &image, &["sleep", "3600"]),
+            &pod2_cfg,
+        )
         .await
         .unwrap();
-    assert_eq!(env.d.exec_ok(&ctr2, &["cat", "/data/owned/secret"]).await, "s3cret\n");
+    assert_eq!(
+        env.d.exec_ok(&ctr2, &["cat", "/data/owned/secret"]).await,
+        "s3cret\n"
+    );
     let info = wait_local(&env.d, &image).await;
-    assert_eq!(info["state"], "local", "the prefetch did not complete: {info}");
+    assert_eq!(
+        info["state"], "local",
+        "the prefetch did not complete: {info}"
+    );
     for p in [&pod, &pod2] {
         env.d.stop_pod(p).await.unwrap();
         env.d.remove_pod(p).await.unwrap();

@@ -65,8 +65,8 @@ pub use pod_host::files::HostPodFiles;
 pub use pod_host::network::CniPodNetwork;
 pub use pod_host::shims::ProcessPodShims;
 pub use pod_host::{PodFiles, PodNetwork, PodShims};
-pub use runtime_service::{Parts, RuntimeService};
 pub(crate) use runtime_service::sibling_binary;
+pub use runtime_service::{Parts, RuntimeService};
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -196,6 +196,7 @@ impl RuntimeService {
             *g.containers.entry(name).or_default() += 1;
         }
         // Files the containers write: read on a thread of their own, for at most 2 s.
+        g.lazy = self.inner.images.lazy_layers();
         g.gpu = crishim_gpu::container::usage_within(
             &crishim_gpu::containers_dir(&self.inner.config.state_dir),
             crishim_gpu::container::USAGE_DEADLINE,
