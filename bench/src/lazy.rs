@@ -462,18 +462,28 @@ fn mem_available() -> Option<u64> {
 }
 
 /// Build the image, push it as gzip, and convert it with `crishim image convert` to eStargz
-/// and zstd:chunked, all straight to the registry (not through the throttle).
+/// and zstd:chunked where a mode pulls them, all straight to the registry (not through the
+/// throttle).
 pub async fn build_images(setup: &Setup<'_>, opts: &Options) -> Result<Images> {
     let say = |m: &str| progress("lazy", m);
     let payload = opts.image_mib << 20;
     let tmp = Path::new("/var/tmp");
-    // The temporary layer is gone before the conversions write theirs: three copies in all.
+    let lazy_modes = opts.modes.iter().filter(|m| m.lazy()).count() as u64;
+    // The registry keeps the gzip image and one copy per lazy format; the temporary layer is
+    // gone before the conversions write theirs.
+    let storage = setup.registry.storage_dir();
+    let registry_copies = (1 + lazy_modes) * payload;
+    let needs = if device(tmp)? == device(storage)? {
+        vec![(storage, registry_copies.max(2 * payload))]
+    } else {
+        vec![(tmp, payload), (storage, registry_copies)]
+    };
     check_room(
-        &[(tmp, payload), (setup.registry.storage_dir(), 2 * payload)],
-        "the lazy image (gzip, eStargz, zstd:chunked)",
+        &needs,
+        "the lazy image (gzip, and each lazy format measured)",
     )?;
     // `crishim image convert` holds a layer's blob, its tar and the new blob in memory.
-    if let Some(avail) = mem_available() {
+    if let Some(avail) = mem_available().filter(|_| lazy_modes > 0) {
         ensure!(
             avail >= 3 * payload + MARGIN,
             "crishim image convert holds about three copies of the {} MiB layer in memory; \
@@ -553,10 +563,14 @@ pub async fn build_images(setup: &Setup<'_>, opts: &Options) -> Result<Images> {
     let config = dir.path().join("convert.toml");
     std::fs::write(&config, "")?;
     let src = format!("{}/{REPO}:gzip", setup.registry.host());
-    for (format, mode) in [
+    let conversions = [
         ("estargz", Mode::Estargz),
         ("zstd-chunked", Mode::ZstdChunked),
-    ] {
+    ];
+    for (format, mode) in conversions
+        .into_iter()
+        .filter(|(_, m)| opts.modes.contains(m))
+    {
         let dst = format!("{}/{REPO}:{}", setup.registry.host(), mode.tag());
         say(&format!("crishim image convert --format {format}"));
         let t0 = Instant::now();
@@ -586,6 +600,7 @@ pub async fn build_images(setup: &Setup<'_>, opts: &Options) -> Result<Images> {
     }
     let refs = [Mode::Full, Mode::Estargz, Mode::ZstdChunked]
         .iter()
+        .filter(|m| **m == Mode::Full || opts.modes.contains(m))
         .map(|m| (m.tag().to_string(), format!("docker.io/{REPO}:{}", m.tag())))
         .collect();
     Ok(Images {
