@@ -27,6 +27,18 @@ impl Cri {
         })
     }
 
+    /// As [`Self::connect`], with each call failing after `timeout` rather than the harness's
+    /// 90 s (a full pull of several GiB at a throttled rate takes longer).
+    pub async fn connect_with_timeout(socket: &Path, timeout: Duration) -> Result<Cri> {
+        let ch = crishim_cri::cri_client::connect_unix(socket, timeout)
+            .await
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        Ok(Cri {
+            rt: RuntimeServiceClient::new(ch.clone()),
+            img: ImageServiceClient::new(ch),
+        })
+    }
+
     /// `runtime_name runtime_version`, from Version.
     pub async fn version(&self) -> Result<String> {
         let v = self
@@ -74,6 +86,20 @@ impl Cri {
             .await
             .with_context(|| format!("PullImage {image}"))?;
         Ok(r.into_inner().image_ref)
+    }
+
+    /// ImageStatus with `verbose`: the runtime's `info` map (empty when the image is unknown).
+    pub async fn image_info(&self, image: &str) -> Result<HashMap<String, String>> {
+        let r = self
+            .img
+            .clone()
+            .image_status(cri::ImageStatusRequest {
+                image: Some(crishim_tests::cri::spec(image)),
+                verbose: true,
+            })
+            .await
+            .with_context(|| format!("ImageStatus {image}"))?;
+        Ok(r.into_inner().info)
     }
 
     pub async fn run_pod(&self, config: &cri::PodSandboxConfig) -> Result<String> {
@@ -159,6 +185,29 @@ impl Cri {
             );
         }
         Ok(())
+    }
+
+    /// ExecSync that must exit 0 within `timeout_s` seconds; returns its stdout.
+    pub async fn exec_output(&self, id: &str, cmd: &[&str], timeout_s: i64) -> Result<Vec<u8>> {
+        let r = self
+            .rt
+            .clone()
+            .exec_sync(cri::ExecSyncRequest {
+                container_id: id.into(),
+                cmd: cmd.iter().map(|s| s.to_string()).collect(),
+                timeout: timeout_s,
+            })
+            .await
+            .with_context(|| format!("ExecSync {cmd:?}"))?
+            .into_inner();
+        if r.exit_code != 0 {
+            bail!(
+                "ExecSync {cmd:?} exited {}: {}",
+                r.exit_code,
+                String::from_utf8_lossy(&r.stderr)
+            );
+        }
+        Ok(r.stdout)
     }
 
     pub async fn stop_pod(&self, id: &str) -> Result<()> {

@@ -4,6 +4,7 @@
 mod client;
 mod containerd;
 mod host;
+mod lazy;
 mod measure;
 mod nri;
 mod report;
@@ -30,7 +31,7 @@ const POD_SUBNET: &str = "10.95.0.0/16";
 #[derive(Parser, Debug)]
 #[command(
     about = "crishim and containerd side by side: pod start, burst, ExecSync, stop, \
-memory per pod, cold pull. Needs root; hack/bench.sh builds everything and runs this."
+memory per pod, cold pull; or lazy pull (--lazy). Needs root; hack/bench.sh builds everything and runs this."
 )]
 struct Args {
     /// Pods started one at a time (and again in the burst), and kept running for the memory,
@@ -89,6 +90,30 @@ struct Args {
     /// CreateContainer calls per daemon in the NRI mode.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=2000))]
     nri_creates: u64,
+    /// Measure only lazy pull: one large image through a throttled registry, pulled lazily by
+    /// crishim (eStargz, zstd:chunked), whole by crishim and whole by containerd (see
+    /// docs/benchmarks.md).
+    #[arg(long)]
+    lazy: bool,
+    /// The lazy image's random files, MiB in all (with a 1 KiB and a 100 MiB file).
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u64).range(lazy::MIN_IMAGE_MIB..=65536))]
+    lazy_image_mib: u64,
+    /// The rate the registry sends at, MiB/s, for all connections together.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    lazy_rate_mib: u64,
+    /// The lazy mode's columns, in order (`--only` filters them too).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = lazy::Mode::ALL)]
+    lazy_modes: Vec<lazy::Mode>,
+    /// crishim's `[images] lazy_prefetch_bandwidth` in the lazy columns, bytes/s (0: unlimited,
+    /// the registry's rate is the limit).
+    #[arg(long, default_value_t = 0)]
+    lazy_prefetch_bandwidth: u64,
+    /// crishim's `[images] lazy_prefetch_concurrency` in the lazy columns (default: the daemon's).
+    #[arg(long)]
+    lazy_prefetch_concurrency: Option<u64>,
+    /// `crishim image convert --chunk-size` for the lazy images (default: its own).
+    #[arg(long)]
+    lazy_chunk_size: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -285,6 +310,36 @@ async fn bench(args: &Args) -> Result<()> {
         println!("raw samples: {}", args.output.display());
         return Ok(());
     }
+    if args.lazy {
+        let modes = args
+            .lazy_modes
+            .iter()
+            .copied()
+            .filter(|m| match args.only {
+                Some(Runtime::Crishim) => *m != lazy::Mode::Containerd,
+                Some(Runtime::Containerd) => *m == lazy::Mode::Containerd,
+                None => true,
+            })
+            .collect();
+        let setup = lazy::Setup {
+            registry: &registry,
+            cni_dir: &cni_dir,
+            bridge: &bridge,
+            crishim_bin: &crishim_bin_path()?,
+            crishim_log: &args.crishim_log,
+            log_dir: args.log_dir.as_deref(),
+            output: &args.output,
+        };
+        let opts = lazy::Options {
+            image_mib: args.lazy_image_mib,
+            rate_mib: args.lazy_rate_mib,
+            modes,
+            prefetch_bandwidth: args.lazy_prefetch_bandwidth,
+            prefetch_concurrency: args.lazy_prefetch_concurrency,
+            chunk_size: args.lazy_chunk_size,
+        };
+        return lazy::run(&setup, &opts).await;
+    }
     let mut env = Env {
         registry,
         cni_dir,
@@ -396,6 +451,13 @@ fn pause_image() -> Image {
     Image::new(vec![layer]).cmd(&["/bin/sleep", PAUSE_ARG])
 }
 
+/// The daemon binary, as `real_main` found it.
+fn crishim_bin_path() -> Result<PathBuf> {
+    std::env::var_os("CRISHIM_BIN")
+        .map(PathBuf::from)
+        .context("CRISHIM_BIN is not set")
+}
+
 pub(crate) fn toml_str(p: &Path) -> String {
     serde_json::to_string(&p.to_string_lossy()).expect("string to json")
 }
@@ -448,7 +510,22 @@ pub(crate) async fn start_crishim(
     log: &str,
     extra: &str,
 ) -> Result<(Daemon, Sweeper)> {
-    let opts = DaemonOptions::new()
+    let opts = crishim_options(registry, cni_dir, log, extra);
+    let daemon = Daemon::start(opts)
+        .await
+        .context("starting crishim serve")?;
+    let sweeper = crishim_sweeper(&daemon, bridge);
+    Ok((daemon, sweeper))
+}
+
+/// The options [`start_crishim`] starts the daemon with.
+pub(crate) fn crishim_options(
+    registry: &str,
+    cni_dir: &Path,
+    log: &str,
+    extra: &str,
+) -> DaemonOptions {
+    DaemonOptions::new()
         .state_on_tmpfs()
         .mirror("docker.io", &[registry])
         .mirror("registry.k8s.io", &[registry])
@@ -457,75 +534,105 @@ pub(crate) async fn start_crishim(
             toml_str(cni_dir),
             toml_str(Path::new(CNI_BIN))
         ))
-        .env("RUST_LOG", log);
-    let daemon = Daemon::start(opts)
-        .await
-        .context("starting crishim serve")?;
-    let sweeper = Sweeper {
+        .env("RUST_LOG", log)
+}
+
+/// What removes whatever `daemon` and its pods leave, on drop.
+pub(crate) fn crishim_sweeper(daemon: &Daemon, bridge: &str) -> Sweeper {
+    Sweeper {
         dirs: vec![daemon.dir().to_path_buf()],
         cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
         bridge: bridge.to_string(),
         containerd_address: None,
         empty_dirs: Vec::new(),
-    };
-    Ok((daemon, sweeper))
+    }
+}
+
+/// containerd on fresh directories, its state on a tmpfs, and what cleans up after it. Dropped
+/// in field order: containerd, its state tmpfs, the sweep, the directory.
+pub(crate) struct ContainerdNode {
+    pub ctd: containerd::Containerd,
+    _state_tmpfs: host::Tmpfs,
+    pub sweeper: Sweeper,
+    pub dir: tempfile::TempDir,
+}
+
+impl ContainerdNode {
+    pub async fn start(mirror: &str, cni_dir: &Path, bridge: &str) -> Result<ContainerdNode> {
+        let dir = tempfile::Builder::new()
+            .prefix("crishim-bench-containerd-")
+            .tempdir()?;
+        let cfg = containerd::Config {
+            dir: dir.path(),
+            mirror,
+            cni_conf_dir: cni_dir,
+            cni_bin_dir: Path::new(CNI_BIN),
+            sandbox_image: PAUSE_IMAGE,
+        };
+        // containerd's shims put their sockets in /run/containerd/s whatever the config says.
+        let run_dir = Path::new("/run/containerd");
+        let empty_dirs = if run_dir.exists() {
+            Vec::new()
+        } else {
+            vec![run_dir.join("s"), run_dir.to_path_buf()]
+        };
+        let sweeper = Sweeper {
+            dirs: vec![dir.path().to_path_buf()],
+            cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
+            bridge: bridge.to_string(),
+            containerd_address: Some(cfg.socket().to_string_lossy().into_owned()),
+            empty_dirs,
+        };
+        // On a node containerd's state is /run/containerd, a tmpfs; crishim's gets one too.
+        let state_tmpfs = host::Tmpfs::mount(&dir.path().join("state"))?;
+        let ctd = containerd::Containerd::start(&cfg).await?;
+        Ok(ContainerdNode {
+            ctd,
+            _state_tmpfs: state_tmpfs,
+            sweeper,
+            dir,
+        })
+    }
+
+    /// containerd's `root`: its content store and snapshots.
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    /// Copy containerd's log into `log_dir`, if there is one.
+    pub fn save_log(&self, log_dir: Option<&Path>) {
+        if let Some(d) = log_dir {
+            let _ = std::fs::copy(
+                self.dir.path().join("containerd.log"),
+                d.join("containerd.log"),
+            );
+        }
+    }
 }
 
 async fn run_containerd(env: &Env) -> Result<Results> {
     let say = |m: &str| progress("containerd", m);
     say("starting containerd");
-    let dir = tempfile::Builder::new()
-        .prefix("crishim-bench-containerd-")
-        .tempdir()?;
-    let mirror = env.registry.url();
-    let cfg = containerd::Config {
-        dir: dir.path(),
-        mirror: &mirror,
-        cni_conf_dir: &env.cni_dir,
-        cni_bin_dir: Path::new(CNI_BIN),
-        sandbox_image: PAUSE_IMAGE,
-    };
-    // containerd's shims put their sockets in /run/containerd/s whatever the config says.
-    let run_dir = Path::new("/run/containerd");
-    let empty_dirs = if run_dir.exists() {
-        Vec::new()
-    } else {
-        vec![run_dir.join("s"), run_dir.to_path_buf()]
-    };
-    let sweeper = Sweeper {
-        dirs: vec![dir.path().to_path_buf()],
-        cgroup_top: format!("crishim-bench-{}", crishim_tests::random_hex(4)),
-        bridge: env.bridge.clone(),
-        containerd_address: Some(cfg.socket().to_string_lossy().into_owned()),
-        empty_dirs,
-    };
-    // On a node containerd's state is /run/containerd, a tmpfs; crishim's gets one too.
-    let state_tmpfs = host::Tmpfs::mount(&dir.path().join("state"))?;
-    let ctd = containerd::Containerd::start(&cfg).await?;
+    let node = ContainerdNode::start(&env.registry.url(), &env.cni_dir, &env.bridge).await?;
     let result = async {
-        let cri = Cri::connect(&ctd.socket).await?;
+        let cri = Cri::connect(&node.ctd.socket).await?;
         cri.wait_ready(Duration::from_secs(30)).await?;
         say("pulling busybox and the pause stand-in");
         cri.pull(PAUSE_IMAGE).await?;
         cri.pull(BUSYBOX).await?;
         let target = Target {
             cri,
-            daemon_pid: ctd.pid(),
-            dirs: sweeper.dirs.clone(),
-            cgroup_top: sweeper.cgroup_top.clone(),
-            run_dir: dir.path().to_path_buf(),
+            daemon_pid: node.ctd.pid(),
+            dirs: node.sweeper.dirs.clone(),
+            cgroup_top: node.sweeper.cgroup_top.clone(),
+            run_dir: node.dir.path().to_path_buf(),
             registry: &env.registry,
         };
         measure::run(&target, &env.plan, &say).await
     }
     .await;
-    let log = ctd.log_tail();
-    if let Some(d) = &env.log_dir {
-        let _ = std::fs::copy(dir.path().join("containerd.log"), d.join("containerd.log"));
-    }
-    drop(ctd);
-    drop(state_tmpfs);
-    drop(sweeper);
-    drop(dir);
+    let log = node.ctd.log_tail();
+    node.save_log(env.log_dir.as_deref());
+    drop(node);
     result.map_err(|e| e.context(format!("containerd's log ends:\n{log}")))
 }

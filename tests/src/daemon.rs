@@ -102,6 +102,12 @@ impl DaemonOptions {
         self
     }
 
+    /// Add `key = VALUE` to the `[images]` table, VALUE written as TOML (`true`, `"30s"`).
+    pub fn images_toml(mut self, key: &str, value: &str) -> Self {
+        self.images.push(format!("{key} = {value}"));
+        self
+    }
+
     pub fn insecure_skip_verify(mut self, host: &str) -> Self {
         self.insecure_hosts.push(host.to_string());
         self

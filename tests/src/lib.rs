@@ -18,6 +18,7 @@ pub mod image;
 pub mod pods;
 pub mod registry;
 pub mod systemd;
+pub mod throttle;
 
 pub use daemon::{Daemon, DaemonOptions};
 pub use image::{
@@ -25,6 +26,7 @@ pub use image::{
     PushedImage, PushedIndex, RawTar,
 };
 pub use registry::{Registry, RegistryOptions};
+pub use throttle::{Throttle, ThrottleOptions};
 
 /// A random lowercase hex string of `n` bytes (from /dev/urandom).
 pub fn random_hex(n: usize) -> String {
