@@ -476,6 +476,11 @@ where
 async fn connection(client: TcpStream, shared: &Shared) -> Result<()> {
     client.set_nodelay(true)?;
     let mut client = BufReader::new(client);
+    // A TLS handshake (a client trying HTTPS first, as crishim does on loopback) is refused at
+    // once, as a plain-HTTP registry refuses it, rather than left waiting for a head.
+    if client.fill_buf().await?.first() == Some(&0x16) {
+        return Ok(());
+    }
     loop {
         let Some(raw) = read_head(&mut client).await? else {
             return Ok(());

@@ -838,3 +838,94 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
     }
     env.stop();
 }
+
+/// A registry that ignores `Range` (answers 200 with the whole blob): the lazy layers are
+/// pulled whole instead, with one warning for the pull, and the image runs.
+#[tokio::test]
+async fn a_registry_without_range_gets_a_full_pull_logged_once() {
+    use crishim_tests::{Throttle, ThrottleOptions};
+    let env = PodEnv::start().await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    convert(&env.reg, &plain.tag_ref(), "estargz");
+    let proxy = Throttle::in_front_of(&env.reg, ThrottleOptions::new().ignore_range())
+        .await
+        .unwrap();
+    let image = format!("{}/lazy:estargz", proxy.host());
+    env.d.pull(&image).await.unwrap();
+    assert!(proxy.ranged_requests() >= 1, "no range request was tried");
+    assert!(
+        lazy_dirs(&env.d.root_dir()).is_empty(),
+        "a lazy layer was mounted"
+    );
+    assert_eq!(lazy_info(&env.d, &image).await["state"], "local");
+    let warned = env
+        .d
+        .log_text()
+        .matches("lazy layers are pulled whole")
+        .count();
+    assert_eq!(warned, 1, "the fallback is logged once");
+    let pod_cfg = env.pod_config("norange");
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let ctr = env
+        .d
+        .run_container(
+            &pod,
+            &container_config("app", &image, &["sleep", "3600"]),
+            &pod_cfg,
+        )
+        .await
+        .unwrap();
+    assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
+    env.d.stop_pod(&pod).await.unwrap();
+    env.d.remove_pod(&pod).await.unwrap();
+    env.stop();
+}
+
+/// A registry that stalls in the middle of a chunk: the read fails with `EIO` once
+/// `lazy_read_timeout` passes without progress, rather than hang the reader; what is local
+/// still reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_stalling_mid_chunk_fails_the_read_within_the_timeout() {
+    use crishim_tests::{Throttle, ThrottleOptions};
+    let mut opts = DaemonOptions::new();
+    opts.images.push("lazy_read_timeout = \"2s\"".into());
+    // The prefetch is held back, so every read goes to the registry.
+    opts.images.push("lazy_prefetch_bandwidth = 1".into());
+    let env = PodEnv::start_with(opts).await;
+    let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
+    convert(&env.reg, &plain.tag_ref(), "estargz");
+    let proxy = Throttle::in_front_of(&env.reg, ThrottleOptions::new())
+        .await
+        .unwrap();
+    let image = format!("{}/lazy:estargz", proxy.host());
+    env.d.pull(&image).await.unwrap();
+    let dir = lazy_dirs(&env.d.root_dir())
+        .into_iter()
+        .find(|d| d.join("mnt/data/big.bin").exists())
+        .expect("the data layer is lazy");
+    // Reads block: off the runtime, which runs the proxy.
+    let read = |p: std::path::PathBuf| tokio::task::spawn_blocking(move || std::fs::read(p));
+    let small = read(dir.join("mnt/data/small.txt"))
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}\n{}", server_logs(&env.d.root_dir())));
+    assert_eq!(small, vec![b'k'; 1024]);
+    proxy.set_stall_ranged_after(Some(100));
+    let started = std::time::Instant::now();
+    let e = read(dir.join("mnt/data/big.bin"))
+        .await
+        .unwrap()
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert!(
+        took >= std::time::Duration::from_millis(1500) && took < std::time::Duration::from_secs(10),
+        "the stalled read failed after {took:?}"
+    );
+    assert!(proxy.stalled_replies() >= 1);
+    // Local chunks are still served.
+    let small = read(dir.join("mnt/data/small.txt")).await.unwrap().unwrap();
+    assert_eq!(small, vec![b'k'; 1024]);
+    drop(proxy);
+    env.stop();
+}
