@@ -1,6 +1,7 @@
 //! Lazy layers: what a registry serves for eStargz and zstd:chunked blobs.
 
 use crishim_lazy::chunk::read_chunk;
+use crishim_lazy::tree::{NodeKind, Tree};
 use crishim_lazy::{estargz, zstd_chunked, Chunk, Format, Kind, Limits, Toc};
 
 /// The first byte picks the format; the rest is the blob's tail as a registry serves it: the
@@ -70,6 +71,29 @@ pub fn lazy_toc(data: &[u8]) {
                 }
             }
             assert!(at <= *size);
+        }
+    }
+    // The tree the FUSE mount shows: every inode reachable, every child's parent a directory,
+    // every file's chunks its own.
+    let tree = Tree::build(&toc, Some(("stargz.index.json", rest.to_vec())));
+    let owners = tree.chunk_owners();
+    for (i, n) in tree.nodes.iter().enumerate() {
+        let ino = i as u64 + 1;
+        assert!(
+            matches!(tree.node(n.parent).kind, NodeKind::Dir { .. }),
+            "inode {ino}'s parent is not a directory"
+        );
+        match &n.kind {
+            NodeKind::Dir { children } => {
+                for (name, child) in children {
+                    assert!(!name.is_empty() && !name.contains('/') && name != "..");
+                    assert!(tree.get(*child).is_some(), "{name:?} names no inode");
+                }
+            }
+            NodeKind::File { chunks, .. } => {
+                assert!(chunks.clone().all(|c| owners[c] == ino));
+            }
+            _ => {}
         }
     }
 }
