@@ -929,3 +929,146 @@ async fn a_registry_stalling_mid_chunk_fails_the_read_within_the_timeout() {
     drop(proxy);
     env.stop();
 }
+
+/// An eStargz layer whose TOC is rewritten (`edit`) and pushed with a matching TOC digest, so
+/// that only the TOC's own content is wrong: the image's blob, its diff ID and its annotations.
+fn estargz_with_toc(
+    tar: &[u8],
+    edit: impl Fn(&mut serde_json::Value) -> Vec<u8>,
+) -> (Layer, String) {
+    use std::io::{Read, Write};
+    let mut blob = Vec::new();
+    write_layer(tar, Format::Estargz, 65536, &mut blob).unwrap();
+    let footer_at = blob.len() - crishim_lazy::estargz::FOOTER_SIZE;
+    let toc_at =
+        crishim_lazy::estargz::parse_footer(&blob[footer_at..], blob.len() as u64).unwrap();
+    let json = crishim_lazy::estargz::toc_json(&blob[toc_at as usize..footer_at], 1 << 30).unwrap();
+    let mut toc: serde_json::Value = serde_json::from_slice(&json).unwrap();
+    let json = edit(&mut toc);
+    let mut h = tar::Header::new_ustar();
+    h.set_path(crishim_lazy::estargz::TOC_NAME).unwrap();
+    h.set_size(json.len() as u64);
+    h.set_mode(0o444);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut member = h.as_bytes().to_vec();
+    member.extend_from_slice(&json);
+    member.resize(member.len().div_ceil(512) * 512 + 1024, 0);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&member).unwrap();
+    let mut out = blob[..toc_at as usize].to_vec();
+    out.extend(gz.finish().unwrap());
+    out.extend(crishim_lazy::estargz::footer(toc_at));
+    let mut plain = Vec::new();
+    flate2::read::MultiGzDecoder::new(&out[..])
+        .read_to_end(&mut plain)
+        .unwrap();
+    let layer = Layer {
+        digest: crishim_lazy::sha256(&out),
+        diff_id: crishim_lazy::sha256(&plain),
+        blob: out,
+        compression: Compression::Gzip,
+        media_type: None,
+    };
+    (layer, crishim_lazy::sha256(&json))
+}
+
+/// Hostile TOCs, each carrying the right digest: one over the size cap, one whose chunk points
+/// past the blob's data, one with a path out of the layer. None is mounted: each layer is pulled
+/// whole (its blob and diff ID checked as any layer's), and the container sees the layer's files.
+#[tokio::test]
+async fn hostile_tocs_are_refused_and_the_layer_is_pulled_whole() {
+    let env = PodEnv::start().await;
+    let (tar, _) = layer();
+    type Edit = Box<dyn Fn(&mut serde_json::Value) -> Vec<u8>>;
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "over-the-cap",
+            Box::new(|toc| {
+                // 65 MiB of JSON whitespace: small compressed, over the 64 MiB cap.
+                let mut j = serde_json::to_vec(toc).unwrap();
+                j.extend(std::iter::repeat_n(b' ', 65 << 20));
+                j
+            }),
+        ),
+        (
+            "outside-the-blob",
+            Box::new(|toc| {
+                for e in toc["entries"].as_array_mut().unwrap() {
+                    if e["offset"].as_i64().unwrap_or(0) > 0 {
+                        e["offset"] = serde_json::json!(1i64 << 40);
+                        break;
+                    }
+                }
+                serde_json::to_vec(toc).unwrap()
+            }),
+        ),
+        (
+            "escaping-path",
+            Box::new(|toc| {
+                toc["entries"][0]["name"] = serde_json::json!("../../etc/evil");
+                serde_json::to_vec(toc).unwrap()
+            }),
+        ),
+    ];
+    let pusher = env.reg.pusher().unwrap();
+    for (name, edit) in cases {
+        let (hostile, toc_digest) = estargz_with_toc(&tar, edit);
+        let image = Image::new(vec![busybox_layer(), hostile]);
+        let pushed = env.reg.push("hostile", name, &image).await.unwrap();
+        // The same manifest, with the layer's annotations.
+        let mut m: serde_json::Value = serde_json::from_slice(&image.manifest_json()).unwrap();
+        m["layers"][1]["annotations"] =
+            serde_json::json!({ crishim_lazy::estargz::TOC_DIGEST: toc_digest });
+        let media = m["mediaType"].as_str().unwrap().to_string();
+        pusher
+            .push_manifest("hostile", name, &media, &serde_json::to_vec(&m).unwrap())
+            .await
+            .unwrap();
+        let reference = pushed.tag_ref();
+        env.d
+            .pull(&reference)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            lazy_dirs(&env.d.root_dir()).is_empty(),
+            "{name}: a hostile TOC was mounted"
+        );
+        assert_eq!(
+            lazy_info(&env.d, &reference).await["state"],
+            "local",
+            "{name}"
+        );
+        let pod_cfg = env.pod_config(name);
+        let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+        let ctr = env
+            .d
+            .run_container(
+                &pod,
+                &container_config("app", &reference, &["sleep", "3600"]),
+                &pod_cfg,
+            )
+            .await
+            .unwrap();
+        let readme = env.d.exec_ok(&ctr, &["cat", "/usr/share/doc/readme"]).await;
+        assert_eq!(readme, "r".repeat(5000), "{name}");
+        env.d.stop_pod(&pod).await.unwrap();
+        env.d.remove_pod(&pod).await.unwrap();
+    }
+    let log = env.d.log_text();
+    for why in ["is over", "outside the blob", "escapes the layer"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("pulling a lazy layer whole") && l.contains(why)),
+            "no fallback logged for {why:?}: {}",
+            log.lines()
+                .filter(|l| l.contains("whole"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    env.stop();
+}
