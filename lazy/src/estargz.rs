@@ -105,6 +105,25 @@ pub fn check_digest(json: &[u8], want: &str) -> Result<(), EstargzError> {
     }
 }
 
+/// The uncompressed bytes of the TOC's gzip member: the TOC as the tar's last entry
+/// (`stargz.index.json`, read-only, root's), then the tar's end.
+pub fn toc_member(toc: &[u8]) -> Vec<u8> {
+    let mut h = tar::Header::new_ustar();
+    // A fixed name of 17 bytes: the ustar name field holds it.
+    let _ = h.set_path(TOC_NAME);
+    h.set_size(toc.len() as u64);
+    h.set_mode(0o444);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut member = h.as_bytes().to_vec();
+    member.extend_from_slice(toc);
+    member.resize(member.len().div_ceil(512) * 512 + 1024, 0);
+    member
+}
+
 /// The footer of a blob whose TOC starts at `offset` (as eStargz writers make it).
 pub fn footer(offset: u64) -> [u8; FOOTER_SIZE] {
     let mut f = [0u8; FOOTER_SIZE];

@@ -207,19 +207,7 @@ pub fn write_layer<W: Write>(
                 o.member(&tar[copied..last_end])?;
             }
             let toc_offset = o.at;
-            let mut h = tar::Header::new_ustar();
-            h.set_path(estargz::TOC_NAME).map_err(WriteError::Tar)?;
-            h.set_size(toc.len() as u64);
-            h.set_mode(0o444);
-            h.set_uid(0);
-            h.set_gid(0);
-            h.set_mtime(0);
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_cksum();
-            let mut member = h.as_bytes().to_vec();
-            member.extend_from_slice(&toc);
-            member.resize(member.len().div_ceil(512) * 512 + 1024, 0);
-            o.member(&member)?;
+            o.member(&estargz::toc_member(&toc))?;
             o.raw(&estargz::footer(toc_offset))?;
             annotations.push((estargz::TOC_DIGEST.to_string(), crate::sha256(&toc)));
             annotations.push((

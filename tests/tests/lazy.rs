@@ -433,10 +433,7 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
             );
         }
 
-        let pod_cfg = env.pod_config(&format!("lazy-{format}"));
-        let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-        let cfg = container_config("app", &image, &["sleep", "3600"]);
-        let ctr = env.d.run_container(&pod, &cfg, &pod_cfg).await.unwrap();
+        let (pod, ctr) = sleeping(&env, &format!("lazy-{format}"), &image).await;
         assert_eq!(
             env.d.exec_ok(&ctr, &["cat", "/data/small.txt"]).await,
             "k".repeat(1024)
@@ -492,11 +489,29 @@ async fn a_lazy_image_runs_before_it_is_local_and_shows_what_a_full_pull_shows()
             "lazy",
             "the prefetch is held back"
         );
-        env.d.stop_pod(&pod).await.unwrap();
-        env.d.remove_pod(&pod).await.unwrap();
+        gone(&env, &pod).await;
     }
     full.stop();
     env.stop();
+}
+
+/// A pod named `name` with one container sleeping in `image`: (pod, container).
+async fn sleeping(env: &PodEnv, name: &str, image: &str) -> (String, String) {
+    let pod_cfg = env.pod_config(name);
+    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
+    let cfg = container_config("app", image, &["sleep", "3600"]);
+    let ctr = env
+        .d
+        .run_container(&pod, &cfg, &pod_cfg)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", server_logs(&env.d.root_dir())));
+    (pod, ctr)
+}
+
+/// Stop and remove `pod`.
+async fn gone(env: &PodEnv, pod: &str) {
+    env.d.stop_pod(pod).await.unwrap();
+    env.d.remove_pod(pod).await.unwrap();
 }
 
 /// Every lazy layer server's log, for a failure to show.
@@ -542,17 +557,7 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
     let lazy = lazy_dirs(&env.d.root_dir());
     assert_eq!(lazy.len(), 3);
 
-    let pod_cfg = env.pod_config("before");
-    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-    let before = env
-        .d
-        .run_container(
-            &pod,
-            &container_config("before", &image, &["sleep", "3600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e:?}\n{}", server_logs(&env.d.root_dir())));
+    let (pod, before) = sleeping(&env, "before", &image).await;
     assert_eq!(
         env.d.exec_ok(&before, &["cat", "/data/opq/new"]).await,
         "new"
@@ -583,20 +588,9 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
         .unwrap();
     assert_eq!(big_before.stdout.len(), 700_000);
 
-    let pod2_cfg = env.pod_config("after");
-    let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
-    let after = env
-        .d
-        .run_container(
-            &pod2,
-            &container_config("after", &image, &["sleep", "3600"]),
-            &pod2_cfg,
-        )
-        .await
-        .unwrap();
+    let (pod2, after) = sleeping(&env, "after", &image).await;
     // The first container goes: nothing holds the lazy mounts, and they go with their servers.
-    env.d.stop_pod(&pod).await.unwrap();
-    env.d.remove_pod(&pod).await.unwrap();
+    gone(&env, &pod).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while (!lazy_dirs(&env.d.root_dir()).is_empty() || servers_of(&env.d.root_dir()) > 0)
         && std::time::Instant::now() < deadline
@@ -630,8 +624,7 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
             .len(),
         1024
     );
-    env.d.stop_pod(&pod2).await.unwrap();
-    env.d.remove_pod(&pod2).await.unwrap();
+    gone(&env, &pod2).await;
     for dir in &lazy {
         let hex = dir.file_name().unwrap();
         assert!(
@@ -756,8 +749,7 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
     assert!(e.message().contains("quarantined"), "{}", e.message());
-    env.d.stop_pod(&pod).await.unwrap();
-    env.d.remove_pod(&pod).await.unwrap();
+    gone(&env, &pod).await;
     env.stop();
 }
 
@@ -772,17 +764,7 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
     let plain = env.reg.push("plain", "v1", &data_image()).await.unwrap();
     let image = convert(&env.reg, &plain.tag_ref(), "zstd-chunked");
     env.d.pull(&image).await.unwrap();
-    let pod_cfg = env.pod_config("survivor");
-    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-    let ctr = env
-        .d
-        .run_container(
-            &pod,
-            &container_config("app", &image, &["sleep", "3600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
+    let (pod, ctr) = sleeping(&env, "survivor", &image).await;
     assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy");
     let servers = servers_of(&env.d.root_dir());
     assert!(servers >= 1, "{servers} servers");
@@ -812,17 +794,7 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
 
     env.d.restart().await.unwrap();
     assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
-    let pod2_cfg = env.pod_config("newcomer");
-    let pod2 = env.d.run_pod(&pod2_cfg).await.unwrap();
-    let ctr2 = env
-        .d
-        .run_container(
-            &pod2,
-            &container_config("app2", &image, &["sleep", "3600"]),
-            &pod2_cfg,
-        )
-        .await
-        .unwrap();
+    let (pod2, ctr2) = sleeping(&env, "newcomer", &image).await;
     assert_eq!(
         env.d.exec_ok(&ctr2, &["cat", "/data/owned/secret"]).await,
         "s3cret\n"
@@ -833,8 +805,7 @@ async fn a_daemon_killed_mid_prefetch_leaves_lazy_layers_serving() {
         "the prefetch did not complete: {info}"
     );
     for p in [&pod, &pod2] {
-        env.d.stop_pod(p).await.unwrap();
-        env.d.remove_pod(p).await.unwrap();
+        gone(&env, p).await;
     }
     env.stop();
 }
@@ -864,20 +835,9 @@ async fn a_registry_without_range_gets_a_full_pull_logged_once() {
         .matches("lazy layers are pulled whole")
         .count();
     assert_eq!(warned, 1, "the fallback is logged once");
-    let pod_cfg = env.pod_config("norange");
-    let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-    let ctr = env
-        .d
-        .run_container(
-            &pod,
-            &container_config("app", &image, &["sleep", "3600"]),
-            &pod_cfg,
-        )
-        .await
-        .unwrap();
+    let (pod, ctr) = sleeping(&env, "norange", &image).await;
     assert_eq!(env.d.exec_ok(&ctr, &["cat", "/data/opq/new"]).await, "new");
-    env.d.stop_pod(&pod).await.unwrap();
-    env.d.remove_pod(&pod).await.unwrap();
+    gone(&env, &pod).await;
     env.stop();
 }
 
@@ -945,18 +905,7 @@ fn estargz_with_toc(
     let json = crishim_lazy::estargz::toc_json(&blob[toc_at as usize..footer_at], 1 << 30).unwrap();
     let mut toc: serde_json::Value = serde_json::from_slice(&json).unwrap();
     let json = edit(&mut toc);
-    let mut h = tar::Header::new_ustar();
-    h.set_path(crishim_lazy::estargz::TOC_NAME).unwrap();
-    h.set_size(json.len() as u64);
-    h.set_mode(0o444);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_cksum();
-    let mut member = h.as_bytes().to_vec();
-    member.extend_from_slice(&json);
-    member.resize(member.len().div_ceil(512) * 512 + 1024, 0);
+    let member = crishim_lazy::estargz::toc_member(&json);
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&member).unwrap();
     let mut out = blob[..toc_at as usize].to_vec();
@@ -1042,21 +991,10 @@ async fn hostile_tocs_are_refused_and_the_layer_is_pulled_whole() {
             "local",
             "{name}"
         );
-        let pod_cfg = env.pod_config(name);
-        let pod = env.d.run_pod(&pod_cfg).await.unwrap();
-        let ctr = env
-            .d
-            .run_container(
-                &pod,
-                &container_config("app", &reference, &["sleep", "3600"]),
-                &pod_cfg,
-            )
-            .await
-            .unwrap();
+        let (pod, ctr) = sleeping(&env, name, &reference).await;
         let readme = env.d.exec_ok(&ctr, &["cat", "/usr/share/doc/readme"]).await;
         assert_eq!(readme, "r".repeat(5000), "{name}");
-        env.d.stop_pod(&pod).await.unwrap();
-        env.d.remove_pod(&pod).await.unwrap();
+        gone(&env, &pod).await;
     }
     let log = env.d.log_text();
     for why in ["is over", "outside the blob", "escapes the layer"] {
