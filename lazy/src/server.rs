@@ -10,7 +10,7 @@
 //! on reads come from that snapshot. The server exits once the kernel drops its mount (the
 //! daemon detached it and no overlay holds it).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +21,6 @@ use crishim_images::pull::{store_layer, LayerSink, Pace};
 use crishim_images::registry::{RegistryClient, Repository};
 use crishim_images::store::Layout;
 use crishim_images::{Digest, ImageError, ImagesConfig, LazyState, LazyStatus, Reference};
-use nix::unistd::{fork, setsid, ForkResult};
 
 use crate::cache::{Cache, FetchFailed, Fetcher};
 use crate::fetch::{FetchError, LazyLayer, Opened};
@@ -50,40 +49,23 @@ pub fn main(args: &[String]) -> ! {
         Ok(s) => s,
         Err(e) => fail(&format!("reading {}: {e}", dir.join(spec::SPEC).display())),
     };
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
-    // SAFETY: single-threaded here; the child builds its runtime after the fork.
-    match unsafe { fork() } {
-        Ok(ForkResult::Parent { .. }) => {
-            drop(w);
-            let mut msg = String::new();
-            let _ = std::fs::File::from(r).read_to_string(&mut msg);
-            let _ = std::io::stdout().write_all(msg.as_bytes());
-            std::process::exit(if msg.starts_with("ok") || msg.starts_with("whole") {
-                0
-            } else {
-                1
-            })
-        }
-        Ok(ForkResult::Child) => {
-            drop(r);
-            let _ = setsid();
+    // The report: `ok`, or `whole <why>` (the daemon pulls the layer whole), or `error <why>`.
+    crishim_sys::daemon::fork_with_report(
+        "crishim-lazyfs",
+        |msg| msg.starts_with("ok") || msg.starts_with("whole"),
+        |w| {
             redirect_stdio(&dir);
-            let mut ready = Some(std::fs::File::from(w));
-            let code = match serve(&dir, spec, &mut ready) {
+            let mut ready = Some(w);
+            match serve(&dir, spec, &mut ready) {
                 Ok(()) => 0,
                 Err(e) => {
                     tracing::error!(error = %e, "lazy layer server failed");
-                    if let Some(mut r) = ready.take() {
-                        let _ = r.write_all(format!("error {e}").as_bytes());
-                    }
+                    report(&mut ready, &format!("error {e}"));
                     1
                 }
-            };
-            std::process::exit(code)
-        }
-        Err(e) => fail(&format!("fork: {e}")),
-    }
+            }
+        },
+    )
 }
 
 fn fail(msg: &str) -> ! {

@@ -6,13 +6,12 @@
 //! The fork also keeps the shim small: its start-up (the loader, libc's and libseccomp's set-up,
 //! the argument parsing) touched pages the child never maps, so they are not in its PSS.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crishim_proto::shim::{paths, InfraSpec, OciRuntimeSpec};
-use nix::unistd::{fork, setsid, ForkResult};
 
 pub fn run(args: &[String]) -> ! {
     let mut dir = None;
@@ -58,44 +57,25 @@ pub fn run(args: &[String]) -> ! {
             fail(&format!("recording the OCI runtime: {e}"));
         }
     }
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .unwrap_or_else(|e| fail(&format!("pipe: {e}")));
-    // SAFETY: single-threaded at this point; the child only calls async-signal-safe code until it
-    // builds its own runtime.
-    match unsafe { fork() } {
-        Ok(ForkResult::Parent { .. }) => {
-            drop(w);
-            let mut msg = String::new();
-            let _ = std::fs::File::from(r).read_to_string(&mut msg);
-            if msg.starts_with("ok") {
-                // The report (`ok <infra pid>`) for the caller, which need not ask the shim.
-                let _ = std::io::stdout().write_all(msg.as_bytes());
-                std::process::exit(0);
-            }
-            fail(if msg.is_empty() {
-                "shim exited before it was ready"
-            } else {
-                msg.trim()
-            })
-        }
-        Ok(ForkResult::Child) => {
-            drop(r);
-            let _ = setsid();
+    // The report (`ok <infra pid>`) goes to the caller, which need not ask the shim.
+    crishim_sys::daemon::fork_with_report(
+        "crishim-shim",
+        |msg| msg.starts_with("ok"),
+        |w| {
             redirect_stdio(&dir);
-            let mut ready = Some(std::fs::File::from(w));
+            let mut ready = Some(w);
             match crate::server::serve(dir, infra, oci, &mut ready) {
-                Ok(()) => std::process::exit(0),
+                Ok(()) => 0,
                 Err(e) => {
                     if let Some(mut r) = ready {
                         let _ = r.write_all(format!("error: {e}").as_bytes());
                     }
                     eprintln!("crishim-shim: {e}");
-                    std::process::exit(1);
+                    1
                 }
             }
-        }
-        Err(e) => fail(&format!("fork: {e}")),
-    }
+        },
+    )
 }
 
 /// stdin and stdout to /dev/null, stderr to `shim.log` in the pod directory.

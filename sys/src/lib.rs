@@ -9,6 +9,7 @@
 //!   wrapper).
 //! - `path`: paths cleaned lexically (`//`, `.`, `..`), without touching the file system.
 //! - `walk`: walking a tree others may be changing (volumes, writable layers) by descriptor.
+//! - `daemon`: forking a process that outlives its starter, which waits for its report.
 //! - `random`: ids and tokens from `getrandom(2)`.
 //! - `shown`: attacker-sized names cut to a bounded length for error messages and logs.
 //! - `blocking` (feature `tokio`): disk waits off an async runtime's workers, children's output
@@ -18,6 +19,7 @@
 #[cfg(feature = "tokio")]
 pub mod blocking;
 pub mod confined;
+pub mod daemon;
 pub mod empty_ns;
 pub mod hostfs;
 pub mod idmap;
