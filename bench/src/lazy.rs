@@ -631,6 +631,12 @@ pub struct Sample {
     pub complete_ms: Option<f64>,
     /// Allocated bytes under the runtime's root directory once complete, not crossing mounts.
     pub disk_bytes: u64,
+    /// The 100 MiB file read again once every byte is local, from a cold page cache: a lazy
+    /// layer's mount against a plain overlay layer.
+    pub local_read_ms: f64,
+    /// The daemon's peak RSS from PullImage until every byte is local, over its RSS before
+    /// (crishim only).
+    pub daemon_rss_growth: Option<u64>,
     /// The image was pulled whole (in a lazy column: the figures are not lazy pull's).
     pub whole: bool,
 }
@@ -648,6 +654,8 @@ pub struct ModeResult {
 /// A runtime under test: its CRI client, where its bytes go, where the pods' logs and cgroups go.
 struct Node {
     cri: Cri,
+    /// The daemon's pid, for its RSS.
+    pid: Option<u32>,
     root: PathBuf,
     run_dir: PathBuf,
     cgroup_top: String,
@@ -713,6 +721,13 @@ async fn watch_prefetch(cri: Cri, image: String, t0: Instant, limit: Duration) -
     }
 }
 
+/// A `/proc/<pid>/status` field in KiB (`VmRSS:`, `VmHWM:`).
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Bytes allocated to the files under `root`, on `root`'s filesystem only, each inode once.
 fn allocated_bytes(root: &Path) -> u64 {
     let Ok(top) = std::fs::symlink_metadata(root) else {
@@ -769,6 +784,11 @@ async fn measure(
     let limit_s = limit.as_secs() as i64;
 
     say(&format!("PullImage {image}"));
+    // Peak RSS from here on: `clear_refs` 5 resets the high-water mark.
+    let rss_before = node.pid.and_then(|pid| {
+        std::fs::write(format!("/proc/{pid}/clear_refs"), "5").ok()?;
+        status_kib(pid, "VmRSS:")
+    });
     let t0 = Instant::now();
     cri.pull(&image).await?;
     let pull = t0.elapsed();
@@ -827,8 +847,24 @@ async fn measure(
             "{BIG_FILE} reads back with sha256 {sum:?}, not {}",
             images.big_sha256
         );
+        let daemon_rss_growth = match (node.pid, rss_before) {
+            (Some(pid), Some(before)) => {
+                status_kib(pid, "VmHWM:").map(|hwm| hwm.saturating_sub(before) << 10)
+            }
+            _ => None,
+        };
         let disk_bytes = allocated_bytes(&node.root);
+        // The same read with every byte local and nothing cached: what a lazy layer's mount
+        // costs over a plain layer once prefetched.
+        let _ = std::process::Command::new("sync").status();
+        let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+        let t2 = Instant::now();
+        cri.exec_output(&id, &["/bin/sh", "-c", &cat], limit_s)
+            .await?;
+        let local_read = t2.elapsed();
         Ok(Sample {
+            local_read_ms: ms(local_read),
+            daemon_rss_growth,
             pull_ms: ms(pull),
             started_ms: ms(started),
             first_read_ms: ms(first_read),
@@ -914,6 +950,7 @@ async fn run_crishim(
         cri.wait_ready(Duration::from_secs(30)).await?;
         let node = Node {
             cri,
+            pid: daemon.pid(),
             root: daemon.root_dir(),
             run_dir: daemon.dir().to_path_buf(),
             cgroup_top: sweeper.cgroup_top.clone(),
@@ -951,6 +988,7 @@ async fn run_containerd(
         cri.pull(PAUSE_IMAGE).await?;
         let n = Node {
             cri,
+            pid: None,
             root: node.root(),
             run_dir: node.dir.path().to_path_buf(),
             cgroup_top: node.sweeper.cgroup_top.clone(),
@@ -1076,7 +1114,7 @@ enum Unit {
 /// (measure, unit, how to get it from a sample)
 type Row = (&'static str, Unit, fn(&Sample) -> Option<f64>);
 
-const ROWS: [Row; 6] = [
+const ROWS: [Row; 8] = [
     ("PullImage returned", Unit::Ms, |s| Some(s.pull_ms)),
     ("container started (from PullImage)", Unit::Ms, |s| {
         Some(s.started_ms)
@@ -1091,6 +1129,12 @@ const ROWS: [Row; 6] = [
         s.complete_ms
     }),
     ("disk used then", Unit::Bytes, |s| Some(s.disk_bytes as f64)),
+    ("100 MiB file read, every byte local, cold cache", Unit::Ms, |s| {
+        Some(s.local_read_ms)
+    }),
+    ("daemon peak RSS growth", Unit::Bytes, |s| {
+        s.daemon_rss_growth.map(|b| b as f64)
+    }),
 ];
 
 fn value(v: f64, unit: Unit) -> String {
@@ -1209,6 +1253,8 @@ mod tests {
             big_read_ms: x,
             complete_ms: Some(x),
             disk_bytes: (x as u64) << 20,
+            local_read_ms: x,
+            daemon_rss_growth: None,
             whole: false,
         };
         let r = |mode, sample| ModeResult {
