@@ -1129,9 +1129,11 @@ const ROWS: [Row; 8] = [
         s.complete_ms
     }),
     ("disk used then", Unit::Bytes, |s| Some(s.disk_bytes as f64)),
-    ("100 MiB file read, every byte local, cold cache", Unit::Ms, |s| {
-        Some(s.local_read_ms)
-    }),
+    (
+        "100 MiB file read, every byte local, cold cache",
+        Unit::Ms,
+        |s| Some(s.local_read_ms),
+    ),
     ("daemon peak RSS growth", Unit::Bytes, |s| {
         s.daemon_rss_growth.map(|b| b as f64)
     }),

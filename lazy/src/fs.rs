@@ -42,6 +42,14 @@ enum Mode {
     Passthrough(Arc<BackingId>),
 }
 
+/// An inode's I/O mode and its open files. The kernel refuses (`EIO`) an open in one mode while
+/// files of the inode are open in the other; it drops a file's hold on the mode before it sends
+/// the file's RELEASE, so an inode with no file open here may change mode.
+struct InodeIo {
+    mode: Mode,
+    open: u32,
+}
+
 /// Passthrough mappings kept (an open descriptor each); past this, those of closed files go.
 const BACKING_KEPT: usize = 8192;
 
@@ -60,10 +68,8 @@ pub struct LazyFs {
     handles: Mutex<HashMap<u64, Handle>>,
     next_fh: AtomicU64,
     passthrough: AtomicBool,
-    /// How each inode was first opened, which every later open repeats: the kernel refuses
-    /// (`EIO`) a cached open of an inode open for passthrough and the reverse, and a release
-    /// reaches it after the next open may have.
-    modes: Mutex<HashMap<u64, Mode>>,
+    /// Inodes opened, and how.
+    modes: Mutex<HashMap<u64, InodeIo>>,
     /// Set once the kernel agreed to passthrough (tests and the server's log read it).
     pub passthrough_on: Arc<AtomicBool>,
 }
@@ -146,42 +152,56 @@ impl LazyFs {
         (m.is_file() && m.len() == size).then_some(f)
     }
 
-    /// The passthrough mapping to open `ino` with: the one it has, or a new one on `whole` (a
-    /// file with every byte local) where the inode was never opened cached.
-    fn backing_for(
+    /// The passthrough mapping to open `ino` with, or `None` to open it cached. While files of
+    /// the inode are open, their mode; once none is, passthrough where `whole` (a file with
+    /// every byte local) is given, reusing the inode's mapping if it has one.
+    fn open_mode(
         &self,
         ino: u64,
         whole: Option<&File>,
         reply: &ReplyOpen,
     ) -> Option<Arc<BackingId>> {
         let mut modes = self.modes.lock().unwrap_or_else(|e| e.into_inner());
-        match modes.get(&ino) {
-            Some(Mode::Passthrough(b)) => return Some(b.clone()),
-            Some(Mode::Cached) => return None,
-            None => {}
+        if let Some(io) = modes.get_mut(&ino).filter(|io| io.open > 0) {
+            io.open += 1;
+            return match &io.mode {
+                Mode::Passthrough(b) => Some(b.clone()),
+                Mode::Cached => None,
+            };
         }
+        let kept = match modes.get(&ino).map(|io| &io.mode) {
+            Some(Mode::Passthrough(b)) => Some(b.clone()),
+            _ => None,
+        };
         let backing = whole
             .filter(|_| self.passthrough.load(Ordering::Relaxed))
-            .and_then(|f| match reply.open_backing(f.as_fd()) {
-                Ok(b) => Some(Arc::new(b)),
-                Err(e) => {
-                    tracing::debug!(ino, error = %e, "no passthrough for this file");
-                    None
-                }
+            .and_then(|f| {
+                kept.or_else(|| match reply.open_backing(f.as_fd()) {
+                    Ok(b) => Some(Arc::new(b)),
+                    Err(e) => {
+                        tracing::debug!(ino, error = %e, "no passthrough for this file");
+                        None
+                    }
+                })
             });
         if modes.len() >= BACKING_KEPT {
-            // Mappings no open file holds; their inodes choose again at their next open.
-            modes.retain(|_, m| match m {
-                Mode::Passthrough(b) => Arc::strong_count(b) > 1,
-                Mode::Cached => true,
-            });
+            // Inodes no file holds open (their mappings' descriptors close).
+            modes.retain(|_, io| io.open > 0);
         }
         let mode = match &backing {
             Some(b) => Mode::Passthrough(b.clone()),
             None => Mode::Cached,
         };
-        modes.insert(ino, mode);
+        modes.insert(ino, InodeIo { mode, open: 1 });
         backing
+    }
+
+    /// A file of `ino` was released.
+    fn closed(&self, ino: u64) {
+        let mut modes = self.modes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(io) = modes.get_mut(&ino) {
+            io.open = io.open.saturating_sub(1);
+        }
     }
 
     fn read_at(&self, h: &Source, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
@@ -297,7 +317,7 @@ impl Filesystem for Shared {
         };
         let backing = match &source {
             Source::Inline => None,
-            _ => fs.backing_for(ino, file.as_deref(), &reply),
+            _ => fs.open_mode(ino, file.as_deref(), &reply),
         };
         let fh = fs.next_fh.fetch_add(1, Ordering::Relaxed);
         let opened = FopenFlags::FOPEN_KEEP_CACHE;
@@ -356,11 +376,17 @@ impl Filesystem for Shared {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.0
+        let handle = self
+            .0
             .handles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fh.0);
+        if let Some(h) = handle {
+            if !matches!(h.source, Source::Inline) {
+                self.0.closed(h.ino);
+            }
+        }
         reply.ok();
     }
 
