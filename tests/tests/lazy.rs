@@ -250,8 +250,14 @@ fn data_image() -> Image {
 }
 
 fn convert(reg: &Registry, src: &str, format: &str) -> String {
+    convert_with(reg, src, format, "")
+}
+
+/// `crishim image convert` with `config` (TOML) as its config file.
+fn convert_with(reg: &Registry, src: &str, format: &str, config_toml: &str) -> String {
     let dst = format!("{}/lazy:{format}", reg.host());
     let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(config.path(), config_toml).unwrap();
     let o = std::process::Command::new(crishim_tests::daemon::daemon_bin())
         .args([
             "image",
@@ -1008,5 +1014,43 @@ async fn hostile_tocs_are_refused_and_the_layer_is_pulled_whole() {
                 .join("\n")
         );
     }
+    env.stop();
+}
+
+/// A registry that wants credentials, given only with the pull (as the kubelet gives an image
+/// pull secret): the lazy layers' servers fetch chunks and prefetch with them, the image runs
+/// and becomes local. Nothing is served to a pull without them.
+#[tokio::test]
+async fn lazy_layers_fetch_with_the_pulls_credentials() {
+    let env = PodEnv::start().await;
+    let reg = Registry::start(RegistryOptions::default().with_basic_auth("lazy", "s3cret"))
+        .await
+        .unwrap();
+    let plain = reg.push("plain", "v1", &data_image()).await.unwrap();
+    let auth = format!(
+        "[registry.configs.\"{}\".auth]\nusername = \"lazy\"\npassword = \"s3cret\"\n",
+        reg.host()
+    );
+    let image = convert_with(&reg, &plain.tag_ref(), "estargz", &auth);
+    assert!(
+        env.d.pull(&image).await.is_err(),
+        "pulled without credentials"
+    );
+    let creds = crishim_tests::cri::basic_auth("lazy", "s3cret");
+    env.d.pull_with_auth(&image, Some(creds)).await.unwrap();
+    assert_eq!(lazy_info(&env.d, &image).await["state"], "lazy");
+    let (pod, ctr) = sleeping(&env, "authed", &image).await;
+    let big = env
+        .d
+        .exec_sync(&ctr, &["cat", "/data/big.bin"], 30)
+        .await
+        .unwrap();
+    assert_eq!(big.stdout.len(), 700_000);
+    let info = wait_local(&env.d, &image).await;
+    assert_eq!(
+        info["state"], "local",
+        "the prefetch did not complete: {info}"
+    );
+    gone(&env, &pod).await;
     env.stop();
 }
