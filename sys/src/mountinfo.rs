@@ -122,6 +122,9 @@ mod statmount {
     const STATMOUNT_MNT_BASIC: u64 = 0x2;
     const STATMOUNT_MNT_POINT: u64 = 0x10;
     const STATMOUNT_FS_TYPE: u64 = 0x20;
+    /// A FUSE mount's subtype (Linux 6.13), which mountinfo writes as `fuse.<subtype>`; asked
+    /// for, not required.
+    const STATMOUNT_FS_SUBTYPE: u64 = 0x100;
     const MASK: u64 = STATMOUNT_MNT_BASIC | STATMOUNT_MNT_POINT | STATMOUNT_FS_TYPE;
     /// Mounts read at most; a namespace with more is read from mountinfo.
     const MAX_MOUNTS: usize = 1 << 16;
@@ -132,6 +135,7 @@ mod statmount {
     const OFF_FS_TYPE: usize = 36;
     const OFF_PROPAGATION: usize = 72;
     const OFF_MNT_POINT: usize = 108;
+    const OFF_FS_SUBTYPE: usize = 120;
     /// A mount point is at most `PATH_MAX` bytes, a type name far less.
     const BUF: usize = HEAD + 4096 + 512;
 
@@ -155,7 +159,7 @@ mod statmount {
                 size: std::mem::size_of::<MntIdReq>() as u32,
                 spare: 0,
                 mnt_id: id,
-                param: MASK,
+                param: MASK | STATMOUNT_FS_SUBTYPE,
             };
             // SAFETY: statmount(req, buf, bufsize, flags) writes at most `BUF` bytes to `buf`.
             let r = unsafe {
@@ -249,11 +253,18 @@ mod statmount {
         };
         use std::os::unix::ffi::OsStrExt;
         let mount_point = std::path::Path::new(std::ffi::OsStr::from_bytes(string(OFF_MNT_POINT)?));
-        let fs_type = std::str::from_utf8(string(OFF_FS_TYPE)?).ok()?;
+        let mut fs_type = std::str::from_utf8(string(OFF_FS_TYPE)?).ok()?.to_string();
+        if u64_at(OFF_MASK)? & STATMOUNT_FS_SUBTYPE != 0 {
+            match string(OFF_FS_SUBTYPE).map(std::str::from_utf8) {
+                Some(Ok("")) => {}
+                Some(Ok(sub)) => fs_type = format!("{fs_type}.{sub}"),
+                _ => return None,
+            }
+        }
         let shared = u64_at(OFF_PROPAGATION)? & libc::MS_SHARED != 0;
         mount_point.is_absolute().then(|| Mount {
             mount_point: mount_point.to_path_buf(),
-            fs_type: fs_type.to_string(),
+            fs_type,
             super_options: String::new(),
             shared,
         })

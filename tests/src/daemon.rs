@@ -505,6 +505,16 @@ impl Drop for Daemon {
         let _ = self.terminate();
         // The tmpfs, or the private bind the daemon keeps there while pods are left.
         let _ = nix::mount::umount2(&self.state_dir(), nix::mount::MntFlags::MNT_DETACH);
+        // Lazy layers' mounts outlive a daemon by design; a test's go with it (their servers
+        // exit once the kernel drops them).
+        if let Ok(layers) = fs::read_dir(self.root_dir().join("images/lazy")) {
+            for layer in layers.flatten() {
+                let _ = nix::mount::umount2(
+                    &layer.path().join("mnt"),
+                    nix::mount::MntFlags::MNT_DETACH,
+                );
+            }
+        }
         if std::thread::panicking() && std::env::var_os("CRISHIM_TEST_QUIET").is_none() {
             eprintln!(
                 "---- crishim log ({}) ----\n{}",

@@ -161,7 +161,10 @@ async fn crishim_image_convert_makes_images_that_pull_whole_and_lazily() {
     ]);
     reg.push("plain", "v1", &image).await.unwrap();
     let config = tempfile::NamedTempFile::new().unwrap();
-    let d = Daemon::start(DaemonOptions::new()).await.unwrap();
+    // A runtime that does not pull lazily.
+    let mut whole = DaemonOptions::new();
+    whole.images.push("lazy = false".into());
+    let d = Daemon::start(whole).await.unwrap();
     let client = RegistryClient::new(RegistryConfig::default()).unwrap();
     for format in ["estargz", "zstd-chunked"] {
         let dst = format!("{}/lazy:{format}", reg.host());
