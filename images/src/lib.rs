@@ -334,12 +334,7 @@ impl ImageStore {
             .flat_map(|i| i.blobs())
             .map(|d| d.hex())
             .collect();
-        let live_snaps: HashSet<&str> = images
-            .iter()
-            .flat_map(|i| i.chain_ids.iter())
-            .chain(containers.iter().flat_map(|(_, c)| c.chain_ids.iter()))
-            .map(|d| d.hex())
-            .collect();
+        let live_snaps = live_chains(&images, &containers);
         let mut removed = 0;
         for (dir, live) in [
             (self.layout.blobs(), &live_blobs),
@@ -373,13 +368,7 @@ impl ImageStore {
         };
         let images = self.meta.images()?;
         let containers = self.meta.containers()?;
-        let live: HashSet<&str> = images
-            .iter()
-            .flat_map(|i| i.chain_ids.iter())
-            .chain(containers.iter().flat_map(|(_, c)| c.chain_ids.iter()))
-            .map(|d| d.hex())
-            .collect();
-        lazy.collect(&live, &lazy_held(&containers));
+        lazy.collect(&live_chains(&images, &containers), &lazy_held(&containers));
         Ok(())
     }
 
@@ -427,6 +416,19 @@ impl ImageStore {
         }
         Ok(usage)
     }
+}
+
+/// The layers (chain IDs' hex) an image or a container keeps alive.
+fn live_chains<'a>(
+    images: &'a [ImageRecord],
+    containers: &'a [(String, ContainerRef)],
+) -> HashSet<&'a str> {
+    images
+        .iter()
+        .flat_map(|i| i.chain_ids.iter())
+        .chain(containers.iter().flat_map(|(_, c)| c.chain_ids.iter()))
+        .map(|d| d.hex())
+        .collect()
 }
 
 /// The layers containers read through lazy mounts.

@@ -9,7 +9,7 @@ use crishim_images::registry::{RegistryClient, RegistryConfig};
 use crishim_images::{Digest, Reference};
 use crishim_lazy::fetch::{open, LazyLayer, Opened};
 use crishim_lazy::write::write_layer;
-use crishim_lazy::{Format, Kind, Limits};
+use crishim_lazy::{Chunk, Format, Kind, Limits};
 use crishim_tests::image::{Compression, Image, Layer, LayerBuilder};
 use crishim_tests::registry::{Registry, RegistryOptions};
 
@@ -111,27 +111,8 @@ async fn lazy_layers_are_read_chunk_by_chunk_from_a_real_registry_and_tampering_
         assert!(e.to_string().contains("digest"), "{tag}: {e}");
 
         // A byte of a chunk changed in the registry's storage: that chunk is refused.
-        let big = lazy
-            .toc
-            .entries
-            .iter()
-            .find(|e| e.path == "usr/lib/big.so")
-            .unwrap();
-        let Kind::File { chunks, .. } = &big.kind else {
-            panic!()
-        };
-        let victim = &chunks[2];
-        let hex = digest.as_str().trim_start_matches("sha256:");
-        let stored = reg
-            .storage_dir()
-            .join("docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data");
-        let mut bytes = std::fs::read(&stored).unwrap();
-        let at = ((victim.compressed.start + victim.compressed.end) / 2) as usize;
-        bytes[at] ^= 0x55;
-        std::fs::write(&stored, &bytes).unwrap();
+        let (victim, chunks) = tamper_chunk(&reg, &lazy, "usr/lib/big.so", 2);
+        let victim = &victim;
         let e = lazy
             .fetch(&repo, victim)
             .await
@@ -646,14 +627,19 @@ async fn the_prefetch_makes_ordinary_snapshots_and_everything_goes_once_unused()
     env.stop();
 }
 
-/// The registry's copy of the blob `digest`.
-fn stored_blob(reg: &Registry, digest: &str) -> std::path::PathBuf {
-    let hex = digest.trim_start_matches("sha256:");
-    reg.storage_dir()
-        .join("docker/registry/v2/blobs/sha256")
-        .join(&hex[..2])
-        .join(hex)
-        .join("data")
+/// Flip a byte in the middle of chunk `n` of `path` in the registry's copy of `layer`'s blob;
+/// that chunk and all of the file's chunks.
+fn tamper_chunk(reg: &Registry, layer: &LazyLayer, path: &str, n: usize) -> (Chunk, Vec<Chunk>) {
+    let file = layer.toc.entries.iter().find(|e| e.path == path).unwrap();
+    let Kind::File { chunks, .. } = &file.kind else {
+        panic!("{path} is not a regular file")
+    };
+    let victim = chunks[n].clone();
+    let stored = reg.blob_path(layer.digest.as_str());
+    let mut bytes = std::fs::read(&stored).unwrap();
+    bytes[((victim.compressed.start + victim.compressed.end) / 2) as usize] ^= 0x55;
+    std::fs::write(&stored, &bytes).unwrap();
+    (victim, chunks.clone())
 }
 
 /// A chunk changed in the registry's storage after the image was made: reading it fails with
@@ -683,20 +669,7 @@ async fn a_tampered_chunk_is_never_served_and_quarantines_its_layer() {
     else {
         panic!("not lazy")
     };
-    let big = l
-        .toc
-        .entries
-        .iter()
-        .find(|e| e.path == "data/big.bin")
-        .unwrap();
-    let Kind::File { chunks, .. } = &big.kind else {
-        panic!()
-    };
-    let victim = &chunks[3];
-    let stored = stored_blob(&env.reg, digest.as_str());
-    let mut bytes = std::fs::read(&stored).unwrap();
-    bytes[((victim.compressed.start + victim.compressed.end) / 2) as usize] ^= 0x55;
-    std::fs::write(&stored, &bytes).unwrap();
+    let (victim, _) = tamper_chunk(&env.reg, &l, "data/big.bin", 3);
 
     env.d.pull(&image).await.unwrap();
     let dir = lazy_dirs(&env.d.root_dir())
