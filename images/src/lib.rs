@@ -227,11 +227,15 @@ impl ImageStore {
         let _gc = self.gc_lock.read().await;
         let mut lowers = Vec::with_capacity(image.chain_ids.len());
         let mut lazy_chains = Vec::new();
+        // A layer now local whose lazy mount is still there: maybe nothing reads through it.
+        let mut lazy_left = false;
         for chain in image.chain_ids.iter().rev() {
             let (lower, lazy) = self.lower(chain, image)?;
             lowers.push(lower);
             if lazy {
                 lazy_chains.push(chain.clone());
+            } else if let Some(l) = &self.lazy {
+                lazy_left |= l.status(chain).is_some();
             }
         }
         let r = ContainerRef {
@@ -264,7 +268,7 @@ impl ImageStore {
         if made.is_err() {
             let _ = remove_any(&dir);
             self.meta.remove_container(container_id)?;
-        } else {
+        } else if lazy_left {
             self.collect_lazy()?;
         }
         made
